@@ -1,0 +1,120 @@
+// booster.h — the one-call entry point: Booster::boost() makes a LibTorch training loop distributed
+// with the plugin and precision named in the TOML config (ColossalAI's Booster, in C++).
+//
+//   booster::launch_from_config(config, args);               // or any booster::dist::launch_*
+//   booster::Booster booster(config);                         // loads the plugin .so
+//   auto [model, optimizer, criterion, loader, scheduler] =
+//       booster.boost(net, adamw, criterion, loader, scheduler);
+//   for (auto& batch : *loader) {
+//     auto loss = criterion(model.forward(batch.data), batch.target);
+//     booster.backward(loss, *optimizer);
+//     optimizer->step();
+//     optimizer->zero_grad();
+//   }
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "booster/config.h"
+#include "booster/data/dataloader.h"
+#include "booster/dist/environment.h"
+#include "booster/dist/process_group.h"
+#include "booster/export.h"
+#include "booster/plugin.h"
+#include "booster/wrappers/model_wrapper.h"
+#include "booster/wrappers/optimizer_wrapper.h"
+
+namespace booster {
+
+// A loss function: (output, target) -> scalar loss.
+using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+
+// What boost() returns (an aggregate: use structured bindings). Members not passed in are null.
+template <class M>
+struct Boosted {
+  ModelWrapper<M> model;
+  std::shared_ptr<OptimizerWrapper> optimizer;
+  Criterion criterion;
+  std::shared_ptr<data::DataLoader> dataloader;
+  std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
+};
+
+// Reads [distributed] (backend = "gloo", timeout_s = 1800, threads_per_rank = 0 (auto), host,
+// port) and launches by what the process has (see dist::launch_auto): --rank/--world_size flags in
+// args (removed from args), torchrun / `booster run` variables, OpenMPI, SLURM, else one process.
+// Does nothing and returns the world when already launched. Throws ConfigError / EnvError / DistError.
+BOOSTER_API std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config,
+                                                                   std::vector<std::string>& args);
+
+class BOOSTER_API Booster {
+ public:
+  // Reads [booster] (plugin = "torch_ddp", mixed_precision = "fp32") and loads the plugin with the
+  // [plugin] table (plugin.path = explicit .so). Launches a single-process world when nothing was
+  // launched yet (launch_from_config with no args). Throws ConfigError for bad or unknown keys and
+  // sections, PluginError when the plugin cannot be loaded or does not support the precision.
+  explicit Booster(const Config& config);
+  // Config::from_file(path) plus dotted overrides ("plugin.bucket_cap_mb=4").
+  static Booster from_file(const std::string& path, const std::vector<std::string>& overrides = {});
+  ~Booster();
+  Booster(Booster&&) noexcept;
+  Booster& operator=(Booster&&) noexcept;
+
+  // Boosts the model and whatever else is given (all but the model may be null/empty). The model is
+  // configured by the plugin (DDP: replicas verified and broadcast from rank 0, gradient hooks
+  // installed). The optimizer must hold the model's parameters. Returns the boosted objects.
+  template <class M>
+  Boosted<M> boost(std::shared_ptr<M> model, std::shared_ptr<torch::optim::Optimizer> optimizer = nullptr,
+                   Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr,
+                   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr) {
+    static_assert(std::is_base_of_v<torch::nn::Module, M>, "boost(): the model must derive from torch::nn::Module");
+    Configured c = configure(model, optimizer);
+    return Boosted<M>{ModelWrapper<M>(model, c.hooks), c.optimizer, std::move(criterion),
+                      std::move(dataloader), std::move(lr_scheduler)};
+  }
+  // The same for a TORCH_MODULE holder (e.g. `Net net;` made by TORCH_MODULE(Net)).
+  template <class M>
+  Boosted<M> boost(torch::nn::ModuleHolder<M> model, std::shared_ptr<torch::optim::Optimizer> optimizer = nullptr,
+                   Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr,
+                   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr) {
+    return boost<M>(model.ptr(), std::move(optimizer), std::move(criterion), std::move(dataloader),
+                    std::move(lr_scheduler));
+  }
+
+  // Backward of a scalar loss through the optimizer wrapper (loss scaling, plugin gradient sync).
+  void backward(const torch::Tensor& loss, OptimizerWrapper& optimizer);
+
+  // Inside the returned guard gradients accumulate locally; the first backward after it ends
+  // averages the accumulated gradients (gradient accumulation). Throws PluginError when the plugin
+  // does not support no_sync.
+  template <class M>
+  ScopeGuard no_sync(ModelWrapper<M>& model, OptimizerWrapper* optimizer = nullptr) {
+    return no_sync_hooks(model.hooks(), optimizer);
+  }
+
+  // A data loader whose sampler gives this rank a disjoint shard of `dataset` (see
+  // data/dataloader.h); batch_size is per rank; seed as ColossalAI's default 1024.
+  std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset, int64_t batch_size,
+                                                       bool shuffle = false, uint64_t seed = 1024,
+                                                       bool drop_last = false);
+
+  Plugin& plugin();
+  const Config& config() const;
+  dist::ProcessGroup& world();
+  const std::string& mixed_precision() const;
+
+ private:
+  Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
+  ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace booster

@@ -1,0 +1,107 @@
+// process_group.h — the one adapter between Booster and c10d. Plugins call collectives only here.
+//
+// Backends: "gloo" (CPU, c10d::ProcessGroupGloo) and, when LibTorch has CUDA, "nccl". Rendezvous is
+// through c10d::TCPStore. Collectives Gloo lacks in LibTorch 1.13 are emulated here, in one place:
+//   - reduce_scatter_tensor: allreduce of a copy of the input, then this rank's chunk is copied out;
+//   - all_gather_into_tensor: allgather into views of the output's chunks;
+//   - ReduceOp::AVG: SUM, then division by size() when the work is waited for;
+//   - bfloat16 data: cast to float32 for the wire, cast back on wait.
+// The real collective is used where the backend has it (NCCL).
+//
+// All collectives are asynchronous: they return a Work that must be waited for before the output
+// is read (wait() also runs the emulation's finishing step). Every rank must call the same
+// collectives in the same order with tensors of the same numel and dtype (as in c10d).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "booster/export.h"
+
+namespace booster::dist {
+
+// A collective failed or timed out (message from c10d/Gloo included) or was called wrongly.
+class BOOSTER_API DistError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { SUM, AVG, MAX, MIN, PRODUCT };
+
+// Handle of an asynchronous collective. wait() blocks until done, rethrows the backend's error as
+// DistError, then runs the finishing step (copy-back, division). Waiting twice is a no-op.
+class BOOSTER_API Work {
+ public:
+  Work() = default;  // a completed no-op work
+  bool is_completed() const;
+  void wait();
+
+  struct Impl;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+struct RendezvousOptions {
+  std::string host = "127.0.0.1";  // store host (rank 0's address, MASTER_ADDR)
+  int port = 29500;                // store port (MASTER_PORT)
+  int rank = 0;
+  int world_size = 1;
+  std::string backend = "gloo";  // "gloo" | "nccl"
+  double timeout_s = 1800;       // per-collective and rendezvous timeout, seconds (c10d default)
+  // true under torchrun: the elastic agent already serves the store, every rank is a client, and
+  // keys live under "/worker/attempt_<restart_count>/" as in torch.distributed.
+  bool use_agent_store = false;
+  int restart_count = 0;
+};
+
+class BOOSTER_API ProcessGroup {
+ public:
+  // Connects to (rank 0: serves, unless use_agent_store) the TCPStore at host:port, waits for all
+  // world_size ranks, and creates the backend's process group. world_size == 1 uses an in-process
+  // store and never opens a port. Throws DistError naming host:port and the timeout on failure,
+  // std::invalid_argument for rank outside [0, world_size) or an unknown backend.
+  static std::shared_ptr<ProcessGroup> rendezvous(const RendezvousOptions& options);
+
+  ~ProcessGroup();
+  int rank() const;
+  int size() const;
+  const std::string& backend() const;
+  double timeout_s() const;
+
+  // In-place allreduce of each tensor (same numel/dtype on every rank; dense, contiguous).
+  Work allreduce(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::SUM);
+  Work allreduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
+  // In-place broadcast from `root` (a rank of this group).
+  Work broadcast(at::Tensor& tensor, int root);
+  // outputs[i] receives rank i's input; outputs.size() == size(), each like `input`.
+  Work allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
+  // output (numel = size() * input.numel(), same dtype) receives the inputs in rank order.
+  Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
+  // input (numel = size() * output.numel()) is reduced across ranks; this rank gets chunk rank().
+  Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM);
+  // Blocks until every rank arrived.
+  void barrier();
+
+  // Convenience, blocking: every rank's 64-bit values, rank-major ([size()][values.size()]);
+  // every rank must pass the same count.
+  std::vector<std::vector<int64_t>> all_gather_int64(const std::vector<int64_t>& values);
+  // Blocking MAX/SUM allreduce of one number (e.g. "did any rank overflow").
+  double allreduce_scalar(double value, ReduceOp op);
+  // Blocking broadcast of a byte string from root (length first, then bytes).
+  std::string broadcast_string(const std::string& value, int root);
+
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace booster::dist

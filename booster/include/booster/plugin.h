@@ -1,0 +1,175 @@
+// plugin.h — the plugin interface (ColossalAI's Plugin, in C++), the extern "C" descriptor every
+// plugin .so exports, and the run-time loader (Boost.DLL).
+//
+// A plugin is a MODULE library `booster_plugin_<name>.so` that contains
+//     BOOSTER_PLUGIN("<name>", "<version>", MyPluginClass)
+// where MyPluginClass derives from booster::Plugin and has a constructor taking
+// `const booster::PluginContext&`. The loader checks the descriptor (ABI version, LibTorch
+// major.minor, _GLIBCXX_USE_CXX11_ABI) before it calls the factory. Libraries are loaded
+// RTLD_LOCAL and never unloaded (a libtorch-linked library is NODELETE anyway).
+// Design after the ggml backend registry and the Boost.DLL tutorial (see ../shared/STYLE.md).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "booster/config.h"
+#include "booster/export.h"
+
+namespace booster {
+
+namespace dist {
+class ProcessGroup;
+}
+namespace data {
+class Dataset;
+class DataLoader;
+struct DataLoaderOptions;
+}  // namespace data
+class OptimizerWrapper;
+class CheckpointIO;
+
+// Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
+// layout or meaning. A plugin built against another value is refused at load time.
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 1;
+
+// Thrown for every "this plugin cannot do that" and every plugin-loading failure.
+class BOOSTER_API PluginError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a plugin factory receives.
+struct PluginContext {
+  std::string name;                          // the plugin's name as configured
+  Options options;                           // the [plugin] table; read with get_*; the loader
+                                             // calls check_unknown() after construction
+  std::shared_ptr<dist::ProcessGroup> world;  // the launched process group (never null)
+};
+
+// Per-model hooks a plugin installs; the ModelWrapper calls pre_forward/post_forward around the
+// user's forward, Booster::backward calls backward. Defaults do nothing special.
+class BOOSTER_API ModelHooks {
+ public:
+  virtual ~ModelHooks();
+  // Before the user's forward (DDP: broadcast buffers from rank 0 when broadcast_buffers).
+  virtual void pre_forward() {}
+  // After the user's forward.
+  virtual void post_forward() {}
+  // Runs the backward pass of a scalar loss (already scaled by the optimizer wrapper when a loss
+  // scaler is active). Default: loss.backward().
+  virtual void backward(const torch::Tensor& loss);
+  // false inside Booster::no_sync: gradients accumulate locally, no communication.
+  virtual void set_require_grad_sync(bool required) { (void)required; }
+  // The underlying module (type-erased).
+  virtual torch::nn::Module& module() = 0;
+  // Plugin-specific counters for logs and tests, e.g. DDP's {"buckets": 3,
+  // "buckets_launched_during_backward": 12}. Default: empty.
+  virtual std::map<std::string, int64_t> stats() const { return {}; }
+};
+
+// RAII: runs `on_exit` once when destroyed (or on release()). Movable, not copyable.
+class BOOSTER_API ScopeGuard {
+ public:
+  ScopeGuard() = default;
+  explicit ScopeGuard(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
+  ScopeGuard(ScopeGuard&& other) noexcept : on_exit_(std::move(other.on_exit_)) { other.on_exit_ = nullptr; }
+  ScopeGuard& operator=(ScopeGuard&& other) noexcept;
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+  ~ScopeGuard();
+  void release();
+
+ private:
+  std::function<void()> on_exit_;
+};
+
+// What configure() returns: the hooks for the model and the (possibly replaced) optimizer wrapper.
+struct Configured {
+  std::shared_ptr<ModelHooks> hooks;
+  std::shared_ptr<OptimizerWrapper> optimizer;  // null when no optimizer was given
+};
+
+// The plugin interface. Every operation has a default that throws PluginError
+// "plugin <name> does not support <op>", so a third-party plugin overrides only what it has.
+class BOOSTER_API Plugin {
+ public:
+  explicit Plugin(const PluginContext& ctx);
+  virtual ~Plugin();
+
+  const std::string& name() const { return name_; }
+  const std::shared_ptr<dist::ProcessGroup>& world() const { return world_; }
+
+  // Precisions this plugin can train in ("fp32", "bf16", "fp16"). Default {"fp32"}.
+  virtual std::vector<std::string> supported_precisions() const;
+  // Devices ("cpu", "cuda"). Default {"cpu"}.
+  virtual std::vector<std::string> supported_devices() const;
+  virtual bool control_precision() const { return false; }
+  virtual bool control_device() const { return false; }
+  virtual bool control_checkpoint_io() const { return false; }
+  virtual bool support_no_sync() const { return false; }
+
+  // Wraps the model (and optimizer, may be null) for distributed training. Called once per boost().
+  // Default throws PluginError.
+  virtual Configured configure(std::shared_ptr<torch::nn::Module> model,
+                               std::shared_ptr<torch::optim::Optimizer> optimizer);
+  // Inside the returned guard gradients are not synchronised (gradient accumulation); they are on the
+  // first backward after it ends. Default throws PluginError ("does not support no_sync").
+  virtual ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper* optimizer);
+  // The plugin's checkpoint IO (only when control_checkpoint_io()). Default throws PluginError.
+  virtual std::shared_ptr<CheckpointIO> checkpoint_io();
+  // A data loader whose sampler gives this rank a disjoint shard (see data/dataloader.h). Default:
+  // data-parallel over the whole world (rank = world rank), which every data-parallel plugin wants.
+  virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
+                                                               const data::DataLoaderOptions& options);
+
+ protected:
+  [[noreturn]] void unsupported(const std::string& op) const;
+
+ private:
+  std::string name_;
+  std::shared_ptr<dist::ProcessGroup> world_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The descriptor each plugin library exports through `booster_plugin_descriptor()`.
+extern "C" {
+struct BoosterPluginDescriptor {
+  uint32_t abi_version;  // BOOSTER_PLUGIN_ABI_VERSION the plugin was built with
+  const char* name;      // plugin name, e.g. "torch_ddp"
+  const char* version;   // the plugin's own version string
+  int32_t torch_major;   // TORCH_VERSION_MAJOR the plugin was built with
+  int32_t torch_minor;   // TORCH_VERSION_MINOR
+  int32_t cxx11_abi;     // _GLIBCXX_USE_CXX11_ABI (0 or 1)
+  std::shared_ptr<booster::Plugin> (*create)(const booster::PluginContext&);
+};
+}
+
+// The name of the exported symbol (a function returning `const BoosterPluginDescriptor*`).
+constexpr const char* BOOSTER_PLUGIN_DESCRIPTOR_SYMBOL = "booster_plugin_descriptor";
+
+}  // namespace booster
+
+// Put once in a plugin's .cpp: BOOSTER_PLUGIN("torch_ddp", "0.1.0", TorchDDPPlugin)
+#define BOOSTER_PLUGIN(NAME, VERSION, CLASS)                                                   \
+  extern "C" BOOSTER_API const ::booster::BoosterPluginDescriptor* booster_plugin_descriptor() { \
+    static const ::booster::BoosterPluginDescriptor descriptor{                                \
+        ::booster::BOOSTER_PLUGIN_ABI_VERSION,                                                 \
+        NAME,                                                                                  \
+        VERSION,                                                                               \
+        TORCH_VERSION_MAJOR,                                                                   \
+        TORCH_VERSION_MINOR,                                                                   \
+        _GLIBCXX_USE_CXX11_ABI,                                                                \
+        [](const ::booster::PluginContext& ctx) -> std::shared_ptr<::booster::Plugin> {       \
+          return std::make_shared<CLASS>(ctx);                                                 \
+        }};                                                                                    \
+    return &descriptor;                                                                        \
+  }

@@ -1,0 +1,133 @@
+// booster.cpp — Booster: config -> plugin, boost(), backward(), no_sync(), prepare_dataloader().
+#include "booster/booster.h"
+
+#include <algorithm>
+
+#include "booster/logging.h"
+#include "booster/plugin_loader.h"
+
+namespace booster {
+
+// ---------------------------------------------------------------------------------------------
+// Sections every Booster program may have; [train] belongs to the program (examples check it).
+static const std::vector<std::string> kSections{"booster", "plugin", "mixed_precision", "checkpoint",
+                                                "distributed", "train"};
+
+std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std::vector<std::string>& args) {
+  if (auto w = dist::world()) return w;
+  Options d = config.section("distributed");
+  dist::LaunchOptions lo;
+  lo.timeout_s = d.get_double("timeout_s", 1800.0, 1e-3, 1e9);
+  lo.threads_per_rank = static_cast<int>(d.get_int("threads_per_rank", 0, 0, 1024));
+  std::string backend = d.get_choice("backend", "gloo", {"gloo", "nccl"});
+  std::string host = d.get_string("host", "127.0.0.1");
+  int port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
+  d.check_unknown();
+  // Config host/port/backend are the defaults the flags and launchers start from.
+  std::vector<std::string> with_defaults{"--host", host, "--port", std::to_string(port), "--backend", backend};
+  with_defaults.insert(with_defaults.end(), args.begin(), args.end());
+  auto world = dist::launch_auto(with_defaults, lo);
+  args = with_defaults;
+  return world;
+}
+
+struct Booster::Impl {
+  Config config;
+  std::shared_ptr<Plugin> plugin;
+  std::string mixed_precision;
+};
+
+Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
+  impl_->config = config;
+  config.check_sections(kSections);
+  Options b = config.section("booster");
+  std::string plugin_name = b.get_string("plugin", "torch_ddp");
+  impl_->mixed_precision = b.get_choice("mixed_precision", "fp32", {"fp32", "fp16", "bf16"});
+  b.check_unknown();
+  if (impl_->mixed_precision != "fp32") {
+    throw ConfigError("booster: mixed_precision = \"" + impl_->mixed_precision +
+                      "\" is not implemented yet (README, feature status); use \"fp32\"");
+  }
+  // Reserved sections: their options arrive with the mixed precision and checkpoint modules, so any
+  // key there is unknown for now (an error, not silently ignored).
+  config.section("mixed_precision").check_unknown();
+  config.section("checkpoint").check_unknown();
+
+  std::vector<std::string> no_args;
+  auto world = launch_from_config(config, no_args);
+
+  PluginContext ctx;
+  ctx.name = plugin_name;
+  ctx.options = config.section("plugin");
+  ctx.world = world;
+  std::string path = ctx.options.get_string("path", "");
+  impl_->plugin = load_plugin(ctx, path);
+
+  auto precisions = impl_->plugin->supported_precisions();
+  if (std::find(precisions.begin(), precisions.end(), impl_->mixed_precision) == precisions.end()) {
+    std::string list;
+    for (const auto& p : precisions) list += (list.empty() ? "" : ", ") + p;
+    throw PluginError("booster: plugin " + plugin_name + " does not support mixed_precision = \"" +
+                      impl_->mixed_precision + "\" (it supports: " + list + ")");
+  }
+  log::info("booster: plugin " + plugin_name + ", precision " + impl_->mixed_precision + ", world size " +
+            std::to_string(world->size()) + " (" + world->backend() + ")");
+}
+
+Booster Booster::from_file(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c = Config::from_file(path);
+  c.apply_overrides(overrides);
+  return Booster(c);
+}
+
+Booster::~Booster() = default;
+Booster::Booster(Booster&&) noexcept = default;
+Booster& Booster::operator=(Booster&&) noexcept = default;
+
+Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
+                              std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  if (!model) throw std::invalid_argument("booster: boost() needs a model (got null)");
+  if (optimizer) {
+    // Every optimizer parameter must belong to the model (the plugin syncs the model's gradients).
+    std::vector<const void*> mine;
+    for (const auto& p : model->parameters()) mine.push_back(p.unsafeGetTensorImpl());
+    std::sort(mine.begin(), mine.end());
+    for (const auto& g : optimizer->param_groups())
+      for (const auto& p : g.params())
+        if (!std::binary_search(mine.begin(), mine.end(), static_cast<const void*>(p.unsafeGetTensorImpl())))
+          throw std::invalid_argument("booster: boost(): the optimizer holds a parameter that is not in the "
+                                      "model; build the optimizer from model->parameters()");
+  }
+  Configured c = impl_->plugin->configure(model, optimizer);
+  if (!c.hooks) throw PluginError("booster: plugin " + impl_->plugin->name() + " returned no model hooks");
+  if (optimizer && !c.optimizer) c.optimizer = std::make_shared<OptimizerWrapper>(optimizer, c.hooks);
+  return c;
+}
+
+void Booster::backward(const torch::Tensor& loss, OptimizerWrapper& optimizer) { optimizer.backward(loss); }
+
+ScopeGuard Booster::no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer) {
+  if (!impl_->plugin->support_no_sync())
+    throw PluginError("booster: plugin " + impl_->plugin->name() + " does not support no_sync");
+  return impl_->plugin->no_sync(hooks, optimizer);
+}
+
+std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
+                                                              int64_t batch_size, bool shuffle, uint64_t seed,
+                                                              bool drop_last) {
+  if (!dataset) throw std::invalid_argument("booster: prepare_dataloader needs a dataset (got null)");
+  if (batch_size < 1) throw std::invalid_argument("booster: prepare_dataloader: batch_size must be >= 1");
+  data::DataLoaderOptions o;
+  o.batch_size = batch_size;
+  o.shuffle = shuffle;
+  o.seed = seed;
+  o.drop_last = drop_last;
+  return impl_->plugin->prepare_dataloader(std::move(dataset), o);
+}
+
+Plugin& Booster::plugin() { return *impl_->plugin; }
+const Config& Booster::config() const { return impl_->config; }
+dist::ProcessGroup& Booster::world() { return *impl_->plugin->world(); }
+const std::string& Booster::mixed_precision() const { return impl_->mixed_precision; }
+
+}  // namespace booster

@@ -1,0 +1,279 @@
+// grad_reducer.cpp — bucketed, overlapped gradient averaging (see grad_reducer.h for the algorithm).
+#include "booster/core/grad_reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "booster/dist/process_group.h"
+
+namespace booster {
+
+// ---------------------------------------------------------------------------------------------
+// State
+
+struct Bucket {
+  std::vector<size_t> params;    // indices into State::params
+  std::vector<int64_t> offsets;  // element offset of each param in flat
+  at::Tensor flat;               // concatenated gradients (divided by world size)
+  size_t pending = 0;            // params not yet ready in this backward
+  bool launched = false;
+  dist::Work work;
+};
+
+struct GradientReducer::State {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> views;             // each param's slice of its bucket, shaped like the param
+  std::vector<size_t> bucket_of;             // param -> bucket
+  std::vector<char> ready;                   // param got its gradient in this backward
+  std::vector<Bucket> buckets;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep alive (weakly held by autograd)
+  std::vector<uintptr_t> hook_keys;
+  std::shared_ptr<dist::ProcessGroup> group;
+  ReducerOptions options;
+  std::mutex mutex;
+  bool require_sync = true;
+  bool in_backward = false;   // a backward pass with sync is under way (callback queued)
+  size_t next_bucket = 0;     // buckets are launched in index order
+  int64_t launched_in_backward = 0;
+  double inv_world = 1.0;
+
+  void launch_ready_buckets() {
+    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
+      Bucket& b = buckets[next_bucket++];
+      b.work = group->allreduce(b.flat, dist::ReduceOp::SUM);
+      b.launched = true;
+    }
+  }
+
+  // Copies param i's gradient (divided by world size) into its bucket slice.
+  void copy_grad_in(size_t i) {
+    at::Tensor& view = views[i];
+    at::Tensor grad = params[i].grad();
+    if (!grad.defined()) {
+      view.zero_();
+    } else if (grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes()) {
+      grad.mul_(inv_world);  // gradient is the bucket view already
+    } else {
+      at::mul_out(view, grad, inv_world);
+      if (options.gradient_as_bucket_view) params[i].mutable_grad() = view;
+    }
+  }
+
+  void mark_ready(size_t i) {
+    if (ready[i]) return;
+    ready[i] = 1;
+    copy_grad_in(i);
+    Bucket& b = buckets[bucket_of[i]];
+    --b.pending;
+    launch_ready_buckets();
+  }
+
+  void on_grad_ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!require_sync) return;
+    if (!in_backward) {
+      in_backward = true;
+      std::weak_ptr<State> weak = self;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak]() {
+        if (auto s = weak.lock()) s->finalize();
+      });
+    }
+    mark_ready(i);
+  }
+
+  std::string unready_names() const {
+    std::ostringstream os;
+    int shown = 0, total = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (ready[i]) continue;
+      ++total;
+      if (shown < 10) { os << (shown ? ", " : "") << names[i]; ++shown; }
+    }
+    if (total > shown) os << " and " << (total - shown) << " more";
+    return os.str();
+  }
+
+  void finalize() {
+    std::lock_guard<std::mutex> lock(mutex);
+    in_backward = false;
+    int64_t launched_by_hooks = static_cast<int64_t>(next_bucket);
+    bool all_ready = true;
+    for (char r : ready) all_ready = all_ready && r;
+    at::Tensor used;
+    if (!all_ready) {
+      if (!options.find_unused_parameters) {
+        std::string missing = unready_names();
+        reset();
+        throw std::runtime_error(
+            "booster: rank " + std::to_string(group->rank()) + " finished backward but these parameters got no "
+            "gradient: " + missing + ". Other ranks wait for them in the gradient allreduce. Set "
+            "plugin.find_unused_parameters = true if parts of the model are unused in some iterations, or "
+            "make every parameter take part in the loss.");
+      }
+    }
+    if (options.find_unused_parameters) {
+      // Which parameters were used anywhere: a parameter unused on every rank keeps its gradient.
+      used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+      auto acc = used.accessor<int32_t, 1>();
+      for (size_t i = 0; i < params.size(); ++i) acc[i] = ready[i] ? 1 : 0;
+      for (size_t i = 0; i < params.size(); ++i)
+        if (!ready[i]) mark_ready(i);  // contributes zeros
+    }
+    launched_in_backward += launched_by_hooks;
+    dist::Work used_work;
+    if (used.defined()) used_work = group->allreduce(used, dist::ReduceOp::MAX);
+    try {
+      for (auto& b : buckets) b.work.wait();
+      used_work.wait();
+    } catch (...) {
+      reset();
+      throw;
+    }
+    const int32_t* globally_used = used.defined() ? used.data_ptr<int32_t>() : nullptr;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (globally_used && !globally_used[i]) {
+        // Unused everywhere: leave the gradient as it was (undefined stays undefined).
+        continue;
+      }
+      at::Tensor grad = params[i].grad();
+      if (grad.defined() && grad.data_ptr() == views[i].data_ptr()) continue;
+      if (grad.defined()) grad.copy_(views[i]);
+      else params[i].mutable_grad() = options.gradient_as_bucket_view ? views[i] : views[i].clone();
+    }
+    reset();
+  }
+
+  void reset() {
+    std::fill(ready.begin(), ready.end(), 0);
+    for (auto& b : buckets) {
+      b.pending = b.params.size();
+      b.launched = false;
+      b.work = dist::Work();
+    }
+    next_bucket = 0;
+  }
+
+  std::weak_ptr<State> self;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Construction: bucket assignment and hooks
+
+GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+                                 std::shared_ptr<dist::ProcessGroup> group, ReducerOptions options)
+    : state_(std::make_shared<State>()) {
+  if (!group) throw std::invalid_argument("booster: GradientReducer needs a process group");
+  if (options.bucket_cap_bytes <= 0 || options.first_bucket_bytes <= 0)
+    throw std::invalid_argument("booster: bucket caps must be > 0 bytes");
+  State& s = *state_;
+  s.self = state_;
+  s.group = group;
+  s.options = options;
+  s.inv_world = 1.0 / group->size();
+  for (auto& [name, p] : named_params) {
+    if (!p.defined()) throw std::invalid_argument("booster: parameter " + name + " is undefined");
+    if (!p.is_leaf()) throw std::invalid_argument("booster: parameter " + name + " is not a leaf tensor");
+    s.names.push_back(name);
+    s.params.push_back(p);
+  }
+  size_t n = s.params.size();
+  s.views.resize(n);
+  s.bucket_of.resize(n);
+  s.ready.assign(n, 0);
+
+  // Reverse registration order; new bucket on dtype change or when the current one reached its cap.
+  std::vector<std::vector<size_t>> groups;
+  int64_t bytes = 0, cap = options.first_bucket_bytes;
+  for (size_t k = n; k-- > 0;) {
+    const at::Tensor& p = s.params[k];
+    if (!groups.empty() && !groups.back().empty() &&
+        s.params[groups.back().front()].scalar_type() != p.scalar_type()) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    if (groups.empty()) groups.emplace_back();
+    groups.back().push_back(k);
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    if (bytes >= cap) {
+      groups.emplace_back();
+      bytes = 0;
+      cap = options.bucket_cap_bytes;
+    }
+  }
+  if (!groups.empty() && groups.back().empty()) groups.pop_back();
+
+  for (auto& g : groups) {
+    Bucket b;
+    b.params = g;
+    int64_t numel = 0;
+    for (size_t i : g) {
+      b.offsets.push_back(numel);
+      numel += s.params[i].numel();
+    }
+    b.flat = at::zeros({numel}, s.params[g.front()].options().requires_grad(false));
+    for (size_t j = 0; j < g.size(); ++j) {
+      size_t i = g[j];
+      s.views[i] = b.flat.narrow(0, b.offsets[j], s.params[i].numel()).view(s.params[i].sizes());
+      s.bucket_of[i] = s.buckets.size();
+      if (options.gradient_as_bucket_view) {
+        at::Tensor g0 = s.params[i].grad();
+        if (g0.defined()) s.views[i].copy_(g0);
+        s.params[i].mutable_grad() = s.views[i];
+      }
+    }
+    b.pending = g.size();
+    s.buckets.push_back(std::move(b));
+  }
+
+  // A post hook on each parameter's gradient accumulator: runs after the gradient was accumulated
+  // into param.grad().
+  std::weak_ptr<State> weak = state_;
+  for (size_t i = 0; i < n; ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+    if (!acc) throw std::invalid_argument("booster: parameter " + s.names[i] + " has no gradient accumulator "
+                                          "(does it require grad?)");
+    s.hook_keys.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto st = weak.lock()) st->on_grad_ready(i);
+          return outputs;
+        })));
+    s.accumulators.push_back(std::move(acc));
+  }
+}
+
+GradientReducer::~GradientReducer() {
+  if (!state_) return;
+  for (size_t i = 0; i < state_->accumulators.size(); ++i)
+    state_->accumulators[i]->del_post_hook(state_->hook_keys[i]);
+}
+
+void GradientReducer::set_require_grad_sync(bool required) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->require_sync = required;
+}
+
+bool GradientReducer::require_grad_sync() const { return state_->require_sync; }
+
+std::vector<std::vector<size_t>> GradientReducer::bucket_indices() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : state_->buckets) out.push_back(b.params);
+  return out;
+}
+
+std::vector<int64_t> GradientReducer::bucket_bytes() const {
+  std::vector<int64_t> out;
+  for (const auto& b : state_->buckets) out.push_back(b.flat.numel() * static_cast<int64_t>(b.flat.element_size()));
+  return out;
+}
+
+int64_t GradientReducer::buckets_launched_during_backward() const { return state_->launched_in_backward; }
+
+}  // namespace booster

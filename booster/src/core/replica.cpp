@@ -1,0 +1,95 @@
+// replica.cpp — verify_replicas, broadcast_coalesced, named parameter/buffer listing.
+#include "booster/core/replica.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/tensor_flatten.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "booster/dist/process_group.h"
+
+namespace booster {
+
+namespace {
+
+// One line per tensor: "name|dtype|d0,d1,..." (the description compared across ranks).
+std::string describe_tensors(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  std::ostringstream os;
+  for (const auto& [name, t] : named) {
+    os << name << "|" << c10::toString(t.scalar_type()) << "|";
+    for (int64_t d = 0; d < t.dim(); ++d) os << (d ? "," : "") << t.size(d);
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+void verify_replicas(dist::ProcessGroup& group, const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  if (group.size() == 1) return;
+  std::string mine = describe_tensors(named);
+  std::string root = group.broadcast_string(mine, 0);
+  double mismatch = group.allreduce_scalar(mine == root ? 0.0 : 1.0, dist::ReduceOp::MAX);
+  if (mismatch == 0.0) return;
+  if (mine == root) {
+    throw std::runtime_error("booster: the model differs between ranks (another rank reported the difference); "
+                             "build the same model on every rank");
+  }
+  // Name the first differing line.
+  std::istringstream a(root), b(mine);
+  std::string la, lb;
+  size_t index = 0;
+  while (true) {
+    bool ha = static_cast<bool>(std::getline(a, la));
+    bool hb = static_cast<bool>(std::getline(b, lb));
+    if (!ha || !hb || la != lb) {
+      std::string msg = "booster: the model differs between ranks at parameter #" + std::to_string(index) +
+                        ": rank 0 has " + (ha ? "'" + la + "'" : "no more parameters") + ", rank " +
+                        std::to_string(group.rank()) + " has " + (hb ? "'" + lb + "'" : "no more parameters") +
+                        " (name|dtype|shape); build the same model on every rank";
+      throw std::runtime_error(msg);
+    }
+    ++index;
+  }
+}
+
+void broadcast_coalesced(dist::ProcessGroup& group, const std::vector<torch::Tensor>& tensors, int root,
+                         int64_t bucket_bytes) {
+  if (group.size() == 1 || tensors.empty()) return;
+  // Group consecutive tensors of one dtype into buffers of at most bucket_bytes.
+  std::vector<std::vector<at::Tensor>> buckets;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    int64_t tb = t.numel() * static_cast<int64_t>(t.element_size());
+    if (buckets.empty() || buckets.back().front().scalar_type() != t.scalar_type() || bytes + tb > bucket_bytes) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(t);
+    bytes += tb;
+  }
+  for (auto& b : buckets) {
+    at::NoGradGuard no_grad;
+    at::Tensor flat = torch::utils::flatten_dense_tensors(b);
+    group.broadcast(flat, root).wait();
+    auto parts = torch::utils::unflatten_dense_tensors(flat, b);
+    for (size_t i = 0; i < b.size(); ++i) b[i].copy_(parts[i]);
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(const torch::nn::Module& m,
+                                                                       bool only_requires_grad) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : m.named_parameters(true))
+    if (!only_requires_grad || item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_buffers_of(const torch::nn::Module& m) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : m.named_buffers(true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace booster

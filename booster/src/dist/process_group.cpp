@@ -1,0 +1,307 @@
+// process_group.cpp — the c10d adapter: rendezvous, collectives, and the emulations Gloo lacks.
+#include "booster/dist/process_group.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace booster::dist {
+
+// ---------------------------------------------------------------------------------------------
+// Work
+
+struct Work::Impl {
+  c10::intrusive_ptr<c10d::Work> work;  // null for a work that finished synchronously
+  std::function<void()> finish;         // runs once after the backend work completed
+  std::string what;                     // "allreduce of 1048576 float elements" for errors
+  bool done = false;
+};
+
+bool Work::is_completed() const {
+  if (!impl_ || impl_->done) return true;
+  return !impl_->work || impl_->work->isCompleted();
+}
+
+void Work::wait() {
+  if (!impl_ || impl_->done) return;
+  try {
+    if (impl_->work) impl_->work->wait();
+  } catch (const std::exception& e) {
+    impl_->done = true;
+    throw DistError("booster: " + impl_->what + " failed: " + e.what() +
+                    "\n(another rank may have exited or raised an error, or the collective timed out;"
+                    " see that rank's log)");
+  }
+  impl_->done = true;
+  if (impl_->finish) impl_->finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ProcessGroup::Impl
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  int rank = 0;
+  int size = 1;
+  std::string backend;
+  double timeout_s = 1800;
+  bool native_reduce_scatter = false;  // NCCL has it; Gloo in 1.13 does not
+  bool native_avg = false;
+  bool native_bf16 = false;
+};
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG: return c10d::ReduceOp::SUM;
+    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
+    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
+    case ReduceOp::PRODUCT: return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string describe(const char* op, const at::Tensor& t) {
+  return std::string(op) + " of " + std::to_string(t.numel()) + " " +
+         std::string(c10::toString(t.scalar_type())) + " elements";
+}
+
+void check_dense(const at::Tensor& t, const char* op) {
+  if (!t.defined()) throw DistError(std::string("booster: ") + op + ": tensor is undefined");
+  if (!t.is_contiguous())
+    throw DistError(std::string("booster: ") + op +
+                    ": tensor must be contiguous (call .contiguous() and copy the result back)");
+}
+
+Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what) {
+  auto impl = std::make_shared<Work::Impl>();
+  impl->work = std::move(w);
+  impl->finish = std::move(finish);
+  impl->what = std::move(what);
+  return Work(impl);
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+const std::string& ProcessGroup::backend() const { return impl_->backend; }
+double ProcessGroup::timeout_s() const { return impl_->timeout_s; }
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous
+
+std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& o) {
+  if (o.world_size < 1) throw std::invalid_argument("booster: world_size must be >= 1, got " + std::to_string(o.world_size));
+  if (o.rank < 0 || o.rank >= o.world_size)
+    throw std::invalid_argument("booster: rank " + std::to_string(o.rank) + " is outside [0, " +
+                                std::to_string(o.world_size) + ")");
+  if (o.backend != "gloo" && o.backend != "nccl")
+    throw std::invalid_argument("booster: unknown backend '" + o.backend + "' (use \"gloo\" or \"nccl\")");
+  if (o.backend == "nccl")
+    throw DistError("booster: backend \"nccl\" needs LibTorch built with CUDA; this LibTorch is CPU-only. "
+                    "Use backend = \"gloo\".");
+  if (o.timeout_s <= 0) throw std::invalid_argument("booster: timeout_s must be > 0");
+  if (o.port < 0 || o.port > 65535) throw std::invalid_argument("booster: port " + std::to_string(o.port) + " out of range");
+
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  auto impl = std::make_unique<Impl>();
+  impl->rank = o.rank;
+  impl->size = o.world_size;
+  impl->backend = o.backend;
+  impl->timeout_s = o.timeout_s;
+
+  try {
+    if (o.world_size == 1) {
+      impl->store = c10::make_intrusive<c10d::HashStore>();
+    } else {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<uint16_t>(o.port);
+      so.isServer = !o.use_agent_store && o.rank == 0;
+      so.numWorkers = o.use_agent_store ? c10::optional<size_t>() : c10::optional<size_t>(o.world_size);
+      so.waitWorkers = !o.use_agent_store;
+      so.timeout = timeout;
+      c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(o.host, so);
+      if (o.use_agent_store)
+        impl->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(o.restart_count), tcp);
+      else
+        impl->store = tcp;
+    }
+    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.world_size == 1;
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname && *ifname)
+      gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (loopback)
+      gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    gloo_opts->threads = 2;
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("booster_world/", impl->store);
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o.rank, o.world_size, gloo_opts);
+  } catch (const std::exception& e) {
+    throw DistError("booster: rendezvous at " + o.host + ":" + std::to_string(o.port) + " as rank " +
+                    std::to_string(o.rank) + " of " + std::to_string(o.world_size) + " failed within " +
+                    std::to_string(o.timeout_s) + " s: " + e.what() +
+                    "\n(check MASTER_ADDR/MASTER_PORT, that rank 0 started, and that the port is free)");
+  }
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+Work ProcessGroup::allreduce(std::vector<at::Tensor>& tensors, ReduceOp op) {
+  if (tensors.empty()) return Work();
+  for (auto& t : tensors) check_dense(t, "allreduce");
+  std::string what = describe("allreduce", tensors[0]);
+  // Gloo: bf16 travels as fp32 (cast here, copied back on wait).
+  std::vector<at::Tensor> wire;
+  std::vector<size_t> cast_idx;
+  wire.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].scalar_type() == at::kBFloat16 && !impl_->native_bf16) {
+      wire.push_back(tensors[i].to(at::kFloat));
+      cast_idx.push_back(i);
+    } else {
+      wire.push_back(tensors[i]);
+    }
+  }
+  c10d::AllreduceOptions ao;
+  ao.reduceOp = to_c10d(op);
+  auto w = impl_->pg->allreduce(wire, ao);
+  bool avg = op == ReduceOp::AVG && !impl_->native_avg;
+  int size = impl_->size;
+  auto outputs = tensors;  // shallow handles
+  return make_work(w, [outputs, wire, cast_idx, avg, size]() mutable {
+    if (avg) for (auto& t : wire) t.div_(size);
+    for (size_t i : cast_idx) outputs[i].copy_(wire[i]);
+  }, what);
+}
+
+Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
+  std::vector<at::Tensor> v{tensor};
+  return allreduce(v, op);
+}
+
+Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  check_dense(tensor, "broadcast");
+  if (root < 0 || root >= impl_->size)
+    throw DistError("booster: broadcast root " + std::to_string(root) + " outside [0, " + std::to_string(impl_->size) + ")");
+  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  auto w = impl_->pg->broadcast(wire, bo);
+  at::Tensor out = tensor;
+  return make_work(w, [out, wire, cast]() mutable { if (cast) out.copy_(wire[0]); }, describe("broadcast", tensor));
+}
+
+Work ProcessGroup::allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+  check_dense(input, "allgather");
+  if (static_cast<int>(outputs.size()) != impl_->size)
+    throw DistError("booster: allgather needs " + std::to_string(impl_->size) + " output tensors, got " +
+                    std::to_string(outputs.size()));
+  for (auto& o : outputs)
+    if (o.numel() != input.numel() || o.scalar_type() != input.scalar_type())
+      throw DistError("booster: allgather outputs must match the input's numel and dtype");
+  bool cast = input.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  std::vector<at::Tensor> in{cast ? input.to(at::kFloat) : input};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (auto& o : outputs) out[0].push_back(cast ? at::empty(o.sizes(), o.options().dtype(at::kFloat)) : o);
+  auto w = impl_->pg->allgather(out, in);
+  auto targets = outputs;
+  return make_work(w, [targets, out, in, cast]() mutable {
+    if (cast) for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(out[0][i]);
+  }, describe("allgather", input));
+}
+
+Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
+  check_dense(output, "all_gather_into_tensor");
+  if (output.numel() != input.numel() * impl_->size || output.scalar_type() != input.scalar_type())
+    throw DistError("booster: all_gather_into_tensor needs an output of numel " +
+                    std::to_string(input.numel() * impl_->size) + " and the input's dtype, got numel " +
+                    std::to_string(output.numel()));
+  // Emulation: allgather into chunk views of the flat output (Gloo copies into each view).
+  auto flat = output.view({-1});
+  std::vector<at::Tensor> chunks;
+  for (int r = 0; r < impl_->size; ++r) chunks.push_back(flat.narrow(0, r * input.numel(), input.numel()));
+  auto in = input.reshape({-1});
+  return allgather(chunks, in);
+}
+
+Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  check_dense(output, "reduce_scatter_tensor");
+  check_dense(input, "reduce_scatter_tensor");
+  if (input.numel() != output.numel() * impl_->size || output.scalar_type() != input.scalar_type())
+    throw DistError("booster: reduce_scatter_tensor needs an input of numel " +
+                    std::to_string(output.numel() * impl_->size) + " and the output's dtype, got numel " +
+                    std::to_string(input.numel()));
+  // Emulation: allreduce a copy of the whole input, keep this rank's chunk.
+  at::Tensor full = input.clone();
+  Work inner = allreduce(full, op);
+  auto impl = std::make_shared<Work::Impl>();
+  int64_t n = output.numel();
+  int64_t offset = static_cast<int64_t>(impl_->rank) * n;
+  at::Tensor out = output;
+  auto inner_ptr = std::make_shared<Work>(std::move(inner));
+  impl->what = describe("reduce_scatter", input);
+  impl->finish = [inner_ptr, full, out, offset, n]() mutable {
+    inner_ptr->wait();
+    out.view({-1}).copy_(full.view({-1}).narrow(0, offset, n));
+  };
+  return Work(impl);
+}
+
+void ProcessGroup::barrier() {
+  try {
+    impl_->pg->barrier()->wait();
+  } catch (const std::exception& e) {
+    throw DistError(std::string("booster: barrier failed: ") + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocking helpers
+
+std::vector<std::vector<int64_t>> ProcessGroup::all_gather_int64(const std::vector<int64_t>& values) {
+  auto n = static_cast<int64_t>(values.size());
+  at::Tensor in = at::empty({std::max<int64_t>(n, 1)}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) in[i] = values[i];
+  at::Tensor out = at::empty({impl_->size * in.numel()}, at::kLong);
+  all_gather_into_tensor(out, in).wait();
+  std::vector<std::vector<int64_t>> result(impl_->size, std::vector<int64_t>(n));
+  auto acc = out.accessor<int64_t, 1>();
+  for (int r = 0; r < impl_->size; ++r)
+    for (int64_t i = 0; i < n; ++i) result[r][i] = acc[r * in.numel() + i];
+  return result;
+}
+
+double ProcessGroup::allreduce_scalar(double value, ReduceOp op) {
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  allreduce(t, op).wait();
+  return t.item<double>();
+}
+
+std::string ProcessGroup::broadcast_string(const std::string& value, int root) {
+  at::Tensor len = at::full({1}, static_cast<int64_t>(value.size()), at::kLong);
+  broadcast(len, root).wait();
+  int64_t n = len.item<int64_t>();
+  at::Tensor bytes = at::empty({std::max<int64_t>(n, 1)}, at::kByte);
+  if (impl_->rank == root && n > 0) std::memcpy(bytes.data_ptr(), value.data(), n);
+  broadcast(bytes, root).wait();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), n);
+}
+
+}  // namespace booster::dist

@@ -1,0 +1,218 @@
+// Fashion-MNIST with Booster: a small CNN (2 conv + BN + pooling) trained data-parallel with the
+// plugin named in the TOML config. The main job of the project:
+//   build/bin/booster run --nproc_per_node 2 build/bin/fashion_mnist --config examples/configs/ddp.toml
+// Also runs standalone (1 rank), with explicit --rank/--world_size/--host/--port flags, or under
+// torchrun --no_python. Prints per-epoch train loss, test accuracy and samples/s; writes
+// metrics.csv and the effective config.toml into [train] output_dir.
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "booster/booster.h"
+#include "booster/data/dataset.h"
+#include "booster/logging.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Model: conv(1->32) BN ReLU pool, conv(32->64) BN ReLU pool, fc(3136->128) ReLU dropout fc(128->10)
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : conv1(torch::nn::Conv2dOptions(1, 32, 3).padding(1)),
+        bn1(32),
+        conv2(torch::nn::Conv2dOptions(32, 64, 3).padding(1)),
+        bn2(64),
+        fc1(64 * 7 * 7, 128),
+        dropout(0.25),
+        fc2(128, 10) {
+    register_module("conv1", conv1);
+    register_module("bn1", bn1);
+    register_module("conv2", conv2);
+    register_module("bn2", bn2);
+    register_module("fc1", fc1);
+    register_module("dropout", dropout);
+    register_module("fc2", fc2);
+  }
+  // x: float32 [B, 1, 28, 28] -> logits float32 [B, 10]
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
+    h = torch::max_pool2d(torch::relu(bn2(conv2(h))), 2);
+    h = dropout(torch::relu(fc1(h.flatten(1))));
+    return fc2(h);
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::BatchNorm2d bn2;
+  torch::nn::Linear fc1;
+  torch::nn::Dropout dropout;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Net);
+
+struct TrainOptions {
+  int64_t epochs, batch_size, lr_step_epochs, seed, max_steps_per_epoch, train_subset;
+  std::string optimizer, data_dir, output_dir;
+  double lr, weight_decay, momentum, lr_gamma;
+};
+
+TrainOptions read_train_options(const booster::Config& config, const std::string& data_dir_flag,
+                                const std::string& output_flag) {
+  booster::Options t = config.section("train");
+  TrainOptions o;
+  o.epochs = t.get_int("epochs", 5, 1, 1000);
+  o.batch_size = t.get_int("batch_size", 64, 1, 1 << 20);
+  o.optimizer = t.get_choice("optimizer", "adamw", {"adamw", "sgd"});
+  o.lr = t.get_double("lr", 1e-3, 0.0, 10.0);
+  o.weight_decay = t.get_double("weight_decay", 0.01, 0.0, 1.0);
+  o.momentum = t.get_double("momentum", 0.9, 0.0, 1.0);
+  o.lr_step_epochs = t.get_int("lr_step_epochs", 2, 1, 1000);
+  o.lr_gamma = t.get_double("lr_gamma", 0.5, 0.0, 1.0);
+  o.seed = t.get_int("seed", 42, 0);
+  o.max_steps_per_epoch = t.get_int("max_steps_per_epoch", 0, 0);  // 0 = whole epoch (smoke tests use a few)
+  o.train_subset = t.get_int("train_subset", 0, 0);                // 0 = all 60000 samples
+  o.data_dir = t.get_string("data_dir", booster::data::FASHION_MNIST_DEFAULT_DIR);
+  o.output_dir = t.get_string("output_dir", "runs/fashion_mnist");
+  t.check_unknown();
+  if (!data_dir_flag.empty()) o.data_dir = data_dir_flag;
+  if (!output_flag.empty()) o.output_dir = output_flag;
+  return o;
+}
+
+// Accuracy on this rank's contiguous slice of the test set; summed over ranks.
+double evaluate(Net& net, const booster::data::TensorDataset& test, booster::dist::ProcessGroup& world) {
+  torch::NoGradGuard no_grad;
+  net->eval();
+  int64_t n = test.size(), r = world.rank(), w = world.size();
+  int64_t begin = n * r / w, end = n * (r + 1) / w;
+  double correct = 0;
+  for (int64_t i = begin; i < end; i += 1000) {
+    int64_t len = std::min<int64_t>(1000, end - i);
+    auto logits = net->forward(test.data().narrow(0, i, len));
+    correct += logits.argmax(1).eq(test.target().narrow(0, i, len)).sum().item<double>();
+  }
+  net->train();
+  return world.allreduce_scalar(correct, booster::dist::ReduceOp::SUM) / static_cast<double>(n);
+}
+
+std::string fmt_double(double v, int precision) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", precision, v);
+  return buf;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Fashion-MNIST CNN trained with Booster (plugin chosen in the TOML config)"};
+  std::string config_path = "examples/configs/ddp.toml", data_dir, output_dir;
+  std::vector<std::string> overrides;
+  app.add_option("--config", config_path, "TOML config file")->check(CLI::ExistingFile);
+  app.add_option("--set", overrides, "Dotted override, e.g. --set plugin.bucket_cap_mb=4 (repeatable)");
+  app.add_option("--data_dir", data_dir, "Fashion-MNIST IDX directory (overrides [train] data_dir)");
+  app.add_option("--output_dir", output_dir, "Run directory (overrides [train] output_dir)");
+  app.allow_extras();  // --host --port --rank --world_size --backend go to the launcher
+  CLI11_PARSE(app, argc, argv);
+
+  booster::Config config = booster::Config::from_file(config_path);
+  config.apply_overrides(overrides);
+  std::vector<std::string> extras = app.remaining();
+  auto world = booster::launch_from_config(config, extras);
+  if (!extras.empty()) throw std::invalid_argument("fashion_mnist: unknown argument '" + extras.front() + "' (see --help)");
+  TrainOptions opt = read_train_options(config, data_dir, output_dir);
+  booster::Booster booster(config);
+
+  torch::manual_seed(opt.seed);  // same initial model everywhere (DDP broadcasts rank 0's anyway)
+  auto train_set = booster::data::load_fashion_mnist(opt.data_dir, true);
+  auto test_set = booster::data::load_fashion_mnist(opt.data_dir, false);
+  std::shared_ptr<booster::data::Dataset> train_data = train_set;
+  if (opt.train_subset > 0 && opt.train_subset < train_set->size())
+    train_data = std::make_shared<booster::data::TensorDataset>(train_set->data().narrow(0, 0, opt.train_subset),
+                                                               train_set->target().narrow(0, 0, opt.train_subset));
+  auto loader = booster.prepare_dataloader(train_data, opt.batch_size, /*shuffle=*/true, opt.seed, /*drop_last=*/true);
+
+  Net net;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  if (opt.optimizer == "adamw")
+    optimizer = std::make_shared<torch::optim::AdamW>(net->parameters(),
+                                                      torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
+  else
+    optimizer = std::make_shared<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(opt.lr).momentum(opt.momentum).weight_decay(opt.weight_decay));
+  auto scheduler = std::make_shared<torch::optim::StepLR>(*optimizer, opt.lr_step_epochs, opt.lr_gamma);
+  booster::Criterion cross_entropy = [](const torch::Tensor& logits, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(logits, target);
+  };
+
+  auto [model, boosted_opt, criterion, train_loader, lr_scheduler] =
+      booster.boost(net, optimizer, cross_entropy, loader, scheduler);
+
+  std::filesystem::create_directories(opt.output_dir);
+  std::ofstream csv;
+  if (world->rank() == 0) {
+    config.save(opt.output_dir + "/config.toml");
+    csv.open(opt.output_dir + "/metrics.csv");
+    csv << "epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds\n";
+  }
+  booster::log::info("fashion_mnist: " + std::to_string(train_data->size()) + " training samples, batch " +
+                     std::to_string(opt.batch_size) + " per rank x " + std::to_string(world->size()) + " ranks, " +
+                     std::to_string(opt.epochs) + " epochs, " + std::to_string(at::get_num_threads()) +
+                     " threads per rank");
+
+  double accuracy = 0;
+  for (int64_t epoch = 1; epoch <= opt.epochs; ++epoch) {
+    train_loader->set_epoch(epoch);
+    int64_t steps = train_loader->num_batches();
+    if (opt.max_steps_per_epoch > 0) steps = std::min(steps, opt.max_steps_per_epoch);
+    booster::log::ProgressBar bar("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs), steps);
+    auto start = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    int64_t step = 0, samples = 0;
+    for (auto batch : *train_loader) {
+      if (step >= steps) break;
+      auto loss = criterion(model.forward(batch.data), batch.target);
+      booster.backward(loss, *boosted_opt);
+      boosted_opt->step();
+      boosted_opt->zero_grad();
+      loss_sum += loss.item<double>();
+      samples += batch.data.size(0);
+      ++step;
+      bar.update(step, "loss " + fmt_double(loss_sum / step, 4));
+    }
+    bar.finish();
+    lr_scheduler->step();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double mean_loss = world->allreduce_scalar(loss_sum / std::max<int64_t>(step, 1), booster::dist::ReduceOp::SUM) /
+                       world->size();
+    double total_samples = world->allreduce_scalar(static_cast<double>(samples), booster::dist::ReduceOp::SUM);
+    accuracy = evaluate(net, *test_set, *world);
+    double throughput = total_samples / seconds;
+    booster::log::info("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs) + "  train_loss " +
+                       fmt_double(mean_loss, 4) + "  test_accuracy " + fmt_double(accuracy, 4) + "  samples/s " +
+                       fmt_double(throughput, 0) + "  time " + fmt_double(seconds, 1) + " s");
+    if (csv.is_open()) {
+      csv << epoch << "," << fmt_double(mean_loss, 6) << "," << fmt_double(accuracy, 6) << ","
+          << fmt_double(throughput, 1) << "," << fmt_double(seconds, 2) << "\n";
+      csv.flush();
+    }
+  }
+  booster::log::info("fashion_mnist: final test accuracy " + fmt_double(accuracy, 4) + "; metrics in " +
+                     opt.output_dir + "/metrics.csv");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "fashion_mnist: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

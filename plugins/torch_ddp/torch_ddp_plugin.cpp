@@ -1,0 +1,125 @@
+// torch_ddp_plugin.cpp — the TorchDDP plugin: data parallelism with bucketed, overlapped gradient
+// averaging (PyTorch DistributedDataParallel semantics), built on the core's GradientReducer,
+// verify_replicas and broadcast_coalesced. Options and defaults are ColossalAI's TorchDDPPlugin.
+#include <torch/torch.h>
+
+#include "booster/core/grad_reducer.h"
+#include "booster/core/replica.h"
+#include "booster/dist/process_group.h"
+#include "booster/plugin.h"
+#include "booster/wrappers/optimizer_wrapper.h"
+
+namespace booster::plugins {
+
+// ---------------------------------------------------------------------------------------------
+// Options ([plugin] table)
+
+struct TorchDDPOptions {
+  double bucket_cap_mb = 25.0;          // MiB per gradient bucket (first bucket: first_bucket_mb)
+  double first_bucket_mb = 1.0;         // MiB; PyTorch's _DEFAULT_FIRST_BUCKET_BYTES
+  bool broadcast_buffers = true;        // broadcast buffers from rank 0 before each training forward
+  bool find_unused_parameters = false;  // tolerate parameters without gradient on some rank
+  bool gradient_as_bucket_view = false; // param.grad() is a view into its bucket
+  bool static_graph = false;            // accepted for compatibility; buckets are static anyway
+  bool check_reduction = false;         // deprecated in PyTorch; accepted and ignored
+};
+
+static TorchDDPOptions parse_options(const Options& o) {
+  TorchDDPOptions t;
+  t.bucket_cap_mb = o.get_double("bucket_cap_mb", t.bucket_cap_mb, 1e-6, 1e6);
+  t.first_bucket_mb = o.get_double("first_bucket_mb", t.first_bucket_mb, 1e-6, 1e6);
+  t.broadcast_buffers = o.get_bool("broadcast_buffers", t.broadcast_buffers);
+  t.find_unused_parameters = o.get_bool("find_unused_parameters", t.find_unused_parameters);
+  t.gradient_as_bucket_view = o.get_bool("gradient_as_bucket_view", t.gradient_as_bucket_view);
+  t.static_graph = o.get_bool("static_graph", t.static_graph);
+  t.check_reduction = o.get_bool("check_reduction", t.check_reduction);
+  o.mark_known({"path"});
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-model hooks
+
+class DDPModelHooks : public ModelHooks {
+ public:
+  DDPModelHooks(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<dist::ProcessGroup> world,
+                const TorchDDPOptions& options)
+      : model_(std::move(model)), world_(std::move(world)), options_(options) {
+    auto params = named_parameters_of(*model_, false);
+    auto buffers = named_buffers_of(*model_);
+    auto all = params;
+    all.insert(all.end(), buffers.begin(), buffers.end());
+    verify_replicas(*world_, all);
+    std::vector<torch::Tensor> state;
+    for (auto& [n, t] : all) state.push_back(t);
+    broadcast_coalesced(*world_, state, 0);
+    for (auto& [n, t] : buffers) buffers_.push_back(t);
+
+    ReducerOptions ro;
+    ro.bucket_cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(options.bucket_cap_mb * (1 << 20)));
+    ro.first_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(options.first_bucket_mb * (1 << 20)));
+    ro.find_unused_parameters = options.find_unused_parameters;
+    ro.gradient_as_bucket_view = options.gradient_as_bucket_view;
+    if (world_->size() > 1)
+      reducer_ = std::make_unique<GradientReducer>(named_parameters_of(*model_, true), world_, ro);
+  }
+
+  void pre_forward() override {
+    // As DDP: keep buffers (e.g. BatchNorm running statistics) identical to rank 0's.
+    if (options_.broadcast_buffers && model_->is_training() && world_->size() > 1 && !buffers_.empty())
+      broadcast_coalesced(*world_, buffers_, 0);
+  }
+
+  void set_require_grad_sync(bool required) override {
+    if (reducer_) reducer_->set_require_grad_sync(required);
+  }
+
+  torch::nn::Module& module() override { return *model_; }
+
+  std::map<std::string, int64_t> stats() const override {
+    if (!reducer_) return {{"buckets", 0}};
+    return {{"buckets", static_cast<int64_t>(reducer_->bucket_indices().size())},
+            {"buckets_launched_during_backward", reducer_->buckets_launched_during_backward()}};
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<dist::ProcessGroup> world_;
+  TorchDDPOptions options_;
+  std::vector<torch::Tensor> buffers_;
+  std::unique_ptr<GradientReducer> reducer_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Plugin
+
+class TorchDDPPlugin : public Plugin {
+ public:
+  explicit TorchDDPPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
+
+  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
+  bool support_no_sync() const override { return true; }
+
+  Configured configure(std::shared_ptr<torch::nn::Module> model,
+                       std::shared_ptr<torch::optim::Optimizer> optimizer) override {
+    auto hooks = std::make_shared<DDPModelHooks>(model, world(), options_);
+    Configured c;
+    c.hooks = hooks;
+    if (optimizer) c.optimizer = std::make_shared<OptimizerWrapper>(optimizer, hooks);
+    return c;
+  }
+
+  ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper*) override {
+    hooks.set_require_grad_sync(false);
+    ModelHooks* h = &hooks;
+    return ScopeGuard([h]() { h->set_require_grad_sync(true); });
+  }
+
+ private:
+  TorchDDPOptions options_;
+};
+
+}  // namespace booster::plugins
+
+BOOSTER_PLUGIN("torch_ddp", "0.1.0", booster::plugins::TorchDDPPlugin)

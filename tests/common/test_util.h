@@ -1,0 +1,54 @@
+// test_util.h — helpers shared by the test binaries: temporary directories, free ports, and
+// running child processes (fresh processes via posix_spawn, never fork-after-OpenMP).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace booster::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+int free_port();
+
+struct ProcessResult {
+  int exit_code = -1;    // exit status when exited normally, else -1
+  int term_signal = 0;   // signal that killed it, else 0
+  bool timed_out = false;  // killed by us after the timeout
+  std::string output;    // stdout and stderr, interleaved
+  double seconds = 0;    // wall time
+};
+
+// Starts `argv` (argv[0] is a path) with extra environment variables added to ours (a value of
+// "\x01unset" removes the variable), returns its pid; output goes to `output_file` if non-empty.
+int spawn_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                  const std::string& output_file);
+// Waits for pid up to timeout_s, then SIGKILLs its process group; fills exit_code/term_signal.
+ProcessResult wait_process(int pid, double timeout_s);
+// spawn + wait, capturing output.
+ProcessResult run_process(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& env = {}, double timeout_s = 120);
+// Starts `world_size` copies of argv with RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/
+// MASTER_PORT set (the torchrun contract), waits for all; result i is rank i's.
+std::vector<ProcessResult> run_ranks(const std::vector<std::string>& argv, int world_size,
+                                     const std::map<std::string, std::string>& env = {},
+                                     double timeout_s = 300);
+// True if a process with this pid still exists (and is not a zombie).
+bool process_alive(int pid);
+// Reads a whole file ("" if absent).
+std::string read_file(const std::string& path);
+void write_file(const std::string& path, const std::string& text);
+
+}  // namespace booster::testing

@@ -1,0 +1,80 @@
+// dist_common.h — models and data shared by dist_worker (the ranks) and booster_dist_tests (the
+// single-process reference), so both sides build bit-identical models and batches.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace booster::testing {
+
+constexpr int64_t kIn = 16, kOut = 4;
+
+// A 4-layer MLP: with a tiny bucket cap every parameter gets its own bucket.
+struct MLPImpl : torch::nn::Module {
+  MLPImpl() {
+    l1 = register_module("l1", torch::nn::Linear(kIn, 32));
+    l2 = register_module("l2", torch::nn::Linear(32, 32));
+    l3 = register_module("l3", torch::nn::Linear(32, 32));
+    l4 = register_module("l4", torch::nn::Linear(32, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return l4(torch::tanh(l3(torch::tanh(l2(torch::tanh(l1(x)))))));
+  }
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, l4{nullptr};
+};
+TORCH_MODULE(MLP);
+
+// Two heads: head_b is used only when use_b; `never` is used by nobody.
+struct BranchNetImpl : torch::nn::Module {
+  BranchNetImpl() {
+    trunk = register_module("trunk", torch::nn::Linear(kIn, 16));
+    head_a = register_module("head_a", torch::nn::Linear(16, kOut));
+    head_b = register_module("head_b", torch::nn::Linear(16, kOut));
+    never = register_module("never", torch::nn::Linear(kOut, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_b) {
+    auto h = torch::relu(trunk(x));
+    auto y = head_a(h);
+    if (use_b) y = y + head_b(h);
+    return y;
+  }
+  torch::nn::Linear trunk{nullptr}, head_a{nullptr}, head_b{nullptr}, never{nullptr};
+};
+TORCH_MODULE(BranchNet);
+
+// With BatchNorm buffers (running_mean, running_var, num_batches_tracked).
+struct BNNetImpl : torch::nn::Module {
+  BNNetImpl() {
+    l1 = register_module("l1", torch::nn::Linear(kIn, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    l2 = register_module("l2", torch::nn::Linear(16, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return l2(torch::relu(bn(l1(x)))); }
+  torch::nn::Linear l1{nullptr}, l2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(BNNet);
+
+// Global batches: inputs[s] float32 [global_batch, kIn], targets[s] float32 [global_batch, kOut].
+struct Batches {
+  std::vector<torch::Tensor> inputs, targets;
+};
+inline Batches make_batches(int64_t steps, int64_t global_batch, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Batches b;
+  for (int64_t s = 0; s < steps; ++s) {
+    b.inputs.push_back(at::randn({global_batch, kIn}, gen));
+    b.targets.push_back(at::randn({global_batch, kOut}, gen));
+  }
+  return b;
+}
+
+inline std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
+                                                               std::vector<torch::Tensor> params) {
+  if (kind == "adamw")
+    return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+}  // namespace booster::testing

@@ -1,0 +1,483 @@
+// config_test.cpp — booster::Config / booster::Options: parsing errors with file:line:column, typed
+// getters and their errors, unknown-key detection, --set overrides, to_toml / save round trips.
+
+#include "booster/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "common/test_util.h"
+
+using booster::Config;
+using booster::ConfigError;
+using booster::Options;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+namespace {
+
+// The message of the ConfigError that `fn` throws ("" and a test failure if it does not throw).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+const char* const kDdp =
+    "[booster]\n"
+    "plugin = \"torch_ddp\"\n"
+    "\n"
+    "[plugin]\n"
+    "bucket_cap_mb = 25\n"
+    "broadcast_buffers = true\n"
+    "max_norm = 1.5\n"
+    "placement_policy = \"static\"\n"
+    "\n"
+    "[plugin.extra]\n"
+    "k = 1\n";
+
+}  // namespace
+
+// ---- parsing
+
+TEST(Config, SyntaxErrorReportsLineAndColumn) {
+  const std::string text =
+      "[plugin]\n"
+      "stage = 2\n"
+      "bucket_cap_mb = [1,\n"
+      "  2 3]\n";
+  const std::string msg = error_of([&] { Config::from_string(text, "configs/bad.toml"); });
+  EXPECT_THAT(msg, StartsWith("configs/bad.toml:4:5: "));
+  EXPECT_THAT(msg, HasSubstr("expected comma or closing ']'"));
+
+  const std::string dup = error_of([] { Config::from_string("a = 1\nb = 2\n a = 3\n", "dup.toml"); });
+  EXPECT_THAT(dup, StartsWith("dup.toml:3:"));
+  EXPECT_THAT(dup, HasSubstr("cannot redefine existing integer 'a'"));
+
+  const std::string unnamed = error_of([] { Config::from_string("x = \n"); });
+  EXPECT_THAT(unnamed, StartsWith("<string>:1:"));
+}
+
+TEST(Config, UnreadableFile) {
+  booster::testing::TempDir dir;
+  const std::string missing = dir.file("nope.toml");
+  EXPECT_EQ(error_of([&] { Config::from_file(missing); }),
+            "cannot read config file " + missing + ": No such file or directory");
+  EXPECT_THAT(error_of([&] { Config::from_file(dir.path()); }),
+              StartsWith("cannot read config file " + dir.path() + ": "));
+}
+
+TEST(Config, FromFileUsesPathInMessagesAndSource) {
+  booster::testing::TempDir dir;
+  const std::string path = dir.file("ddp.toml");
+  booster::testing::write_file(path, "[plugin]\nbucket_cap_mb = \"x\"\n");
+  Config c = Config::from_file(path);
+  EXPECT_EQ(c.source(), path);
+  EXPECT_EQ(error_of([&] { c.section("plugin").get_int("bucket_cap_mb", 25); }),
+            path + ":2:17: plugin.bucket_cap_mb must be an integer, got string \"x\"");
+
+  booster::testing::write_file(path, "[plugin]\nstage = = 2\n");
+  EXPECT_THAT(error_of([&] { Config::from_file(path); }), StartsWith(path + ":2:9: "));
+}
+
+// ---- typed getters
+
+TEST(Config, GettersReturnValuesAndDefaults) {
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  EXPECT_EQ(c.source(), "configs/ddp.toml");
+  Options p = c.section("plugin");
+  EXPECT_EQ(p.section(), "plugin");
+  EXPECT_TRUE(p.has("bucket_cap_mb"));
+  EXPECT_FALSE(p.has("stage"));
+  EXPECT_EQ(p.get_int("bucket_cap_mb", 7, 0), 25);
+  EXPECT_TRUE(p.get_bool("broadcast_buffers", false));
+  EXPECT_DOUBLE_EQ(p.get_double("max_norm", 0.0), 1.5);
+  EXPECT_DOUBLE_EQ(p.get_double("bucket_cap_mb", 0.0), 25.0);  // an integer is accepted as a float
+  EXPECT_EQ(p.get_choice("placement_policy", "auto", {"static", "auto"}), "static");
+  EXPECT_EQ(c.section("booster").get_string("plugin", ""), "torch_ddp");
+  // Absent keys and sections give the defaults.
+  EXPECT_EQ(p.get_int("stage", 2), 2);
+  EXPECT_FALSE(p.get_bool("offload", false));
+  EXPECT_DOUBLE_EQ(p.get_double("initial_scale", 65536.0), 65536.0);
+  EXPECT_EQ(p.get_string("name", "dflt"), "dflt");
+  EXPECT_EQ(p.get_choice("policy", "auto", {"static", "auto"}), "auto");
+  EXPECT_EQ(c.section("checkpoint").get_int("size_per_shard", 1024), 1024);
+  EXPECT_EQ(p.table("extra").get_int("k", 0), 1);
+  EXPECT_EQ(p.table("missing").get_int("k", 9), 9);
+}
+
+TEST(Config, WrongTypeNamesKeyLocationAndValue) {
+  Config c = Config::from_string(
+      "[plugin]\n"
+      "stage = 2\n"
+      "\n"
+      "bucket_cap_mb = \"x\"\n"
+      "overlap = 4.0\n"
+      "offload = \"yes\"\n"
+      "name = 3\n"
+      "extra = 1\n"
+      "ratio = [1, 2]\n",
+      "configs/ddp.toml");
+  Options p = c.section("plugin");
+  EXPECT_EQ(error_of([&] { p.get_int("bucket_cap_mb", 25); }),
+            "configs/ddp.toml:4:17: plugin.bucket_cap_mb must be an integer, got string \"x\"");
+  EXPECT_EQ(error_of([&] { p.get_int("overlap", 1); }),
+            "configs/ddp.toml:5:11: plugin.overlap must be an integer, got float 4.0 (write 4, not 4.0)");
+  EXPECT_EQ(error_of([&] { p.get_bool("offload", false); }),
+            "configs/ddp.toml:6:11: plugin.offload must be a boolean (true or false), got string \"yes\"");
+  EXPECT_EQ(error_of([&] { p.get_string("name", ""); }),
+            "configs/ddp.toml:7:8: plugin.name must be a string, got integer 3");
+  EXPECT_EQ(error_of([&] { p.table("extra"); }),
+            "configs/ddp.toml:8:9: plugin.extra must be a table, got integer 1");
+  EXPECT_THAT(error_of([&] { p.get_double("ratio", 1.0); }),
+              HasSubstr("plugin.ratio must be a number, got array [ 1, 2 ]"));
+  EXPECT_THAT(error_of([&] { p.get_double("bucket_cap_mb", 1.0); }), HasSubstr("got string \"x\""));
+}
+
+TEST(Config, SectionThatIsNotATable) {
+  Config c = Config::from_string("plugin = 3\n", "c.toml");
+  EXPECT_EQ(error_of([&] { c.section("plugin"); }),
+            "c.toml:1:10: plugin must be a table ([plugin]), got integer 3");
+}
+
+TEST(Config, OutOfRangeInteger) {
+  Config c = Config::from_string("[plugin]\nbucket_cap_mb = -1\nstage = 4\n", "configs/ddp.toml");
+  Options p = c.section("plugin");
+  const std::string msg = error_of([&] { p.get_int("bucket_cap_mb", 25, 0); });
+  EXPECT_THAT(msg, StartsWith("configs/ddp.toml:2:17: plugin.bucket_cap_mb = -1 is out of range "
+                              "[0, 9223372036854775807]"));
+  EXPECT_THAT(msg, HasSubstr("default (25)"));
+  EXPECT_THAT(error_of([&] { p.get_int("stage", 0, 0, 3); }),
+              StartsWith("configs/ddp.toml:3:9: plugin.stage = 4 is out of range [0, 3]"));
+  EXPECT_EQ(p.get_int("stage", 0, 4, 4), 4);  // bounds are inclusive
+}
+
+TEST(Config, OutOfRangeDouble) {
+  Config c = Config::from_string("[train]\nlr = 1.5\nwd = -0.1\nbad = nan\nwhole = 3\n", "t.toml");
+  Options t = c.section("train");
+  const std::string msg = error_of([&] { t.get_double("lr", 0.1, 0.0, 1.0); });
+  EXPECT_THAT(msg, StartsWith("t.toml:2:6: train.lr = 1.5 is out of range [0.0, 1.0]"));
+  EXPECT_THAT(msg, HasSubstr("default (0.1)"));
+  EXPECT_THAT(error_of([&] { t.get_double("wd", 0.0, 0.0); }),
+              StartsWith("t.toml:3:6: train.wd = -0.1 is out of range [0.0, 1e+308]"));
+  EXPECT_THAT(error_of([&] { t.get_double("bad", 0.0); }), HasSubstr("train.bad = nan is out of range"));
+  EXPECT_THAT(error_of([&] { t.get_double("whole", 0.0, 0.0, 2.5); }),
+              HasSubstr("train.whole = 3.0 is out of range [0.0, 2.5]"));
+  EXPECT_DOUBLE_EQ(t.get_double("lr", 0.1, 1.5, 1.5), 1.5);
+}
+
+TEST(Config, GetChoiceListsChoices) {
+  Config c = Config::from_string("[plugin]\nplacement_policy = \"statik\"\nprecision = 16\n", "g.toml");
+  Options p = c.section("plugin");
+  EXPECT_EQ(error_of([&] {
+              p.get_choice("placement_policy", "static", {"static", "auto"});
+            }),
+            "g.toml:2:20: plugin.placement_policy = \"statik\" is not one of \"static\", \"auto\" "
+            "(did you mean \"static\"?)");
+  const std::string far = error_of([&] { p.get_choice("placement_policy", "a", {"alpha", "beta"}); });
+  EXPECT_THAT(far, HasSubstr("is not one of \"alpha\", \"beta\""));
+  EXPECT_THAT(far, Not(HasSubstr("did you mean")));
+  EXPECT_EQ(error_of([&] {
+              p.get_choice("precision", "fp16", {"fp16", "bf16", "fp32"});
+            }),
+            "g.toml:3:13: plugin.precision must be one of \"fp16\", \"bf16\", \"fp32\", got integer 16");
+}
+
+// ---- unknown keys and sections
+
+TEST(Config, UnknownKeyWithDidYouMean) {
+  Config c = Config::from_string(
+      "[plugin]\n"
+      "stage = 2\n"
+      "bucket_cap_m = 25\n"
+      "zzz = 1\n",
+      "configs/ddp.toml");
+  Options p = c.section("plugin");
+  EXPECT_EQ(p.get_int("stage", 0), 2);
+  EXPECT_EQ(p.get_int("bucket_cap_mb", 25), 25);  // absent: the typo holds the value
+  const std::string msg = error_of([&] { p.check_unknown(); });
+  EXPECT_THAT(msg, HasSubstr("2 unknown keys in [plugin]:"));
+  EXPECT_THAT(msg, HasSubstr("configs/ddp.toml:3:1: plugin.bucket_cap_m (did you mean 'bucket_cap_mb'?)"));
+  EXPECT_THAT(msg, HasSubstr("configs/ddp.toml:4:1: plugin.zzz"));
+  EXPECT_THAT(msg, HasSubstr("known keys in [plugin]: bucket_cap_mb, stage"));
+  EXPECT_LT(msg.find("bucket_cap_m "), msg.find("zzz"));  // file order
+
+  Config one = Config::from_string("[plugin]\nstagee = 2\n", "one.toml");
+  Options q = one.section("plugin");
+  q.get_int("stage", 0);
+  EXPECT_EQ(error_of([&] { q.check_unknown(); }),
+            "one.toml:2:1: unknown key plugin.stagee (did you mean 'stage'?)");
+}
+
+TEST(Config, CheckUnknownPassesWhenEverythingIsReadOrKnown) {
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  Options p = c.section("plugin");
+  p.get_int("bucket_cap_mb", 25);
+  p.get_bool("broadcast_buffers", true);
+  EXPECT_THROW(p.check_unknown(), ConfigError);
+  p.mark_known({"max_norm", "placement_policy", "extra"});
+  EXPECT_NO_THROW(p.check_unknown());
+}
+
+TEST(Config, NestedTableCountsAsKnownInParent) {
+  Config c = Config::from_string("[plugin]\nstage = 1\n[plugin.extra]\nk = 1\nkk = 2\n", "n.toml");
+  Options p = c.section("plugin");
+  p.get_int("stage", 0);
+  Options extra = p.table("extra");
+  EXPECT_EQ(extra.section(), "plugin.extra");
+  extra.get_int("k", 0);
+  // "extra" is known in [plugin]; the unread key inside it is reported with its full name.
+  const std::string msg = error_of([&] { p.check_unknown(); });
+  EXPECT_EQ(msg, "n.toml:5:1: unknown key plugin.extra.kk (did you mean 'k'?)");
+  EXPECT_EQ(error_of([&] { extra.check_unknown(); }), msg);
+  extra.get_int("kk", 0);
+  EXPECT_NO_THROW(p.check_unknown());
+  EXPECT_NO_THROW(c.section("plugin.extra").check_unknown());
+}
+
+TEST(Config, ViewsOfOneSectionShareTheirReadRecord) {
+  Config c = Config::from_string("[plugin]\na = 1\nb = 2\nc = 3\n", "s.toml");
+  Options v1 = c.section("plugin");
+  Options v2 = c.section("plugin");
+  EXPECT_EQ(v1.get_int("a", 0), 1);
+  EXPECT_EQ(v2.get_int("b", 0), 2);
+  // Reads through both views are known to each.
+  EXPECT_EQ(error_of([&] { v1.check_unknown(); }),
+            "s.toml:4:1: unknown key plugin.c\n  known keys in [plugin]: a, b");
+  EXPECT_EQ(error_of([&] { v2.check_unknown(); }), error_of([&] { v1.check_unknown(); }));
+  Config copy = c;  // copies share the record too
+  copy.section("plugin").mark_known({"c"});
+  EXPECT_NO_THROW(v1.check_unknown());
+  EXPECT_NO_THROW(v2.check_unknown());
+  Options v3 = v2;
+  EXPECT_NO_THROW(v3.check_unknown());
+  // Another section's record is separate.
+  Config d = Config::from_string("[plugin]\na = 1\n[train]\na = 1\n", "d.toml");
+  d.section("plugin").get_int("a", 0);
+  EXPECT_NO_THROW(d.section("plugin").check_unknown());
+  EXPECT_THROW(d.section("train").check_unknown(), ConfigError);
+}
+
+TEST(Config, CheckSections) {
+  Config c = Config::from_string("[booster]\nplugin = \"x\"\n[plugin]\n[trian]\nepochs = 1\n", "c.toml");
+  const std::vector<std::string> known = {"booster",    "plugin",      "mixed_precision",
+                                          "checkpoint", "distributed", "train"};
+  const std::string msg = error_of([&] { c.check_sections(known); });
+  EXPECT_THAT(msg, StartsWith("c.toml:4:2: unknown section [trian] (did you mean [train]?)"));
+  EXPECT_THAT(msg, HasSubstr("known sections: booster, plugin, mixed_precision"));
+  EXPECT_NO_THROW(Config::from_string(kDdp).check_sections(known));
+
+  Config two = Config::from_string("seed = 1\n[plugni]\n", "two.toml");
+  const std::string m2 = error_of([&] { two.check_sections(known); });
+  EXPECT_THAT(m2, HasSubstr("2 unknown sections:"));
+  EXPECT_THAT(m2, HasSubstr("two.toml:1:1: unknown top-level key seed"));
+  EXPECT_THAT(m2, HasSubstr("unknown section [plugni] (did you mean [plugin]?)"));
+}
+
+TEST(Config, EmptyOptionsAndEmptyConfig) {
+  Options o("plugin");
+  EXPECT_EQ(o.section(), "plugin");
+  EXPECT_FALSE(o.has("x"));
+  EXPECT_EQ(o.get_int("x", 3), 3);
+  EXPECT_TRUE(o.get_bool("y", true));
+  EXPECT_DOUBLE_EQ(o.get_double("z", 0.5), 0.5);
+  EXPECT_EQ(o.get_string("s", "d"), "d");
+  EXPECT_EQ(o.get_choice("c", "a", {"a", "b"}), "a");
+  EXPECT_EQ(o.table("t").get_int("k", 4), 4);
+  EXPECT_NO_THROW(o.check_unknown());
+
+  Config c;
+  EXPECT_EQ(c.source(), "");
+  EXPECT_EQ(c.section("plugin").get_int("stage", 2), 2);
+  EXPECT_NO_THROW(c.section("plugin").check_unknown());
+  EXPECT_NO_THROW(c.check_sections({}));
+  EXPECT_EQ(c.to_toml(), "");
+}
+
+// ---- overrides
+
+TEST(Config, OverrideExistingAndNewKeys) {
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  c.apply_override("plugin.bucket_cap_mb=4");
+  c.apply_overrides({" plugin.stage = 2 ", "booster.plugin=gemini"});
+  Options p = c.section("plugin");
+  EXPECT_EQ(p.get_int("bucket_cap_mb", 25), 4);
+  EXPECT_EQ(p.get_int("stage", 0), 2);
+  EXPECT_EQ(c.section("booster").get_string("plugin", ""), "gemini");
+  EXPECT_TRUE(p.get_bool("broadcast_buffers", false));  // untouched
+  EXPECT_THAT(c.to_toml(), HasSubstr("bucket_cap_mb = 4"));
+}
+
+TEST(Config, ViewsSeeOverridesAppliedLater) {
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  Options p = c.section("plugin");
+  Options mp = c.section("mixed_precision");
+  c.apply_override("plugin.bucket_cap_mb=8");
+  c.apply_override("mixed_precision.dtype=bf16");
+  EXPECT_EQ(p.get_int("bucket_cap_mb", 25), 8);
+  EXPECT_EQ(mp.get_string("dtype", "fp32"), "bf16");
+}
+
+TEST(Config, OverrideCreatesTables) {
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  c.apply_override("mixed_precision.fp16.initial_scale=65536");
+  c.apply_override("plugin.extra.new_key=3");
+  EXPECT_EQ(c.section("mixed_precision").table("fp16").get_int("initial_scale", 0), 65536);
+  EXPECT_EQ(c.section("mixed_precision.fp16").get_int("initial_scale", 0), 65536);
+  Options extra = c.section("plugin").table("extra");
+  EXPECT_EQ(extra.get_int("k", 0), 1);
+  EXPECT_EQ(extra.get_int("new_key", 0), 3);
+  EXPECT_THAT(c.to_toml(), HasSubstr("[mixed_precision.fp16]"));
+
+  Config empty;
+  empty.apply_override("train.epochs=3");
+  EXPECT_EQ(empty.section("train").get_int("epochs", 0), 3);
+}
+
+TEST(Config, OverrideThroughNonTableFails) {
+  Config c = Config::from_string("[plugin]\nstage = 2\nsizes = [1, 2]\n", "configs/z.toml");
+  EXPECT_EQ(error_of([&] { c.apply_override("plugin.stage.x=1"); }),
+            "--set plugin.stage.x=1: plugin.stage is integer 2 (configs/z.toml:2:9), not a table, so it "
+            "cannot hold key x");
+  EXPECT_THAT(error_of([&] { c.apply_override("plugin.sizes.a.b=1"); }),
+              HasSubstr("plugin.sizes is array [ 1, 2 ] (configs/z.toml:3:9), not a table"));
+  EXPECT_THAT(error_of([&] { c.apply_override("plugin=3"); }),
+              HasSubstr("--set plugin=3: plugin is a table; set its keys one at a time, e.g. --set "
+                        "plugin.<key>=<value>"));
+  // Nothing was changed by the failed overrides.
+  EXPECT_EQ(c.section("plugin").get_int("stage", 0), 2);
+}
+
+TEST(Config, BadOverrideSyntax) {
+  Config c;
+  EXPECT_EQ(error_of([&] { c.apply_override("plugin.stage"); }),
+            "--set plugin.stage: expected <section>.<key>=<value>, e.g. --set plugin.bucket_cap_mb=25");
+  EXPECT_THAT(error_of([&] { c.apply_override(" =4"); }),
+              AllOf(StartsWith("--set  =4: the key before '=' is empty"),
+                    HasSubstr("e.g. --set plugin.bucket_cap_mb=25")));
+  EXPECT_THAT(error_of([&] { c.apply_override("plugin..stage=4"); }),
+              AllOf(HasSubstr("empty key part in \"plugin..stage\""), HasSubstr("e.g. --set")));
+  EXPECT_THAT(error_of([&] { c.apply_override(".stage=4"); }), HasSubstr("empty key part"));
+  EXPECT_EQ(c.to_toml(), "");
+}
+
+TEST(Config, OverrideValueTypes) {
+  Config c;
+  c.apply_overrides({"t.i=4", "t.neg=-7", "t.f=2.5", "t.b=true", "t.s=\"x y\"", "t.lit='a\"b'", "t.word=auto",
+                     "t.words = hello world ", "t.arr=[1, 2, 3]", "t.eq=a=b",
+                     "t.empty=", "t.path=/data/x.bin"});
+  Options t = c.section("t");
+  EXPECT_EQ(t.get_int("i", 0), 4);
+  EXPECT_EQ(t.get_int("neg", 0), -7);
+  EXPECT_DOUBLE_EQ(t.get_double("f", 0), 2.5);
+  EXPECT_DOUBLE_EQ(t.get_double("i", 0), 4.0);
+  EXPECT_TRUE(t.get_bool("b", false));
+  EXPECT_EQ(t.get_string("s", ""), "x y");
+  EXPECT_EQ(t.get_string("lit", ""), "a\"b");
+  EXPECT_EQ(t.get_string("word", ""), "auto");
+  EXPECT_EQ(t.get_string("words", ""), "hello world");
+  EXPECT_EQ(t.get_string("eq", ""), "a=b");
+  EXPECT_EQ(t.get_string("empty", "d"), "");
+  EXPECT_EQ(t.get_string("path", ""), "/data/x.bin");
+  EXPECT_THAT(c.to_toml(), HasSubstr("arr = [ 1, 2, 3 ]"));
+  // A value that is several TOML lines is not TOML for an override: taken as text.
+  c.apply_override("t.multi=1\nx = 2");
+  EXPECT_EQ(t.get_string("multi", ""), "1\nx = 2");
+  EXPECT_FALSE(t.has("x"));
+}
+
+TEST(Config, ErrorsInOverriddenValuesNameTheOverride) {
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  c.apply_overrides({"plugin.bucket_cap_mb=x", "plugin.stage=-1", "plugin.bucket_cap_m=3", "train.name=4",
+                     "plugin.extra2.a.b=1"});
+  Options p = c.section("plugin");
+  EXPECT_EQ(error_of([&] { p.get_int("bucket_cap_mb", 25); }),
+            "--set plugin.bucket_cap_mb: plugin.bucket_cap_mb must be an integer, got string \"x\"");
+  EXPECT_THAT(error_of([&] { p.get_int("stage", 0, 0, 3); }),
+              StartsWith("--set plugin.stage: plugin.stage = -1 is out of range [0, 3]"));
+  EXPECT_THAT(error_of([&] { c.section("train").get_string("name", ""); }),
+              AllOf(StartsWith("--set train.name: train.name must be a string, got integer 4"),
+                    HasSubstr("quote it")));
+  p.mark_known({"broadcast_buffers", "max_norm", "placement_policy", "extra"});
+  const std::string msg = error_of([&] { p.check_unknown(); });
+  EXPECT_THAT(msg,
+              HasSubstr("--set plugin.bucket_cap_m: plugin.bucket_cap_m (did you mean 'bucket_cap_mb'?)"));
+  EXPECT_THAT(msg, HasSubstr("--set plugin.extra2.a.b: plugin.extra2"));
+}
+
+// ---- output
+
+TEST(Config, ToTomlRoundTrip) {
+  Config c = Config::from_string(
+      "title = \"run \\\"1\\\"\"\n"
+      "[plugin]\n"
+      "bucket_cap_mb = 25\n"
+      "big = 9223372036854775807\n"
+      "ratio = 0.1\n"
+      "tiny = 1e-300\n"
+      "on = false\n"
+      "sizes = [1, 2, 3]\n"
+      "[plugin.extra]\n"
+      "name = \"multi\\nline\"\n",
+      "rt.toml");
+  c.apply_override("train.lr=3e-4");
+  const std::string text = c.to_toml();
+  Config back = Config::from_string(text, "back.toml");
+  EXPECT_EQ(back.to_toml(), text);
+  EXPECT_EQ(back.section("").get_string("title", ""), "run \"1\"");
+  Options p = back.section("plugin");
+  EXPECT_EQ(p.get_int("bucket_cap_mb", 0), 25);
+  EXPECT_EQ(p.get_int("big", 0), INT64_MAX);
+  EXPECT_EQ(p.get_double("ratio", 0), 0.1);  // exact: floats are written with full precision
+  EXPECT_EQ(p.get_double("tiny", 0), 1e-300);
+  EXPECT_FALSE(p.get_bool("on", true));
+  EXPECT_EQ(p.table("extra").get_string("name", ""), "multi\nline");
+  EXPECT_EQ(back.section("train").get_double("lr", 0), 3e-4);
+  EXPECT_THAT(text, HasSubstr("\n[plugin.extra]\n"));  // sub-tables are not indented
+}
+
+TEST(Config, SaveWritesAFileReadableByFromFile) {
+  booster::testing::TempDir dir;
+  Config c = Config::from_string(kDdp, "configs/ddp.toml");
+  c.apply_override("plugin.bucket_cap_mb=4");
+  const std::string path = dir.file("out/run1/config.toml");  // parent directories are created
+  c.save(path);
+  Config back = Config::from_file(path);
+  EXPECT_EQ(back.source(), path);
+  EXPECT_EQ(back.section("plugin").get_int("bucket_cap_mb", 0), 4);
+  EXPECT_EQ(back.section("booster").get_string("plugin", ""), "torch_ddp");
+  EXPECT_EQ(booster::testing::read_file(path), c.to_toml());
+  // Saving again replaces the file and leaves no temporary file behind.
+  c.apply_override("plugin.bucket_cap_mb=5");
+  c.save(path);
+  EXPECT_EQ(Config::from_file(path).section("plugin").get_int("bucket_cap_mb", 0), 5);
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("out/run1"))) {
+    EXPECT_EQ(e.path().filename(), "config.toml");
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  // A parent that is a file cannot be created.
+  booster::testing::write_file(dir.file("blocker"), "x");
+  EXPECT_THAT(error_of([&] { c.save(dir.file("blocker/config.toml")); }),
+              StartsWith("cannot write config file " + dir.file("blocker/config.toml") + ": "));
+}
+
+TEST(Config, EditDistance) {
+  EXPECT_EQ(booster::edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(booster::edit_distance("", "abc"), 3u);
+  EXPECT_EQ(booster::edit_distance("abc", ""), 3u);
+  EXPECT_EQ(booster::edit_distance("stage", "stage"), 0u);
+  EXPECT_EQ(booster::edit_distance("bucket_cap_m", "bucket_cap_mb"), 1u);
+  EXPECT_EQ(booster::edit_distance("ab", "ba"), 2u);  // plain Levenshtein: no transpositions
+}

@@ -1,0 +1,42 @@
+// main.cpp — entry point of the `booster` command-line tool. Each feature is a CLI11 subcommand:
+// `booster run` (torchrun-like launcher, run.h); later ones (`booster ckpt ...`) are added here the
+// same way. Usage errors exit with 2, `--help` with 0; otherwise the subcommand's exit code.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "run.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"booster: command-line tool of the Booster C++ distributed training SDK", "booster"};
+  app.require_subcommand(1);
+  app.footer("\nRun 'booster SUBCOMMAND --help' for the options of a subcommand.");
+
+  booster::cli::RunOptions run_options;
+  CLI::App* run = booster::cli::add_run_subcommand(app, run_options);
+
+  // CLI11 would only say "A subcommand is required" for a mistyped subcommand; name it instead.
+  auto is_named = [&](CLI::App* sub) { return sub->check_name(argv[1]); };
+  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands(is_named).empty()) {
+    std::cerr << "booster: unknown subcommand '" << argv[1] << "'\nRun with --help for more information.\n";
+    return booster::cli::kRunUsageError;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);  // prints help (code 0) or the error
+    return code == 0 ? 0 : booster::cli::kRunUsageError;
+  }
+
+  if (run->parsed()) {
+    std::string problem = booster::cli::validate_run_options(run_options);
+    if (!problem.empty()) {
+      std::cerr << "booster run: " << problem << "\nRun with --help for more information.\n";
+      return booster::cli::kRunUsageError;
+    }
+    std::cout.flush();
+    return booster::cli::run_launcher(run_options);
+  }
+  return booster::cli::kRunUsageError;
+}
