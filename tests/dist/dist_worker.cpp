@@ -11,6 +11,7 @@
 #include <map>
 
 #include "booster/booster.h"
+#include "booster/core/replica.h"
 #include "dist/dist_common.h"
 
 using namespace booster::testing;

@@ -55,7 +55,7 @@ std::string validate_run_options(const RunOptions& options);
 // helpers are reaped by it rather than left as zombies.
 //
 // Each line a rank writes is copied to the launcher's stdout / stderr (same stream) prefixed with
-// "[rank R]: ", one write per line so lines of different ranks never interleave; a last line
+// "[rank R]: ", whole lines per write so lines of different ranks never interleave; a last line
 // without a newline is flushed (with a newline) when the rank's stream ends, and a line longer
 // than 1 MiB is split.
 //

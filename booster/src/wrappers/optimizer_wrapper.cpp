@@ -31,7 +31,17 @@ void OptimizerWrapper::backward(const torch::Tensor& loss) {
 
 void OptimizerWrapper::step() { optimizer_->step(); }
 
-void OptimizerWrapper::zero_grad() { optimizer_->zero_grad(); }
+void OptimizerWrapper::zero_grad() {
+  // As torch.optim.Optimizer.zero_grad(set_to_none=False): LibTorch 1.13's C++ zero_grad calls
+  // detach_() unconditionally, which fails on gradients that are views (gradient_as_bucket_view).
+  at::NoGradGuard no_grad;
+  for (const auto& p : parameters()) {
+    at::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (g.grad_fn()) p.mutable_grad() = g.detach();
+    p.grad().zero_();
+  }
+}
 
 std::vector<torch::Tensor> OptimizerWrapper::parameters() const {
   std::vector<torch::Tensor> out;

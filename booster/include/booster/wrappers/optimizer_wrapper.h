@@ -23,7 +23,8 @@ class BOOSTER_API OptimizerWrapper {
   virtual void backward(const torch::Tensor& loss);
   // optimizer.step() (the wrapped optimizer's update rule).
   virtual void step();
-  // Zeroes gradients of every parameter in the optimizer (LibTorch 1.13 semantics: zero in place).
+  // Zeroes gradients of every parameter in the optimizer in place (torch.optim's set_to_none=False);
+  // works on gradients that are bucket views (gradient_as_bucket_view).
   virtual void zero_grad();
   // Scales gradients so their global norm is at most max_norm; returns the total norm before
   // clipping (float64). norm_type: 2.0 for L2 or INFINITY for the max norm. Gradients must already
