@@ -1,0 +1,112 @@
+// example_test.cpp — the main job (examples/fashion_mnist) end to end on the real data, a few steps:
+// the same binary under `booster run`, under torchrun --no_python, with explicit --rank flags, and
+// alone; plus its error for a missing data set. (Accuracy of the full run is in the README.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/test_util.h"
+
+using namespace booster::testing;
+using ::testing::HasSubstr;
+
+namespace {
+
+const std::string kExample = std::string(BOOSTER_BINARY_DIR) + "/bin/fashion_mnist";
+const std::string kConfig = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/ddp.toml";
+
+std::vector<std::string> example_args(const std::string& out) {
+  return {kExample, "--config", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=5",
+          "--output_dir", out};
+}
+
+bool have_data() { return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+
+// metrics.csv has a header and one row for the one epoch; the effective config keeps the overrides.
+void expect_run_outputs(const std::string& out) {
+  std::string csv = read_file(out + "/metrics.csv");
+  EXPECT_THAT(csv, HasSubstr("epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds\n1,"));
+  std::string config = read_file(out + "/config.toml");
+  EXPECT_THAT(config, HasSubstr("max_steps_per_epoch = 5"));
+  EXPECT_THAT(config, ::testing::AnyOf(HasSubstr("plugin = 'torch_ddp'"), HasSubstr("plugin = \"torch_ddp\"")));
+}
+
+}  // namespace
+
+TEST(Example, TwoRanksUnderBoosterRun) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                std::to_string(free_port())};
+  auto args = example_args(dir.file("run"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = run_process(argv, {}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 0]: "));
+  EXPECT_THAT(r.output, HasSubstr("world size 2"));
+  expect_run_outputs(dir.file("run"));
+}
+
+TEST(Example, TwoRanksUnderTorchrun) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  std::vector<std::string> argv{BOOSTER_PYTHON, "-m", "torch.distributed.run", "--no_python", "--nproc_per_node", "2",
+                                "--master_port", std::to_string(free_port()), "--redirects", "1", "--tee", "1",
+                                "--log_dir", dir.file("logs")};
+  auto args = example_args(dir.file("run"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = run_process(argv, {}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("world size 2"));
+  expect_run_outputs(dir.file("run"));
+}
+
+TEST(Example, TwoRanksWithExplicitFlags) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  int port = free_port();
+  std::vector<int> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto argv = example_args(dir.file("run"));
+    argv.insert(argv.end(), {"--rank", std::to_string(rank), "--world_size", "2", "--host", "127.0.0.1", "--port", std::to_string(port)});
+    // No torchrun variables: the flags alone must launch.
+    pids.push_back(spawn_process(argv, {{"RANK", "\x01unset"}, {"WORLD_SIZE", "\x01unset"}},
+                                 dir.file("rank" + std::to_string(rank) + ".log")));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    auto r = wait_process(pids[rank], 180);
+    EXPECT_EQ(r.exit_code, 0) << read_file(dir.file("rank" + std::to_string(rank) + ".log"));
+  }
+  EXPECT_THAT(read_file(dir.file("rank0.log")), HasSubstr("world size 2"));
+  expect_run_outputs(dir.file("run"));
+}
+
+TEST(Example, SingleProcessStandalone) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  auto r = run_process(example_args(dir.file("run")), {{"RANK", "\x01unset"}}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("world size 1"));
+  expect_run_outputs(dir.file("run"));
+}
+
+TEST(Example, MissingDataSetIsAClearError) {
+  TempDir dir;
+  auto args = example_args(dir.file("run"));
+  args.insert(args.end(), {"--data_dir", dir.file("no_such_dir")});
+  auto r = run_process(args, {{"RANK", "\x01unset"}}, 60);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("no_such_dir"));
+  EXPECT_THAT(r.output, HasSubstr("apt-get install dataset-fashion-mnist"));
+}
+
+TEST(Example, BadConfigValueIsAClearErrorWithLocation) {
+  TempDir dir;
+  auto args = example_args(dir.file("run"));
+  args.insert(args.end(), {"--set", "plugin.bucket_cap_mb=\"big\""});
+  auto r = run_process(args, {{"RANK", "\x01unset"}}, 60);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("plugin.bucket_cap_mb"));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/metrics.csv")));
+}
