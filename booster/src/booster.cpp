@@ -2,8 +2,10 @@
 #include "booster/booster.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "booster/logging.h"
+#include "booster/mixed_precision/precision.h"
 #include "booster/plugin_loader.h"
 
 namespace booster {
@@ -35,6 +37,9 @@ struct Booster::Impl {
   Config config;
   std::shared_ptr<Plugin> plugin;
   std::string mixed_precision;
+  std::shared_ptr<mixed_precision::MixedPrecision> precision;
+  double max_norm = 0.0;
+  double norm_type = 2.0;
 };
 
 Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
@@ -43,15 +48,11 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   Options b = config.section("booster");
   std::string plugin_name = b.get_string("plugin", "torch_ddp");
   impl_->mixed_precision = b.get_choice("mixed_precision", "fp32", {"fp32", "fp16", "bf16"});
+  impl_->max_norm = b.get_double("max_norm", 0.0, 0.0);
+  impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
   b.check_unknown();
-  if (impl_->mixed_precision != "fp32") {
-    throw ConfigError("booster: mixed_precision = \"" + impl_->mixed_precision +
-                      "\" is not implemented yet (README, feature status); use \"fp32\"");
-  }
-  // Reserved sections: their options arrive with the mixed precision and checkpoint modules, so any
-  // key there is unknown for now (an error, not silently ignored).
-  config.section("mixed_precision").check_unknown();
-  config.section("checkpoint").check_unknown();
+  impl_->precision = mixed_precision::make_mixed_precision(impl_->mixed_precision, config.section("mixed_precision"));
+  config.section("checkpoint").check_unknown();  // reserved until the checkpoint module exists
 
   std::vector<std::string> no_args;
   auto world = launch_from_config(config, no_args);
@@ -98,10 +99,24 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
           throw std::invalid_argument("booster: boost(): the optimizer holds a parameter that is not in the "
                                       "model; build the optimizer from model->parameters()");
   }
+  bool own_precision = !impl_->plugin->control_precision();
+  if (own_precision) impl_->precision->prepare_model(*model);
   Configured c = impl_->plugin->configure(model, optimizer);
   if (!c.hooks) throw PluginError("booster: plugin " + impl_->plugin->name() + " returned no model hooks");
-  if (optimizer && !c.optimizer) c.optimizer = std::make_shared<OptimizerWrapper>(optimizer, c.hooks);
+  if (own_precision) c.hooks = impl_->precision->wrap_hooks(c.hooks);
+  if (optimizer && !c.optimizer) {
+    OptimizerWrapperOptions o = impl_->precision->optimizer_options();
+    o.group = impl_->plugin->world();
+    o.max_norm = impl_->max_norm;
+    o.norm_type = impl_->norm_type;
+    c.optimizer = std::make_shared<OptimizerWrapper>(optimizer, c.hooks, o);
+  }
   return c;
+}
+
+Criterion Booster::wrap_criterion(Criterion criterion) const {
+  if (impl_->plugin->control_precision()) return criterion;
+  return impl_->precision->wrap_criterion(std::move(criterion));
 }
 
 void Booster::backward(const torch::Tensor& loss, OptimizerWrapper& optimizer) { optimizer.backward(loss); }

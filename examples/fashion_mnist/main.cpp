@@ -58,7 +58,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 struct TrainOptions {
-  int64_t epochs, batch_size, lr_step_epochs, seed, max_steps_per_epoch, train_subset;
+  int64_t epochs, batch_size, lr_step_epochs, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
   std::string optimizer, data_dir, output_dir;
   double lr, weight_decay, momentum, lr_gamma;
 };
@@ -76,6 +76,8 @@ TrainOptions read_train_options(const booster::Config& config, const std::string
   o.lr_step_epochs = t.get_int("lr_step_epochs", 2, 1, 1000);
   o.lr_gamma = t.get_double("lr_gamma", 0.5, 0.0, 1.0);
   o.seed = t.get_int("seed", 42, 0);
+  // Micro-batches per optimizer step; all but the last run inside booster.no_sync (no communication).
+  o.gradient_accumulation_steps = t.get_int("gradient_accumulation_steps", 1, 1, 1 << 20);
   o.max_steps_per_epoch = t.get_int("max_steps_per_epoch", 0, 0);  // 0 = whole epoch (smoke tests use a few)
   o.train_subset = t.get_int("train_subset", 0, 0);                // 0 = all 60000 samples
   o.data_dir = t.get_string("data_dir", booster::data::FASHION_MNIST_DEFAULT_DIR);
@@ -173,12 +175,22 @@ int run(int argc, char** argv) {
     auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
     int64_t step = 0, samples = 0;
+    const int64_t gas = opt.gradient_accumulation_steps;
+    int64_t micro = 0;
     for (auto batch : *train_loader) {
       if (step >= steps) break;
+      // Gradient accumulation: average over `gas` micro-batches, synchronise only on the last one.
+      bool last_micro = (micro + 1) % gas == 0;
       auto loss = criterion(model.forward(batch.data), batch.target);
-      booster.backward(loss, *boosted_opt);
-      boosted_opt->step();
-      boosted_opt->zero_grad();
+      if (last_micro) {
+        booster.backward(loss / static_cast<double>(gas), *boosted_opt);
+        boosted_opt->step();
+        boosted_opt->zero_grad();
+      } else {
+        auto no_sync = booster.no_sync(model, boosted_opt.get());
+        booster.backward(loss / static_cast<double>(gas), *boosted_opt);
+      }
+      ++micro;
       loss_sum += loss.item<double>();
       samples += batch.data.size(0);
       ++step;

@@ -7,7 +7,6 @@
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
 #include "booster/plugin.h"
-#include "booster/wrappers/optimizer_wrapper.h"
 
 namespace booster::plugins {
 
@@ -104,9 +103,10 @@ class TorchDDPPlugin : public Plugin {
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
     auto hooks = std::make_shared<DDPModelHooks>(model, world(), options_);
+    // The optimizer wrapper (loss scaling, clipping, master weights) is the Booster's: DDP's
+    // gradients are replicated after backward, which is the wrapper's default.
     Configured c;
     c.hooks = hooks;
-    if (optimizer) c.optimizer = std::make_shared<OptimizerWrapper>(optimizer, hooks);
     return c;
   }
 

@@ -9,56 +9,19 @@
 
 #include "common/test_util.h"
 #include "dist/dist_common.h"
+#include "dist/dist_test_util.h"
 
 using namespace booster::testing;
 using ::testing::HasSubstr;
 
 namespace {
 
-constexpr double kAtol = 1e-5, kRtol = 1e-4;
-
-std::vector<torch::Tensor> load_tensors(const std::string& path) {
-  std::vector<torch::Tensor> t;
-  torch::load(t, path);
-  return t;
-}
-
-std::map<std::string, int64_t> load_stats(const std::string& path) {
-  std::map<std::string, int64_t> m;
-  std::istringstream in(read_file(path));
-  std::string k;
-  int64_t v;
-  while (in >> k >> v) m[k] = v;
-  return m;
-}
-
-// Max over tensors of max |a - b| - (atol + rtol |b|) (<= 0 means within tolerance), and max |a-b|.
-void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double max_diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].sizes(), want[i].sizes()) << what << " tensor " << i;
-    EXPECT_TRUE(torch::allclose(got[i], want[i], kRtol, kAtol))
-        << what << " tensor " << i << " max |diff| " << (got[i] - want[i]).abs().max().item<double>();
-    max_diff = std::max(max_diff, (got[i] - want[i]).abs().max().item<double>());
-  }
-  std::cout << "[ compare  ] " << what << ": max |ddp - reference| = " << max_diff << std::endl;
-}
-
-std::vector<ProcessResult> run_workers(int world, const std::vector<std::string>& args, double timeout = 120) {
-  std::vector<std::string> argv{BOOSTER_DIST_WORKER_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_ranks(argv, world, {{"OMP_NUM_THREADS", "1"}}, timeout);
-}
-
-void expect_all_ok(const std::vector<ProcessResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r)
-    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << " output:\n" << results[r].output;
-}
-
 // Single-process reference: the MLP trained on the whole global batch of each step.
-std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_batch, const std::string& optimizer) {
+// With max_norm > 0 the gradients are clipped with torch::nn::utils::clip_grad_norm_ and its
+// returned norms collected in *norms.
+std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_batch, const std::string& optimizer,
+                                         double max_norm = 0, double norm_type = 2.0,
+                                         std::vector<double>* norms = nullptr) {
   torch::manual_seed(7);
   MLP net;
   auto opt = make_optimizer(optimizer, net->parameters());
@@ -66,6 +29,10 @@ std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_batch, co
   for (int64_t s = 0; s < steps; ++s) {
     auto loss = torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]);
     loss.backward();
+    if (max_norm > 0) {
+      double n = torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm, norm_type);
+      if (norms) norms->push_back(n);
+    }
     opt->step();
     opt->zero_grad();
   }
@@ -79,6 +46,8 @@ struct TrainCase {
   std::string optimizer;
   std::vector<std::string> sets;
   int64_t accum;
+  double max_norm = 0;  // also pass "booster.max_norm=..." in sets
+  double norm_type = 2.0;
 };
 
 // Runs the "train" scenario and checks every rank against the reference; returns rank 0's stats.
@@ -91,10 +60,22 @@ std::map<std::string, int64_t> check_train(const TrainCase& c) {
   for (const auto& s : c.sets) args.push_back("set=" + s);
   auto results = run_workers(c.world, args);
   expect_all_ok(results);
-  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer);
-  for (int r = 0; r < c.world; ++r)
-    expect_close(load_tensors(dir.file("rank" + std::to_string(r) + ".pt")), want,
-                 std::to_string(c.world) + " ranks, rank " + std::to_string(r));
+  std::vector<double> norms;
+  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer, c.max_norm, c.norm_type, &norms);
+  for (int r = 0; r < c.world; ++r) {
+    std::string rs = std::to_string(r);
+    expect_close(load_tensors(dir.file("rank" + rs + ".pt")), want, std::to_string(c.world) + " ranks, rank " + rs);
+    if (c.max_norm > 0) {
+      // The reported global norm equals clip_grad_norm_'s on the full batch (float32 there, float64 here).
+      auto got = load_tensors(dir.file("rank" + rs + "_norms.pt"))[0];
+      EXPECT_EQ(got.numel(), static_cast<int64_t>(norms.size()));
+      if (got.numel() != static_cast<int64_t>(norms.size())) continue;
+      for (size_t s = 0; s < norms.size(); ++s) {
+        EXPECT_NEAR(got[s].item<double>(), norms[s], 1e-5 * norms[s]) << "step " << s;
+        EXPECT_GT(norms[s], c.max_norm) << "the test should make clipping active";
+      }
+    }
+  }
   return load_stats(dir.file("rank0.txt"));
 }
 
@@ -214,4 +195,69 @@ TEST(TorchDDP, DifferentModelsOnRanksAreAClearError) {
     EXPECT_THAT(results[r].output, HasSubstr("differs between ranks"));
   }
   EXPECT_THAT(results[1].output, HasSubstr("rank 0 has 'l1.weight|Float|32,16', rank 1 has 'l1.weight|Float|16,16'"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient clipping by global norm (booster.max_norm) with DDP equals single-process clipping
+
+TEST(TorchDDP, ClipByL2NormOnTwoRanksEqualsSingleProcess) {
+  check_train({2, "sgd", {"booster.max_norm=0.05"}, 1, 0.05, 2.0});
+}
+
+TEST(TorchDDP, ClipByL2NormOnFourRanksEqualsSingleProcess) {
+  check_train({4, "adamw", {"booster.max_norm=0.05", kTinyBuckets1}, 1, 0.05, 2.0});
+}
+
+TEST(TorchDDP, ClipByInfNormOnTwoRanksEqualsSingleProcess) {
+  check_train({2, "sgd", {"booster.max_norm=0.01", "booster.norm_type=inf"}, 1, 0.01, INFINITY});
+}
+
+TEST(TorchDDP, ClipByInfNormOnFourRanksEqualsSingleProcess) {
+  check_train({4, "sgd", {"booster.max_norm=0.01", "booster.norm_type=inf"}, 1, 0.01, INFINITY});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss scaling: an overflow on one rank only makes every rank skip the same step
+
+TEST(TorchDDP, OverflowOnOneRankSkipsTheStepEverywhere) {
+  TempDir dir;
+  const int64_t steps = 4, batch = 4;
+  auto results = run_workers(2, {"scenario=overflow", "out=" + dir.path(), "steps=4", "batch=4", "bad_step=1",
+                                 "bad_rank=1"});
+  expect_all_ok(results);
+  // Reference: plain SGD on the full batch that skips step 1 (power-of-two loss scales are exact).
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("sgd", net->parameters());
+  auto batches = make_batches(steps, batch * 2, 11);
+  std::vector<std::vector<torch::Tensor>> want;
+  for (int64_t s = 0; s < steps; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    if (s != 1) opt->step();
+    opt->zero_grad();
+    std::vector<torch::Tensor> p;
+    for (auto& t : net->parameters()) p.push_back(t.detach().clone());
+    want.push_back(p);
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::string rs = std::to_string(r);
+    auto info = load_tensors(dir.file("rank" + rs + "_steps.pt"));
+    // taken: 1, 0 (skipped), 1, 1 on every rank; scale: 1024, backoff to 512 (hysteresis 1),
+    // 512, then growth after growth_interval = 2 clean steps -> 1024.
+    EXPECT_TRUE(torch::equal(info[0], torch::tensor({1.0, 0.0, 1.0, 1.0}, torch::kDouble))) << info[0];
+    EXPECT_TRUE(torch::equal(info[1], torch::tensor({1024.0, 512.0, 512.0, 1024.0}, torch::kDouble))) << info[1];
+    EXPECT_EQ(load_stats(dir.file("rank" + rs + ".txt"))["skipped_steps"], 1);
+    for (int64_t s = 0; s < steps; ++s)
+      expect_close(load_tensors(dir.file("rank" + rs + "_step" + std::to_string(s) + ".pt")), want[s],
+                   "overflow test rank " + rs + " after step " + std::to_string(s));
+    // The skipped step left the parameters exactly unchanged.
+    auto p0 = load_tensors(dir.file("rank" + rs + "_step0.pt")), p1 = load_tensors(dir.file("rank" + rs + "_step1.pt"));
+    for (size_t i = 0; i < p0.size(); ++i) EXPECT_TRUE(torch::equal(p0[i], p1[i]));
+  }
+  // And the ranks are identical to each other, bit for bit.
+  for (int64_t s = 0; s < steps; ++s) {
+    auto a = load_tensors(dir.file("rank0_step" + std::to_string(s) + ".pt"));
+    auto b = load_tensors(dir.file("rank1_step" + std::to_string(s) + ".pt"));
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
+  }
 }

@@ -7,11 +7,13 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <limits>
 #include <iostream>
 #include <map>
 
 #include "booster/booster.h"
 #include "booster/core/replica.h"
+#include "booster/mixed_precision/grad_scaler.h"
 #include "dist/dist_common.h"
 
 using namespace booster::testing;
@@ -66,6 +68,7 @@ int run() {
     auto opt = make_optimizer(arg("optimizer", "sgd"), net->parameters());
     auto boosted = booster.boost(net, opt);
     auto batches = make_batches(steps, b * ws * accum, 11);
+    std::vector<torch::Tensor> norms;  // last_grad_norm after each step (clipping via booster.max_norm)
     for (int64_t s = 0; s < steps; ++s) {
       for (int64_t m = 0; m < accum; ++m) {
         int64_t row = (m * ws + rank) * b;
@@ -82,10 +85,41 @@ int run() {
         }
       }
       boosted.optimizer->step();
+      norms.push_back(torch::full({1}, boosted.optimizer->last_grad_norm(), torch::kDouble));
       boosted.optimizer->zero_grad();
     }
     save_named(prefix + ".pt", booster::named_parameters_of(*net, false));
+    save_named(prefix + "_norms.pt", {{"norms", torch::cat(norms)}});
     write_stats(prefix + ".txt", boosted.model.hooks().stats());
+  } else if (scenario == "overflow") {
+    // Loss scaling with an inf injected into rank `bad_rank`'s gradients at step `bad_step` (after the
+    // DDP allreduce, so only this rank sees it): every rank must skip that step.
+    torch::manual_seed(7);
+    MLP net;
+    auto opt = make_optimizer("sgd", net->parameters());
+    auto boosted = booster.boost(net, opt);
+    booster::mixed_precision::DynamicGradScalerOptions so;
+    so.initial_scale = 1024;
+    so.hysteresis = 1;
+    so.growth_interval = 2;
+    booster::OptimizerWrapperOptions wo;
+    wo.scaler = std::make_shared<booster::mixed_precision::DynamicGradScaler>(so);
+    wo.group = world;
+    booster::OptimizerWrapper wrapper(opt, boosted.model.hooks_ptr(), wo);
+    auto batches = make_batches(steps, b * ws, 11);
+    int64_t bad_step = iarg("bad_step", 1), bad_rank = iarg("bad_rank", 1);
+    std::vector<torch::Tensor> taken, scales;
+    for (int64_t s = 0; s < steps; ++s) {
+      auto x = batches.inputs[s].narrow(0, rank * b, b), y = batches.targets[s].narrow(0, rank * b, b);
+      booster.backward(torch::mse_loss(boosted.model.forward(x), y), wrapper);
+      if (s == bad_step && rank == bad_rank) net->l2->weight.grad()[0][0] = std::numeric_limits<float>::infinity();
+      taken.push_back(torch::full({1}, wrapper.step() ? 1.0 : 0.0, torch::kDouble));
+      scales.push_back(torch::full({1}, wrapper.loss_scale(), torch::kDouble));
+      wrapper.zero_grad();
+      save_named(prefix + "_step" + std::to_string(s) + ".pt", booster::named_parameters_of(*net, false));
+    }
+    save_named(prefix + "_steps.pt", {{"taken", torch::cat(taken)}, {"scales", torch::cat(scales)}});
+    write_stats(prefix + ".txt", {{"skipped_steps", wrapper.skipped_steps()}});
   } else if (scenario == "unused") {
     torch::manual_seed(7);
     BranchNet net;

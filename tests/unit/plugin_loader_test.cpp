@@ -1,13 +1,11 @@
-// plugin_loader_test.cpp — booster::load_plugin / find_plugin_files / plugin_search_dirs / inspect_plugin and the Plugin defaults.
+// plugin_loader_test.cpp — plugin search, loading, descriptor checks, plugin options and Plugin defaults.
 
 #include "booster/plugin_loader.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/version.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -265,11 +263,11 @@ TEST(PluginLoader, UnknownOptionSuggestsClosestKey) {
 
 TEST(PluginLoader, OptionOutOfRangeOrWrongType) {
   EXPECT_THAT([&] { booster::load_plugin(context("test_minimal", "scale = 11\n"), test_plugin("test_minimal")); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:2"), HasSubstr("plugin.scale = 11"),
-                                               HasSubstr("out of range [0, 10]"),
-                                               HasSubstr("leave it out for the default (1)"))));
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:2"),
+                                               HasSubstr("plugin.scale = 11.0 is out of range [0.0, "),
+                                               HasSubstr("leave it out for the default (1.0)"))));
   EXPECT_THAT([&] { booster::load_plugin(context("test_minimal", "scale = \"x\"\n"), test_plugin("test_minimal")); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("plugin.scale must be a number"), HasSubstr("\"x\""))));
+              ThrowsMessage<ConfigError>(HasSubstr("plugin.scale must be a number, got string \"x\"")));
   // The boundary is inclusive.
   EXPECT_NO_THROW(booster::load_plugin(context("test_minimal", "scale = 10\n"), test_plugin("test_minimal")));
 }

@@ -34,9 +34,6 @@
 
 namespace booster {
 
-// A loss function: (output, target) -> scalar loss.
-using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
-
 // What boost() returns (an aggregate: use structured bindings). Members not passed in are null.
 template <class M>
 struct Boosted {
@@ -56,8 +53,10 @@ BOOSTER_API std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config&
 
 class BOOSTER_API Booster {
  public:
-  // Reads [booster] (plugin = "torch_ddp", mixed_precision = "fp32") and loads the plugin with the
-  // [plugin] table (plugin.path = explicit .so). Launches a single-process world when nothing was
+  // Reads [booster] (plugin = "torch_ddp", mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
+  // (no clipping in step()), norm_type = 2.0 or inf (TOML float)), [mixed_precision] (fp16 loss scaler options,
+  // see mixed_precision/precision.h) and loads the plugin with the [plugin] table (plugin.path =
+  // explicit .so). Launches a single-process world when nothing was
   // launched yet (launch_from_config with no args). Throws ConfigError for bad or unknown keys and
   // sections, PluginError when the plugin cannot be loaded or does not support the precision.
   explicit Booster(const Config& config);
@@ -76,7 +75,7 @@ class BOOSTER_API Booster {
                    std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr) {
     static_assert(std::is_base_of_v<torch::nn::Module, M>, "boost(): the model must derive from torch::nn::Module");
     Configured c = configure(model, optimizer);
-    return Boosted<M>{ModelWrapper<M>(model, c.hooks), c.optimizer, std::move(criterion),
+    return Boosted<M>{ModelWrapper<M>(model, c.hooks), c.optimizer, wrap_criterion(std::move(criterion)),
                       std::move(dataloader), std::move(lr_scheduler)};
   }
   // The same for a TORCH_MODULE holder (e.g. `Net net;` made by TORCH_MODULE(Net)).
@@ -113,6 +112,7 @@ class BOOSTER_API Booster {
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
+  Criterion wrap_criterion(Criterion criterion) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

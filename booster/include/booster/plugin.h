@@ -37,6 +37,9 @@ struct DataLoaderOptions;
 class OptimizerWrapper;
 class CheckpointIO;
 
+// A loss function: (output, target) -> scalar loss.
+using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
 constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 1;
@@ -64,6 +67,8 @@ class BOOSTER_API ModelHooks {
   virtual void pre_forward() {}
   // After the user's forward.
   virtual void post_forward() {}
+  // Instead of post_forward when the user's forward threw (restore thread-local state, e.g. autocast).
+  virtual void abort_forward() {}
   // Runs the backward pass of a scalar loss (already scaled by the optimizer wrapper when a loss
   // scaler is active). Default: loss.backward().
   virtual void backward(const torch::Tensor& loss);

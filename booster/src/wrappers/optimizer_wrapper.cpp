@@ -1,22 +1,49 @@
-// optimizer_wrapper.cpp — backward through the plugin, step, zero_grad, clipping.
+// optimizer_wrapper.cpp — loss scaling, overflow skip, fused unscale + clip, fp32 master weights.
 #include "booster/wrappers/optimizer_wrapper.h"
 
 #include <ATen/ATen.h>
+#include <torch/optim/lbfgs.h>
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
+#include "booster/dist/process_group.h"
 #include "booster/plugin.h"
 
 namespace booster {
 
+// ---------------------------------------------------------------------------------------------
+// Construction
+
 OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer,
-                                   std::shared_ptr<ModelHooks> hooks)
-    : optimizer_(std::move(optimizer)), hooks_(std::move(hooks)) {
+                                   std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options)
+    : optimizer_(std::move(optimizer)),
+      hooks_(std::move(hooks)),
+      options_(std::move(options)),
+      last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   if (!optimizer_) throw std::invalid_argument("booster: OptimizerWrapper needs an optimizer");
+  if (dynamic_cast<torch::optim::LBFGS*>(optimizer_.get()))
+    throw std::invalid_argument("booster: LBFGS is not supported (its step needs a closure); use SGD, Adam, "
+                                "AdamW, RMSprop or Adagrad");
+  if (options_.max_norm < 0) throw std::invalid_argument("booster: max_norm must be >= 0 (0 = no clipping)");
+  if (!(options_.norm_type > 0)) throw std::invalid_argument("booster: norm_type must be > 0 (2.0 or inf)");
+  for (auto& group : optimizer_->param_groups()) {
+    for (auto& p : group.params()) {
+      model_params_.push_back(p);
+      if (options_.master_weights && p.is_floating_point() && p.scalar_type() != at::kFloat) {
+        at::Tensor master = p.detach().to(at::kFloat).clone().set_requires_grad(true);
+        p = master;  // the optimizer now updates the fp32 master copy
+      }
+      master_params_.push_back(p);
+    }
+  }
 }
 
 OptimizerWrapper::~OptimizerWrapper() = default;
+
+// ---------------------------------------------------------------------------------------------
+// Backward / step
 
 void OptimizerWrapper::backward(const torch::Tensor& loss) {
   if (!loss.defined() || loss.numel() != 1)
@@ -25,57 +52,147 @@ void OptimizerWrapper::backward(const torch::Tensor& loss) {
   if (!loss.requires_grad())
     throw std::invalid_argument("booster: backward(): the loss does not require grad (computed under NoGradGuard, "
                                 "or from a model in eval mode with frozen parameters?)");
-  if (hooks_) hooks_->backward(loss);
-  else loss.backward();
+  torch::Tensor scaled = options_.scaler ? loss * options_.scaler->scale() : loss;
+  if (hooks_) hooks_->backward(scaled);
+  else scaled.backward();
+  unscaled_ = false;
 }
 
-void OptimizerWrapper::step() { optimizer_->step(); }
+double OptimizerWrapper::loss_scale() const { return options_.scaler ? options_.scaler->scale() : 1.0; }
+
+std::vector<torch::Tensor> OptimizerWrapper::parameters() const { return model_params_; }
+
+std::vector<torch::Tensor> OptimizerWrapper::local_gradients() const {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model_params_)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+double OptimizerWrapper::global_grad_norm(double norm_type) {
+  at::NoGradGuard no_grad;
+  auto grads = local_gradients();
+  dist::ProcessGroup* group = norm_group();
+  if (std::isinf(norm_type)) {
+    double m = 0;
+    for (const auto& g : grads) m = std::max(m, g.abs().max().to(at::kDouble).item<double>());
+    if (group) m = group->allreduce_scalar(m, dist::ReduceOp::MAX);
+    return m;
+  }
+  double sum = 0;
+  for (const auto& g : grads) sum += std::pow(g.to(at::kDouble).norm(norm_type).item<double>(), norm_type);
+  if (group) sum = group->allreduce_scalar(sum, dist::ReduceOp::SUM);
+  return std::pow(sum, 1.0 / norm_type);
+}
+
+// Multiplies every gradient by inv_scale (if not yet unscaled) and by the clip coefficient, in one
+// pass (ColossalAI fuses unscale and clip the same way). Returns the unscaled total norm.
+static double fused_unscale_clip(const std::vector<torch::Tensor>& grads, double scaled_norm, double inv_scale,
+                                 double max_norm) {
+  double total = scaled_norm * inv_scale;
+  double coef = inv_scale;
+  if (std::isfinite(total) && max_norm > 0) {
+    double clip = max_norm / (total + 1e-6);
+    if (clip < 1.0) coef *= clip;
+  }
+  if (coef != 1.0) {
+    at::NoGradGuard no_grad;
+    for (const auto& g : grads) g.mul_(coef);
+  }
+  return total;
+}
+
+void OptimizerWrapper::unscale_once() {
+  if (!options_.scaler || unscaled_) return;
+  mixed_precision::unscale_grads(local_gradients(), 1.0 / options_.scaler->scale());
+  unscaled_ = true;
+}
+
+double OptimizerWrapper::clip_grad_by_norm(double max_norm, double norm_type) {
+  if (!(max_norm > 0)) throw std::invalid_argument("booster: clip_grad_by_norm: max_norm must be > 0");
+  if (!(norm_type > 0)) throw std::invalid_argument("booster: clip_grad_by_norm: norm_type must be > 0 (2.0 or inf)");
+  double inv_scale = (options_.scaler && !unscaled_) ? 1.0 / options_.scaler->scale() : 1.0;
+  double scaled = global_grad_norm(norm_type);
+  last_grad_norm_ = fused_unscale_clip(local_gradients(), scaled, inv_scale, max_norm);
+  unscaled_ = true;
+  return last_grad_norm_;
+}
+
+void OptimizerWrapper::clip_grad_by_value(double clip_value) {
+  if (!(clip_value > 0)) throw std::invalid_argument("booster: clip_grad_by_value: clip_value must be > 0");
+  unscale_once();
+  at::NoGradGuard no_grad;
+  for (const auto& g : local_gradients()) g.clamp_(-clip_value, clip_value);
+}
+
+bool OptimizerWrapper::step() {
+  at::NoGradGuard no_grad;
+  if (options_.scaler) {
+    double overflow = mixed_precision::has_inf_or_nan(local_gradients()) ? 1.0 : 0.0;
+    if (options_.group && options_.group->size() > 1)
+      overflow = options_.group->allreduce_scalar(overflow, dist::ReduceOp::MAX);
+    if (overflow > 0) {
+      options_.scaler->update(true);
+      ++skipped_steps_;
+      zero_grad();
+      unscaled_ = false;
+      return false;
+    }
+  }
+  if (options_.max_norm > 0) {
+    clip_grad_by_norm(options_.max_norm, options_.norm_type);
+  } else {
+    unscale_once();
+  }
+  if (options_.scaler) options_.scaler->update(false);
+  for (size_t i = 0; i < model_params_.size(); ++i) {
+    if (master_params_[i].unsafeGetTensorImpl() == model_params_[i].unsafeGetTensorImpl()) continue;
+    at::Tensor g = model_params_[i].grad();
+    if (g.defined()) master_params_[i].mutable_grad() = g.to(at::kFloat);
+    else master_params_[i].mutable_grad() = at::Tensor();
+  }
+  optimizer_->step();
+  for (size_t i = 0; i < model_params_.size(); ++i)
+    if (master_params_[i].unsafeGetTensorImpl() != model_params_[i].unsafeGetTensorImpl())
+      model_params_[i].detach().copy_(master_params_[i]);
+  unscaled_ = false;
+  return true;
+}
 
 void OptimizerWrapper::zero_grad() {
   // As torch.optim.Optimizer.zero_grad(set_to_none=False): LibTorch 1.13's C++ zero_grad calls
   // detach_() unconditionally, which fails on gradients that are views (gradient_as_bucket_view).
   at::NoGradGuard no_grad;
-  for (const auto& p : parameters()) {
+  auto zero = [](const at::Tensor& p) {
     at::Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined()) return;
     if (g.grad_fn()) p.mutable_grad() = g.detach();
     p.grad().zero_();
-  }
+  };
+  for (const auto& p : model_params_) zero(p);
+  for (size_t i = 0; i < master_params_.size(); ++i)
+    if (master_params_[i].unsafeGetTensorImpl() != model_params_[i].unsafeGetTensorImpl()) zero(master_params_[i]);
+  unscaled_ = false;
 }
 
-std::vector<torch::Tensor> OptimizerWrapper::parameters() const {
-  std::vector<torch::Tensor> out;
-  for (const auto& g : optimizer_->param_groups())
-    for (const auto& p : g.params()) out.push_back(p);
-  return out;
+// ---------------------------------------------------------------------------------------------
+// State
+
+OptimizerWrapperState OptimizerWrapper::state_dict() const {
+  OptimizerWrapperState s;
+  if (options_.scaler) s.scaler = options_.scaler->state_dict();
+  s.skipped_steps = skipped_steps_;
+  return s;
 }
 
-double OptimizerWrapper::clip_grad_by_norm(double max_norm, double norm_type) {
-  if (!(max_norm > 0)) throw std::invalid_argument("booster: clip_grad_by_norm: max_norm must be > 0");
-  if (!(norm_type > 0)) throw std::invalid_argument("booster: clip_grad_by_norm: norm_type must be > 0 (2.0 or INFINITY)");
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : parameters())
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0.0;
-  double total = 0.0;
-  if (std::isinf(norm_type)) {
-    for (const auto& g : grads) total = std::max(total, g.abs().max().item<double>());
-  } else {
-    for (const auto& g : grads) total += std::pow(g.to(at::kDouble).norm(norm_type).item<double>(), norm_type);
-    total = std::pow(total, 1.0 / norm_type);
-  }
-  double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0)
-    for (auto& g : grads) g.mul_(coef);
-  return total;
-}
-
-void OptimizerWrapper::clip_grad_by_value(double clip_value) {
-  if (!(clip_value > 0)) throw std::invalid_argument("booster: clip_grad_by_value: clip_value must be > 0");
-  at::NoGradGuard no_grad;
-  for (const auto& p : parameters())
-    if (p.grad().defined()) p.grad().clamp_(-clip_value, clip_value);
+void OptimizerWrapper::load_state_dict(const OptimizerWrapperState& state) {
+  if (state.scaler.has_value() != static_cast<bool>(options_.scaler))
+    throw std::invalid_argument(std::string("booster: optimizer state ") +
+                                (state.scaler ? "has loss-scaler state but this optimizer has no loss scaler"
+                                              : "has no loss-scaler state but this optimizer uses a loss scaler") +
+                                " (saved with another mixed_precision setting?)");
+  if (state.scaler) options_.scaler->load_state_dict(*state.scaler);
+  skipped_steps_ = state.skipped_steps;
 }
 
 }  // namespace booster

@@ -20,17 +20,23 @@ class ModelWrapper {
       : module_(std::move(module)), hooks_(std::move(hooks)) {}
 
   // Runs hooks->pre_forward(), M::forward(args...), hooks->post_forward(); returns forward's result.
+  // If forward throws, hooks->abort_forward() runs and the exception propagates.
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
     check();
     hooks_->pre_forward();
-    if constexpr (std::is_void_v<decltype(module_->forward(std::forward<Args>(args)...))>) {
-      module_->forward(std::forward<Args>(args)...);
-      hooks_->post_forward();
-    } else {
-      auto out = module_->forward(std::forward<Args>(args)...);
-      hooks_->post_forward();
-      return out;
+    try {
+      if constexpr (std::is_void_v<decltype(module_->forward(std::forward<Args>(args)...))>) {
+        module_->forward(std::forward<Args>(args)...);
+        hooks_->post_forward();
+      } else {
+        auto out = module_->forward(std::forward<Args>(args)...);
+        hooks_->post_forward();
+        return out;
+      }
+    } catch (...) {
+      hooks_->abort_forward();
+      throw;
     }
   }
   template <class... Args>

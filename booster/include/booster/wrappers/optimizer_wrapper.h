@@ -1,48 +1,117 @@
-// optimizer_wrapper.h — the boosted optimizer: backward through the plugin, step, zero_grad,
-// gradient clipping. Plugins that shard optimizer state (ZeRO, Gemini, FSDP) derive from it.
+// optimizer_wrapper.h — the boosted optimizer: backward through the plugin (with loss scaling),
+// step (unscale, inf/nan check agreed across ranks, skip on overflow, clip, update, copy fp32 master
+// weights back), zero_grad, gradient clipping, state. Plugins that shard optimizer state (ZeRO,
+// Gemini, FSDP) derive from it and override the protected hooks.
+//
+// Semantics follow ColossalAI's MixedPrecisionOptimizer (colossalai/amp/naive_amp/
+// mixed_precision_optimizer.py) and torch.nn.utils.clip_grad_norm_.
 #pragma once
 
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "booster/export.h"
+#include "booster/mixed_precision/grad_scaler.h"
 
 namespace booster {
 class ModelHooks;
+namespace dist {
+class ProcessGroup;
+}
+
+struct OptimizerWrapperOptions {
+  // Loss scaler (fp16). null: no loss scaling (fp32, bf16).
+  std::shared_ptr<mixed_precision::GradScaler> scaler;
+  // The group whose ranks must agree on "overflow" (the whole job). null: this process only.
+  std::shared_ptr<dist::ProcessGroup> group;
+  // > 0: step() clips gradients to this global norm (ColossalAI's max_norm). 0: no clipping.
+  double max_norm = 0.0;
+  double norm_type = 2.0;  // 2.0 (L2) or INFINITY
+  // Parameters not in float32 (fp16/bf16 model weights) get float32 master copies that the optimizer
+  // updates; step() copies them back (rounded) into the model. Ignored for float32 parameters.
+  bool master_weights = true;
+};
+
+// Serializable wrapper state (the wrapped optimizer's own state is saved by the checkpoint module).
+struct OptimizerWrapperState {
+  std::optional<mixed_precision::ScalerState> scaler;
+  int64_t skipped_steps = 0;
+};
 
 class BOOSTER_API OptimizerWrapper {
  public:
   // `hooks` (may be null) receives backward(); without it backward is loss.backward().
-  OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks);
+  // With master_weights, the optimizer's non-fp32 parameters are replaced by fp32 copies in its
+  // param groups (the model keeps its own tensors). Throws std::invalid_argument for a null optimizer,
+  // max_norm < 0, or norm_type <= 0; for LBFGS (its step needs a closure; not supported).
+  OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                   OptimizerWrapperOptions options = {});
   virtual ~OptimizerWrapper();
 
-  // Backward of a scalar loss (0-dim tensor) through the plugin's hooks. Throws std::invalid_argument
-  // when the loss is not a scalar or does not require grad.
+  // Backward of a scalar loss (one element) through the plugin's hooks, multiplied by the loss scale
+  // when a scaler is active. Throws std::invalid_argument when the loss is not a scalar or does not
+  // require grad.
   virtual void backward(const torch::Tensor& loss);
-  // optimizer.step() (the wrapped optimizer's update rule).
-  virtual void step();
-  // Zeroes gradients of every parameter in the optimizer in place (torch.optim's set_to_none=False);
-  // works on gradients that are bucket views (gradient_as_bucket_view).
+  // One optimizer step: unscale (if not done by clip_grad_by_norm), check inf/nan on every rank of
+  // the group (MAX allreduce), and on overflow skip the update, zero the gradients, back the scaler
+  // off and count the skip; otherwise clip (max_norm), update, copy master weights back and let the
+  // scaler grow. Returns false when the step was skipped.
+  virtual bool step();
+  // Zeroes gradients in place (torch.optim's set_to_none=False; works on bucket views).
   virtual void zero_grad();
-  // Scales gradients so their global norm is at most max_norm; returns the total norm before
-  // clipping (float64). norm_type: 2.0 for L2 or INFINITY for the max norm. Gradients must already
-  // be synchronised (true after Booster::backward with data-parallel plugins). Formula of
-  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (total + 1e-6), applied when coef < 1.
-  // Throws std::invalid_argument for max_norm <= 0 or norm_type <= 0.
+  // Unscales (once per step) and scales gradients so their global norm is at most max_norm; returns
+  // the total norm before clipping (float64), over all ranks and shards: the number single-process
+  // training on the full batch would compute. Norm of torch.nn.utils.clip_grad_norm_ (coef =
+  // max_norm / (total + 1e-6), applied when < 1). A non-finite norm clips nothing (step() will skip).
+  // norm_type: 2.0 or INFINITY (any p > 0 works). Throws std::invalid_argument for max_norm <= 0 or
+  // norm_type <= 0.
   virtual double clip_grad_by_norm(double max_norm, double norm_type = 2.0);
-  // Clamps every gradient element into [-clip_value, clip_value]. Throws for clip_value <= 0.
+  // Unscales (once per step) then clamps every gradient element into [-clip_value, clip_value].
+  // Throws std::invalid_argument for clip_value <= 0.
   virtual void clip_grad_by_value(double clip_value);
+
+  // The global gradient norm of the last clip (explicit or by max_norm); NaN before any.
+  double last_grad_norm() const { return last_grad_norm_; }
+  // The current loss scale (1.0 without a scaler).
+  double loss_scale() const;
+  int64_t skipped_steps() const { return skipped_steps_; }
+  const OptimizerWrapperOptions& options() const { return options_; }
+
+  OptimizerWrapperState state_dict() const;
+  // Restores scaler state and the skip count. Throws std::invalid_argument when the state has scaler
+  // state and this wrapper has no scaler, or the reverse.
+  void load_state_dict(const OptimizerWrapperState& state);
 
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const std::shared_ptr<torch::optim::Optimizer>& optimizer_ptr() const { return optimizer_; }
-  // Every parameter of every group.
+  // The model's parameters, in the optimizer's group order (not the master copies).
   std::vector<torch::Tensor> parameters() const;
 
  protected:
+  // Gradients this rank contributes to the global norm and the overflow check. Default: the model
+  // parameters' gradients (replicated: identical on every data-parallel rank).
+  virtual std::vector<torch::Tensor> local_gradients() const;
+  // The group over which gradient norms are summed (sharded plugins); null when gradients are
+  // replicated, as after DDP's allreduce.
+  virtual dist::ProcessGroup* norm_group() const { return nullptr; }
+
+  // Unscales the gradients once per step (no-op without scaler or when already done).
+  void unscale_once();
+  // Global norm of local_gradients() (see clip_grad_by_norm).
+  double global_grad_norm(double norm_type);
+
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<ModelHooks> hooks_;
+  OptimizerWrapperOptions options_;
+  std::vector<torch::Tensor> model_params_;  // model tensors, aligned with master_params_
+  std::vector<torch::Tensor> master_params_; // what the optimizer updates (== model tensor if fp32)
+  bool unscaled_ = false;
+  double last_grad_norm_;
+  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace booster

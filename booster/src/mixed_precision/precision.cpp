@@ -1,0 +1,122 @@
+// precision.cpp — fp32 / bf16 (CPU autocast) / fp16 (master weights + dynamic loss scaling).
+#include "booster/mixed_precision/precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "booster/mixed_precision/grad_scaler.h"
+
+namespace booster::mixed_precision {
+
+MixedPrecision::~MixedPrecision() = default;
+
+// ---------------------------------------------------------------------------------------------
+// Autocast
+
+CpuAutocastGuard::CpuAutocastGuard(at::ScalarType dtype)
+    : prev_enabled_(at::autocast::is_cpu_enabled()), prev_dtype_(at::autocast::get_autocast_cpu_dtype()) {
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+  at::autocast::increment_nesting();
+}
+
+CpuAutocastGuard::~CpuAutocastGuard() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_cpu_enabled(prev_enabled_);
+  at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+}
+
+namespace {
+
+// Autocast around the user's forward, delegating everything else to the plugin's hooks.
+class AutocastHooks : public ModelHooks {
+ public:
+  AutocastHooks(std::shared_ptr<ModelHooks> inner, at::ScalarType dtype) : inner_(std::move(inner)), dtype_(dtype) {}
+  void pre_forward() override {
+    inner_->pre_forward();
+    guard_ = std::make_unique<CpuAutocastGuard>(dtype_);
+  }
+  void post_forward() override {
+    guard_.reset();
+    inner_->post_forward();
+  }
+  void abort_forward() override {
+    guard_.reset();
+    inner_->abort_forward();
+  }
+  void backward(const torch::Tensor& loss) override { inner_->backward(loss); }
+  void set_require_grad_sync(bool required) override { inner_->set_require_grad_sync(required); }
+  torch::nn::Module& module() override { return inner_->module(); }
+  std::map<std::string, int64_t> stats() const override { return inner_->stats(); }
+
+ private:
+  std::shared_ptr<ModelHooks> inner_;
+  at::ScalarType dtype_;
+  std::unique_ptr<CpuAutocastGuard> guard_;
+};
+
+class FP32 : public MixedPrecision {
+ public:
+  std::string name() const override { return "fp32"; }
+};
+
+class BF16 : public MixedPrecision {
+ public:
+  std::string name() const override { return "bf16"; }
+  void prepare_model(torch::nn::Module& model) const override {
+    for (const auto& p : model.parameters())
+      if (!p.device().is_cpu())
+        throw PluginError("booster: mixed_precision = \"bf16\" is implemented with CPU autocast; parameter on " +
+                          p.device().str() + " (CUDA autocast is not built yet)");
+  }
+  std::shared_ptr<ModelHooks> wrap_hooks(std::shared_ptr<ModelHooks> inner) const override {
+    return std::make_shared<AutocastHooks>(std::move(inner), at::kBFloat16);
+  }
+  Criterion wrap_criterion(Criterion criterion) const override {
+    if (!criterion) return criterion;
+    return [criterion](const torch::Tensor& out, const torch::Tensor& target) {
+      return criterion(out.is_floating_point() ? out.to(at::kFloat) : out, target);
+    };
+  }
+};
+
+class FP16 : public MixedPrecision {
+ public:
+  explicit FP16(DynamicGradScalerOptions o) : scaler_options_(o) {}
+  std::string name() const override { return "fp16"; }
+  void prepare_model(torch::nn::Module& model) const override {
+    for (const auto& p : model.parameters()) {
+      if (p.device().is_cpu())
+        throw PluginError("booster: mixed_precision = \"fp16\" needs a CUDA device, but the model is on the CPU: "
+                          "LibTorch 1.13 has no fp16 GEMM/conv/layernorm kernels on CPU. Use mixed_precision = "
+                          "\"bf16\" on CPU.");
+    }
+    model.to(at::kHalf);
+  }
+  OptimizerWrapperOptions optimizer_options() const override {
+    OptimizerWrapperOptions o;
+    o.scaler = std::make_shared<DynamicGradScaler>(scaler_options_);
+    o.master_weights = true;
+    return o;
+  }
+
+ private:
+  DynamicGradScalerOptions scaler_options_;
+};
+
+}  // namespace
+
+std::shared_ptr<MixedPrecision> make_mixed_precision(const std::string& name, const Options& section) {
+  DynamicGradScalerOptions scaler = DynamicGradScaler::from_options(section);
+  section.check_unknown();
+  try {
+    DynamicGradScaler validate(scaler);  // cross-option checks (e.g. initial_scale within [min, max])
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("[mixed_precision]: ") + e.what());
+  }
+  if (name == "fp32") return std::make_shared<FP32>();
+  if (name == "bf16") return std::make_shared<BF16>();
+  if (name == "fp16") return std::make_shared<FP16>(scaler);
+  throw ConfigError("booster: unknown mixed_precision \"" + name + "\"; use \"fp32\", \"bf16\" or \"fp16\"");
+}
+
+}  // namespace booster::mixed_precision

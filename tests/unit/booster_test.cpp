@@ -1,0 +1,395 @@
+// booster_test.cpp — Booster on a world of one: config checks, boost(), torch_ddp, OptimizerWrapper, dataloaders.
+
+#include "booster/booster.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/test_util.h"
+
+using booster::Booster;
+using booster::Config;
+using booster::ConfigError;
+using booster::PluginError;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+namespace {
+
+const std::string kMinimalPath = std::string(BOOSTER_TEST_PLUGIN_DIR) + "/booster_plugin_test_minimal.so";
+
+// Sets / unsets environment variables and restores every touched one on destruction.
+class ScopedEnv {
+ public:
+  ScopedEnv() = default;
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else ::unsetenv(it->first.c_str());
+    }
+  }
+  void set(const std::string& name, const std::string& value) {
+    save(name);
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  void unset(const std::string& name) {
+    save(name);
+    ::unsetenv(name.c_str());
+  }
+
+ private:
+  void save(const std::string& name) {
+    for (const auto& s : saved_)
+      if (s.first == name) return;
+    const char* v = std::getenv(name.c_str());
+    saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A Booster from TOML text. The first one in the process launches a world of one: no launcher
+// variables may be visible then, and plugins are searched in the build's plugin directory.
+Booster make_booster(const std::string& toml) {
+  ScopedEnv env;
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) env.unset(v);
+  env.set("BOOSTER_PLUGIN_PATH", BOOSTER_PLUGIN_DIR);
+  return Booster(Config::from_string(toml, "test.toml"));
+}
+
+std::string minimal_toml(const std::string& extra = "") {
+  return "[booster]\nplugin = \"test_minimal\"\n" + extra + "\n[plugin]\npath = \"" + kMinimalPath + "\"\n";
+}
+
+const std::string kDdpToml = "[booster]\nplugin = \"torch_ddp\"\n";
+
+at::Tensor mse(const at::Tensor& out, const at::Tensor& target) { return at::mse_loss(out, target); }
+
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  at::NoGradGuard no_grad;
+  auto src = from.parameters();
+  auto dst = to.parameters();
+  ASSERT_EQ(src.size(), dst.size());
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
+// Two linear layers with the same weights and the same (large) gradients.
+struct TwinGrads {
+  torch::nn::Linear a{6, 5}, b{6, 5};
+  TwinGrads() {
+    at::manual_seed(7);
+    copy_parameters(*a, *b);
+    auto pa = a->parameters();
+    auto pb = b->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      at::Tensor g = at::randn(pa[i].sizes()) * 3;
+      pa[i].mutable_grad() = g.clone();
+      pb[i].mutable_grad() = g.clone();
+    }
+  }
+};
+
+}  // namespace
+
+// ---- construction and config checks
+
+TEST(Booster, BoostsModelWithTestMinimalPlugin) {
+  Booster booster = make_booster(minimal_toml());
+  EXPECT_EQ(booster.plugin().name(), "test_minimal");
+  EXPECT_EQ(booster.mixed_precision(), "fp32");
+  EXPECT_EQ(booster.world().size(), 1);
+  EXPECT_EQ(booster.world().rank(), 0);
+  EXPECT_EQ(&booster.world(), booster::dist::world().get());
+  EXPECT_EQ(booster::dist::current_env().world_size, 1);
+  EXPECT_EQ(booster.config().source(), "test.toml");
+
+  at::manual_seed(1);
+  torch::nn::Linear net(4, 3);
+  auto boosted = booster.boost(net);
+  EXPECT_EQ(boosted.model.module(), net.ptr());
+  EXPECT_EQ(boosted.optimizer, nullptr);
+  EXPECT_FALSE(boosted.criterion);
+  EXPECT_EQ(boosted.dataloader, nullptr);
+  EXPECT_EQ(boosted.lr_scheduler, nullptr);
+  EXPECT_EQ(&boosted.model.hooks().module(), net.ptr().get());
+  at::Tensor x = at::randn({5, 4});
+  EXPECT_TRUE(at::equal(boosted.model.forward(x), net->forward(x)));
+  EXPECT_TRUE(at::equal(boosted.model(x), net->forward(x)));
+}
+
+TEST(Booster, BoostWithOptimizerReturnsCoreOptimizerWrapper) {
+  Booster booster = make_booster(minimal_toml());
+  torch::nn::Linear net(3, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, optimizer, criterion, loader, scheduler] = booster.boost(net, sgd, mse);
+  ASSERT_NE(optimizer, nullptr);
+  EXPECT_EQ(optimizer->optimizer_ptr(), sgd);
+  EXPECT_EQ(optimizer->parameters().size(), 2u);
+  ASSERT_TRUE(criterion);
+  at::Tensor x = at::randn({4, 3}), y = at::randn({4, 2});
+  at::Tensor loss = criterion(model.forward(x), y);
+  booster.backward(loss, *optimizer);
+  for (const auto& p : net->parameters()) EXPECT_TRUE(p.grad().defined());
+  optimizer->zero_grad();
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.grad().abs().sum().item<float>(), 0.f);
+}
+
+TEST(Booster, NoSyncUnsupportedByTestMinimal) {
+  Booster booster = make_booster(minimal_toml());
+  torch::nn::Linear net(2, 2);
+  auto boosted = booster.boost(net);
+  EXPECT_THAT([&] { booster.no_sync(boosted.model); },
+              ThrowsMessage<PluginError>(HasSubstr("plugin test_minimal does not support no_sync")));
+}
+
+TEST(Booster, UnknownSectionSuggestsTrain) {
+  EXPECT_THAT([] { make_booster(minimal_toml() + "[trian]\nepochs = 2\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml"), HasSubstr("unknown section [trian]"),
+                                               HasSubstr("did you mean [train]"), HasSubstr("known sections: "))));
+}
+
+TEST(Booster, UnknownKeyInBoosterSection) {
+  EXPECT_THAT([] { make_booster(minimal_toml("plugn = \"x\"\n")); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:3:1"), HasSubstr("unknown key booster.plugn"),
+                                               HasSubstr("did you mean 'plugin'"))));
+}
+
+TEST(Booster, MixedPrecisionChoiceAndPluginSupport) {
+  // test_minimal keeps the default supported_precisions() {"fp32"}.
+  EXPECT_THAT([] { make_booster(minimal_toml("mixed_precision = \"bf16\"\n")); },
+              ThrowsMessage<PluginError>(AllOf(HasSubstr("plugin test_minimal does not support mixed_precision = "
+                                                         "\"bf16\""),
+                                               HasSubstr("(it supports: fp32)"))));
+  EXPECT_THAT([] { make_booster(minimal_toml("mixed_precision = \"fp8\"\n")); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:3"),
+                                               HasSubstr("booster.mixed_precision = \"fp8\" is not one of "
+                                                         "\"fp32\", \"fp16\", \"bf16\""))));
+  EXPECT_EQ(make_booster(minimal_toml("mixed_precision = \"fp32\"\n")).mixed_precision(), "fp32");
+  EXPECT_EQ(make_booster(kDdpToml + "mixed_precision = \"bf16\"\n").mixed_precision(), "bf16");
+}
+
+TEST(Booster, MixedPrecisionAndCheckpointSectionKeys) {
+  EXPECT_THAT([] { make_booster(minimal_toml() + "[mixed_precision]\ninitial_scal = 1024\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:7:1"),
+                                               HasSubstr("unknown key mixed_precision.initial_scal"),
+                                               HasSubstr("did you mean 'initial_scale'"))));
+  // [checkpoint] is reserved: any key is an error.
+  EXPECT_THAT([] { make_booster(minimal_toml() + "[checkpoint]\nshard = true\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:7:1"), HasSubstr("unknown key checkpoint.shard"))));
+  // Loss-scaler options, an empty [checkpoint], [distributed] and the program's [train] are fine.
+  EXPECT_NO_THROW(make_booster(minimal_toml() + "[mixed_precision]\ninitial_scale = 1024\n[checkpoint]\n"
+                                                "[train]\nepochs = 3\n[distributed]\nbackend = \"gloo\"\n"));
+}
+
+TEST(Booster, UnknownPluginNameListsPluginsFound) {
+  EXPECT_THAT([] { make_booster("[booster]\nplugin = \"torch_dpp\"\n"); },
+              ThrowsMessage<PluginError>(AllOf(HasSubstr("plugin 'torch_dpp' not found"),
+                                               HasSubstr(BOOSTER_PLUGIN_DIR), HasSubstr("torch_ddp ("),
+                                               HasSubstr("Set [booster] plugin to one of them"))));
+}
+
+TEST(Booster, LaunchOnlyOnce) {
+  Booster booster = make_booster(minimal_toml());
+  ASSERT_NE(booster::dist::world(), nullptr);
+  EXPECT_THAT([] { booster::dist::launch(0, 1, "127.0.0.1", 29500); },
+              ThrowsMessage<booster::dist::EnvError>(HasSubstr("already launched (launch once per process)")));
+  // launch_from_config returns the existing world and leaves the arguments alone.
+  std::vector<std::string> args{"--rank", "0", "--world_size", "1", "x"};
+  EXPECT_EQ(booster::launch_from_config(booster.config(), args), booster::dist::world());
+  EXPECT_EQ(args.size(), 5u);
+}
+
+TEST(Booster, BoostRejectsBadArguments) {
+  Booster booster = make_booster(minimal_toml());
+  EXPECT_THAT([&] { booster.boost(std::shared_ptr<torch::nn::LinearImpl>()); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("boost() needs a model (got null)")));
+  torch::nn::Linear net(2, 2), other(2, 2);
+  auto params = net->parameters();
+  params.push_back(other->parameters()[0]);
+  auto sgd = std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  EXPECT_THAT([&] { booster.boost(net, sgd); },
+              ThrowsMessage<std::invalid_argument>(AllOf(HasSubstr("the optimizer holds a parameter that is not in "
+                                                                   "the model"),
+                                                         HasSubstr("build the optimizer from model->parameters()"))));
+  booster::ModelWrapper<torch::nn::LinearImpl> unboosted;
+  EXPECT_THAT([&] { unboosted.forward(at::ones({1, 2})); },
+              ThrowsMessage<std::logic_error>(HasSubstr("ModelWrapper used before Booster::boost()")));
+}
+
+// ---- torch_ddp on a world of one
+
+TEST(Booster, TorchDdpTrainingEqualsPlainLibTorch) {
+  Booster booster = make_booster(kDdpToml);
+  EXPECT_EQ(booster.plugin().name(), "torch_ddp");
+  at::manual_seed(3);
+  torch::nn::Linear net(5, 3), ref(5, 3);
+  copy_parameters(*net, *ref);
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), options);
+  torch::optim::SGD ref_sgd(ref->parameters(), options);
+  auto [model, optimizer, criterion, loader, scheduler] = booster.boost(net, sgd, mse);
+  ASSERT_NE(optimizer, nullptr);
+  EXPECT_EQ(model.hooks().stats(), (std::map<std::string, int64_t>{{"buckets", 0}}));
+
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x = at::randn({8, 5}), y = at::randn({8, 3});
+    at::Tensor loss = criterion(model.forward(x), y);
+    booster.backward(loss, *optimizer);
+    optimizer->step();
+    optimizer->zero_grad();
+
+    at::Tensor ref_loss = mse(ref->forward(x), y);
+    ref_loss.backward();
+    ref_sgd.step();
+    ref_sgd.zero_grad();
+    EXPECT_TRUE(at::equal(loss, ref_loss)) << "step " << step;
+  }
+  auto got = net->named_parameters();
+  auto want = ref->named_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& item : got) {
+    EXPECT_TRUE(at::equal(item.value(), want[item.key()])) << item.key();
+    EXPECT_FALSE(at::equal(item.value(), at::zeros_like(item.value()))) << item.key();
+  }
+
+  // torch_ddp supports no_sync: the guard restores synchronisation when it ends.
+  {
+    booster::ScopeGuard guard = booster.no_sync(model, optimizer.get());
+    booster.backward(criterion(model.forward(at::randn({2, 5})), at::randn({2, 3})), *optimizer);
+  }
+}
+
+TEST(Booster, TorchDdpFromFileWithOverrides) {
+  booster::testing::TempDir dir;
+  booster::testing::write_file(dir.file("ddp.toml"), kDdpToml + "[plugin]\nbucket_cap_mb = 25\n");
+  ScopedEnv env;
+  env.set("BOOSTER_PLUGIN_PATH", BOOSTER_PLUGIN_DIR);
+  Booster booster = Booster::from_file(dir.file("ddp.toml"), {"plugin.bucket_cap_mb=4", "plugin.static_graph=true"});
+  EXPECT_EQ(booster.plugin().name(), "torch_ddp");
+  EXPECT_EQ(booster.config().source(), dir.file("ddp.toml"));
+  EXPECT_THAT([&] { Booster::from_file(dir.file("ddp.toml"), {"plugin.bucket_cap_mb=big"}); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("--set plugin.bucket_cap_mb: "),
+                                               HasSubstr("plugin.bucket_cap_mb must be a number"))));
+}
+
+TEST(Booster, TorchDdpOptionErrors) {
+  EXPECT_THAT([] { make_booster(kDdpToml + "[plugin]\nbucket_cap_mb = \"big\"\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:4:17"), HasSubstr("plugin.bucket_cap_mb must be a "
+                                                                                      "number, got string \"big\""))));
+  EXPECT_THAT([] { make_booster(kDdpToml + "[plugin]\nbucket_cap_mb = -1\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("plugin.bucket_cap_mb = -1.0 is out of range [1e-06, 1e+06]"),
+                                               HasSubstr("leave it out for the default (25.0)"))));
+  EXPECT_THAT([] { make_booster(kDdpToml + "[plugin]\nfind_unused_paramters = true\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:4:1"),
+                                               HasSubstr("unknown key plugin.find_unused_paramters"),
+                                               HasSubstr("did you mean 'find_unused_parameters'"))));
+  EXPECT_THAT([] { make_booster(kDdpToml + "[plugin]\nbroadcast_buffers = 1\n"); },
+              ThrowsMessage<ConfigError>(HasSubstr("plugin.broadcast_buffers must be")));
+}
+
+// ---- OptimizerWrapper
+
+TEST(Booster, ClipGradByNormMatchesLibTorch) {
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    for (double max_norm : {0.5, 1e6}) {
+      TwinGrads t;
+      auto sgd = std::make_shared<torch::optim::SGD>(t.a->parameters(), torch::optim::SGDOptions(0.1));
+      booster::OptimizerWrapper wrapper(sgd, nullptr);
+      const double ours = wrapper.clip_grad_by_norm(max_norm, norm_type);
+      const double theirs = torch::nn::utils::clip_grad_norm_(t.b->parameters(), max_norm, norm_type);
+      EXPECT_NEAR(ours, theirs, 1e-5 * theirs) << "norm_type " << norm_type << " max_norm " << max_norm;
+      EXPECT_GT(ours, 1.0);
+      auto pa = t.a->parameters();
+      auto pb = t.b->parameters();
+      for (size_t i = 0; i < pa.size(); ++i)
+        EXPECT_TRUE(at::allclose(pa[i].grad(), pb[i].grad(), 1e-5, 1e-7))
+            << "norm_type " << norm_type << " max_norm " << max_norm << " param " << i;
+    }
+  }
+  TwinGrads t;
+  booster::OptimizerWrapper wrapper(
+      std::make_shared<torch::optim::SGD>(t.a->parameters(), torch::optim::SGDOptions(0.1)), nullptr);
+  EXPECT_THAT([&] { wrapper.clip_grad_by_norm(0); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("max_norm must be > 0")));
+  EXPECT_THAT([&] { wrapper.clip_grad_by_norm(1.0, -2); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("norm_type must be > 0")));
+}
+
+TEST(Booster, ClipGradByValueClamps) {
+  TwinGrads t;
+  booster::OptimizerWrapper wrapper(
+      std::make_shared<torch::optim::SGD>(t.a->parameters(), torch::optim::SGDOptions(0.1)), nullptr);
+  wrapper.clip_grad_by_value(0.75);
+  torch::nn::utils::clip_grad_value_(t.b->parameters(), 0.75);
+  auto pa = t.a->parameters();
+  auto pb = t.b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(at::equal(pa[i].grad(), pb[i].grad())) << "param " << i;
+    EXPECT_LE(pa[i].grad().abs().max().item<float>(), 0.75f);
+  }
+  EXPECT_EQ(pa[0].grad().abs().max().item<float>(), 0.75f);  // the 3-sigma gradients do get clipped
+  EXPECT_THAT([&] { wrapper.clip_grad_by_value(0); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("clip_value must be > 0")));
+}
+
+TEST(Booster, BackwardNeedsAScalarLossThatRequiresGrad) {
+  Booster booster = make_booster(minimal_toml());
+  torch::nn::Linear net(3, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto boosted = booster.boost(net, sgd);
+  at::Tensor out = boosted.model.forward(at::randn({4, 3}));
+  EXPECT_THAT([&] { booster.backward(out, *boosted.optimizer); },
+              ThrowsMessage<std::invalid_argument>(AllOf(HasSubstr("needs a scalar loss (one element)"),
+                                                         HasSubstr("got 8 elements"))));
+  EXPECT_THAT([&] { booster.backward(at::ones({}), *boosted.optimizer); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("the loss does not require grad")));
+  EXPECT_THAT([&] { booster.backward(at::Tensor(), *boosted.optimizer); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("got undefined")));
+}
+
+// ---- prepare_dataloader
+
+TEST(Booster, PrepareDataloaderOnWorldOfOne) {
+  Booster booster = make_booster(minimal_toml());
+  auto dataset = std::make_shared<booster::data::TensorDataset>(at::arange(10, at::kFloat).view({10, 1}),
+                                                                at::arange(10, at::kLong));
+  auto loader = booster.prepare_dataloader(dataset, 3);
+  ASSERT_NE(loader, nullptr);
+  EXPECT_EQ(loader->num_batches(), 4);  // ceil(10 / 3)
+  std::vector<int64_t> sizes, targets;
+  for (const auto& batch : *loader) {
+    sizes.push_back(batch.data.size(0));
+    for (int64_t i = 0; i < batch.target.numel(); ++i) targets.push_back(batch.target[i].item<int64_t>());
+  }
+  EXPECT_THAT(sizes, ElementsAre(3, 3, 3, 1));
+  EXPECT_THAT(targets, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));  // unshuffled by default
+
+  auto dropped = booster.prepare_dataloader(dataset, 3, /*shuffle=*/true, /*seed=*/5, /*drop_last=*/true);
+  EXPECT_EQ(dropped->num_batches(), 3);
+  EXPECT_EQ(dropped->options().seed, 5u);
+  EXPECT_EQ(booster.prepare_dataloader(dataset, 10)->num_batches(), 1);
+  EXPECT_EQ(booster.prepare_dataloader(dataset, 64)->num_batches(), 1);
+
+  EXPECT_THAT([&] { booster.prepare_dataloader(dataset, 0); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("batch_size must be >= 1")));
+  EXPECT_THAT([&] { booster.prepare_dataloader(nullptr, 2); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("needs a dataset (got null)")));
+}
