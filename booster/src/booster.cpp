@@ -16,7 +16,6 @@ static const std::vector<std::string> kSections{"booster", "plugin", "mixed_prec
                                                 "distributed", "train"};
 
 std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std::vector<std::string>& args) {
-  if (auto w = dist::world()) return w;
   Options d = config.section("distributed");
   dist::LaunchOptions lo;
   lo.timeout_s = d.get_double("timeout_s", 1800.0, 1e-3, 1e9);
@@ -24,7 +23,8 @@ std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std
   std::string backend = d.get_choice("backend", "gloo", {"gloo", "nccl"});
   std::string host = d.get_string("host", "127.0.0.1");
   int port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
-  d.check_unknown();
+  d.check_unknown();  // validated even when already launched: a typo is never silently accepted
+  if (auto w = dist::world()) return w;
   // Config host/port/backend are the defaults the flags and launchers start from.
   std::vector<std::string> with_defaults{"--host", host, "--port", std::to_string(port), "--backend", backend};
   with_defaults.insert(with_defaults.end(), args.begin(), args.end());
@@ -52,7 +52,12 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
   b.check_unknown();
   impl_->precision = mixed_precision::make_mixed_precision(impl_->mixed_precision, config.section("mixed_precision"));
-  config.section("checkpoint").check_unknown();  // reserved until the checkpoint module exists
+  try {
+    config.section("checkpoint").check_unknown();
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) +
+                      "\n[checkpoint] has no options yet (the checkpoint module is not built); remove its keys");
+  }
 
   std::vector<std::string> no_args;
   auto world = launch_from_config(config, no_args);
@@ -123,7 +128,9 @@ void Booster::backward(const torch::Tensor& loss, OptimizerWrapper& optimizer) {
 
 ScopeGuard Booster::no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer) {
   if (!impl_->plugin->support_no_sync())
-    throw PluginError("booster: plugin " + impl_->plugin->name() + " does not support no_sync");
+    throw PluginError("booster: plugin " + impl_->plugin->name() +
+                      " does not support no_sync; use a plugin that does (e.g. torch_ddp) or call backward "
+                      "without the no_sync guard");
   return impl_->plugin->no_sync(hooks, optimizer);
 }
 

@@ -123,6 +123,10 @@ std::string format_double(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
   char buf[40];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // whole numbers: "10.0", not "1e+01"
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+  }
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(buf, sizeof buf, "%.*g", precision, v);
     if (std::strtod(buf, nullptr) == v) break;
@@ -366,6 +370,13 @@ Options& Options::operator=(const Options&) = default;
 const std::string& Options::section() const { return impl_->name; }
 
 bool Options::has(const std::string& key) const { return impl_->find(key) != nullptr; }
+
+std::vector<std::string> Options::keys() const {
+  std::vector<std::string> out;
+  if (const toml::table* t = impl_->table())
+    for (const auto& [k, v] : *t) out.emplace_back(k.str());
+  return out;
+}
 
 bool Options::get_bool(const std::string& key, bool default_value) const {
   impl_->mark(key);

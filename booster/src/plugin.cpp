@@ -55,7 +55,8 @@ Configured Plugin::configure(std::shared_ptr<torch::nn::Module>, std::shared_ptr
 }
 
 ScopeGuard Plugin::no_sync(ModelHooks&, OptimizerWrapper*) {
-  unsupported("no_sync (gradient accumulation without synchronisation)");
+  unsupported("no_sync (gradient accumulation without synchronisation); use a plugin that does (e.g. torch_ddp) "
+              "or call backward without the no_sync guard");
 }
 
 std::shared_ptr<CheckpointIO> Plugin::checkpoint_io() { unsupported("checkpoint_io"); }

@@ -41,7 +41,9 @@ struct LoadedLibrary {
 };
 
 LoadedLibrary open_library(const std::string& path) {
-  if (!fs::exists(path)) throw PluginError("booster: plugin library " + path + " does not exist");
+  if (!fs::exists(path))
+    throw PluginError("booster: plugin library " + path + " does not exist; check [plugin] path, or remove it to "
+                      "search for the plugin by name (BOOSTER_PLUGIN_PATH, the install, the executable's directory)");
   auto lib = std::make_shared<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
   lib->load(boost::dll::fs::path(path), boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now, ec);

@@ -58,14 +58,15 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 struct TrainOptions {
-  int64_t epochs, batch_size, lr_step_epochs, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
+  int64_t epochs, batch_size, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
   std::string optimizer, data_dir, output_dir;
-  double lr, weight_decay, momentum, lr_gamma;
+  double lr, weight_decay, momentum;
 };
 
-TrainOptions read_train_options(const booster::Config& config, const std::string& data_dir_flag,
+// Reads [train] except its [train.lr_scheduler] table (read by make_lr_scheduler; the caller then
+// calls check_unknown() on the section).
+TrainOptions read_train_options(const booster::Options& t, const std::string& data_dir_flag,
                                 const std::string& output_flag) {
-  booster::Options t = config.section("train");
   TrainOptions o;
   o.epochs = t.get_int("epochs", 5, 1, 1000);
   o.batch_size = t.get_int("batch_size", 64, 1, 1 << 20);
@@ -73,8 +74,6 @@ TrainOptions read_train_options(const booster::Config& config, const std::string
   o.lr = t.get_double("lr", 1e-3, 0.0, 10.0);
   o.weight_decay = t.get_double("weight_decay", 0.01, 0.0, 1.0);
   o.momentum = t.get_double("momentum", 0.9, 0.0, 1.0);
-  o.lr_step_epochs = t.get_int("lr_step_epochs", 2, 1, 1000);
-  o.lr_gamma = t.get_double("lr_gamma", 0.5, 0.0, 1.0);
   o.seed = t.get_int("seed", 42, 0);
   // Micro-batches per optimizer step; all but the last run inside booster.no_sync (no communication).
   o.gradient_accumulation_steps = t.get_int("gradient_accumulation_steps", 1, 1, 1 << 20);
@@ -82,7 +81,6 @@ TrainOptions read_train_options(const booster::Config& config, const std::string
   o.train_subset = t.get_int("train_subset", 0, 0);                // 0 = all 60000 samples
   o.data_dir = t.get_string("data_dir", booster::data::FASHION_MNIST_DEFAULT_DIR);
   o.output_dir = t.get_string("output_dir", "runs/fashion_mnist");
-  t.check_unknown();
   if (!data_dir_flag.empty()) o.data_dir = data_dir_flag;
   if (!output_flag.empty()) o.output_dir = output_flag;
   return o;
@@ -126,18 +124,11 @@ int run(int argc, char** argv) {
   std::vector<std::string> extras = app.remaining();
   auto world = booster::launch_from_config(config, extras);
   if (!extras.empty()) throw std::invalid_argument("fashion_mnist: unknown argument '" + extras.front() + "' (see --help)");
-  TrainOptions opt = read_train_options(config, data_dir, output_dir);
+  booster::Options train_section = config.section("train");
+  TrainOptions opt = read_train_options(train_section, data_dir, output_dir);
   booster::Booster booster(config);
 
   torch::manual_seed(opt.seed);  // same initial model everywhere (DDP broadcasts rank 0's anyway)
-  auto train_set = booster::data::load_fashion_mnist(opt.data_dir, true);
-  auto test_set = booster::data::load_fashion_mnist(opt.data_dir, false);
-  std::shared_ptr<booster::data::Dataset> train_data = train_set;
-  if (opt.train_subset > 0 && opt.train_subset < train_set->size())
-    train_data = std::make_shared<booster::data::TensorDataset>(train_set->data().narrow(0, 0, opt.train_subset),
-                                                               train_set->target().narrow(0, 0, opt.train_subset));
-  auto loader = booster.prepare_dataloader(train_data, opt.batch_size, /*shuffle=*/true, opt.seed, /*drop_last=*/true);
-
   Net net;
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   if (opt.optimizer == "adamw")
@@ -146,7 +137,20 @@ int run(int argc, char** argv) {
   else
     optimizer = std::make_shared<torch::optim::SGD>(
         net->parameters(), torch::optim::SGDOptions(opt.lr).momentum(opt.momentum).weight_decay(opt.weight_decay));
-  auto scheduler = std::make_shared<torch::optim::StepLR>(*optimizer, opt.lr_step_epochs, opt.lr_gamma);
+
+  auto train_set = booster::data::load_fashion_mnist(opt.data_dir, true);
+  auto test_set = booster::data::load_fashion_mnist(opt.data_dir, false);
+  std::shared_ptr<booster::data::Dataset> train_data = train_set;
+  if (opt.train_subset > 0 && opt.train_subset < train_set->size())
+    train_data = std::make_shared<booster::data::TensorDataset>(train_set->data().narrow(0, 0, opt.train_subset),
+                                                               train_set->target().narrow(0, 0, opt.train_subset));
+  auto loader = booster.prepare_dataloader(train_data, opt.batch_size, /*shuffle=*/true, opt.seed, /*drop_last=*/true);
+  // The LR schedule steps once per optimizer step: [train.lr_scheduler] (name = "none" for constant).
+  int64_t batches = loader->num_batches();
+  if (opt.max_steps_per_epoch > 0) batches = std::min(batches, opt.max_steps_per_epoch);
+  int64_t total_steps = opt.epochs * std::max<int64_t>(1, batches / opt.gradient_accumulation_steps);
+  auto scheduler = booster::make_lr_scheduler(train_section.table("lr_scheduler"), *optimizer, total_steps);
+  train_section.check_unknown();
   booster::Criterion cross_entropy = [](const torch::Tensor& logits, const torch::Tensor& target) {
     return torch::nn::functional::cross_entropy(logits, target);
   };
@@ -186,6 +190,7 @@ int run(int argc, char** argv) {
         booster.backward(loss / static_cast<double>(gas), *boosted_opt);
         boosted_opt->step();
         boosted_opt->zero_grad();
+        if (lr_scheduler) lr_scheduler->step();
       } else {
         auto no_sync = booster.no_sync(model, boosted_opt.get());
         booster.backward(loss / static_cast<double>(gas), *boosted_opt);
@@ -197,7 +202,6 @@ int run(int argc, char** argv) {
       bar.update(step, "loss " + fmt_double(loss_sum / step, 4));
     }
     bar.finish();
-    lr_scheduler->step();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double mean_loss = world->allreduce_scalar(loss_sum / std::max<int64_t>(step, 1), booster::dist::ReduceOp::SUM) /
                        world->size();

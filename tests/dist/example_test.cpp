@@ -18,7 +18,7 @@ const std::string kConfig = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs
 
 std::vector<std::string> example_args(const std::string& out) {
   return {kExample, "--config", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=5",
-          "--output_dir", out};
+          "--set", "train.lr_scheduler.warmup_steps=2", "--output_dir", out};
 }
 
 bool have_data() { return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }

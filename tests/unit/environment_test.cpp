@@ -368,7 +368,7 @@ TEST(Environment, WorldOfOneCollectives) {
 // backend reduces the tensors of the vector into each other (the old several-devices-per-process
 // meaning), so {1,1,1} and {7,7,7} both become {8,8,8} even on a world of one. process_group.h
 // promises an in-place allreduce of each tensor. Enable once the adapter reduces them separately.
-TEST(Environment, DISABLED_AllreduceOfSeveralTensorsReducesEachAlone) {
+TEST(Environment, AllreduceOfSeveralTensorsReducesEachAlone) {
   auto pg = world1();
   std::vector<at::Tensor> many{at::ones({3}, at::kDouble), at::full({3}, 7, at::kDouble)};
   pg->allreduce(many, ReduceOp::SUM).wait();

@@ -16,7 +16,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <functional>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "booster/dist/environment.h"
 #include "booster/dist/process_group.h"
 #include "booster/export.h"
+#include "booster/lr_scheduler.h"
 #include "booster/plugin.h"
 #include "booster/wrappers/model_wrapper.h"
 #include "booster/wrappers/optimizer_wrapper.h"
@@ -41,7 +41,7 @@ struct Boosted {
   std::shared_ptr<OptimizerWrapper> optimizer;
   Criterion criterion;
   std::shared_ptr<data::DataLoader> dataloader;
-  std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
+  std::shared_ptr<LRScheduler> lr_scheduler;
 };
 
 // Reads [distributed] (backend = "gloo", timeout_s = 1800, threads_per_rank = 0 (auto), host,
@@ -72,9 +72,12 @@ class BOOSTER_API Booster {
   template <class M>
   Boosted<M> boost(std::shared_ptr<M> model, std::shared_ptr<torch::optim::Optimizer> optimizer = nullptr,
                    Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr,
-                   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr) {
+                   std::shared_ptr<LRScheduler> lr_scheduler = nullptr) {
     static_assert(std::is_base_of_v<torch::nn::Module, M>, "boost(): the model must derive from torch::nn::Module");
     Configured c = configure(model, optimizer);
+    // A plugin that replaced the optimizer keeps the schedule: the scheduler follows the new one.
+    if (lr_scheduler && c.optimizer && optimizer && c.optimizer->optimizer_ptr() != optimizer)
+      lr_scheduler->rebind(c.optimizer->optimizer());
     return Boosted<M>{ModelWrapper<M>(model, c.hooks), c.optimizer, wrap_criterion(std::move(criterion)),
                       std::move(dataloader), std::move(lr_scheduler)};
   }
@@ -82,7 +85,7 @@ class BOOSTER_API Booster {
   template <class M>
   Boosted<M> boost(torch::nn::ModuleHolder<M> model, std::shared_ptr<torch::optim::Optimizer> optimizer = nullptr,
                    Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr,
-                   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr) {
+                   std::shared_ptr<LRScheduler> lr_scheduler = nullptr) {
     return boost<M>(model.ptr(), std::move(optimizer), std::move(criterion), std::move(dataloader),
                     std::move(lr_scheduler));
   }

@@ -40,6 +40,8 @@ class BOOSTER_API Options {
 
   const std::string& section() const;
   bool has(const std::string& key) const;
+  // Every key of this table, in file order (does not mark them read).
+  std::vector<std::string> keys() const;
 
   bool get_bool(const std::string& key, bool default_value) const;
   // Integers; [min, max] inclusive. A TOML float is a type error (say 4, not 4.0).

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -35,7 +36,7 @@ struct EnvReader {
     try {
       size_t pos = 0;
       long v = std::stol(s, &pos);
-      if (pos != s.size()) throw std::invalid_argument(s);
+      if (pos != s.size() || v < INT_MIN || v > INT_MAX) throw std::invalid_argument(s);
       return static_cast<int>(v);
     } catch (const std::exception&) {
       bad.push_back(std::string(name) + "='" + s + "' (expected an integer)");
@@ -98,8 +99,15 @@ DistEnv env_from_slurm(const std::string& host, int port) {
   env.local_rank = r.num("SLURM_LOCALID", true);
   // SLURM_NTASKS_PER_NODE may be "4" or "4(x2)"; take the leading number.
   std::string per_node = r.str("SLURM_NTASKS_PER_NODE", false);
-  env.local_world_size = per_node.empty() ? env.world_size : std::atoi(per_node.c_str());
-  if (env.local_world_size < 1) env.local_world_size = env.world_size;
+  env.local_world_size = env.world_size;
+  if (!per_node.empty()) {
+    char* end = nullptr;
+    long v = std::strtol(per_node.c_str(), &end, 10);
+    if (end == per_node.c_str() || v < 1 || v > INT_MAX || (*end != '\0' && *end != '('))
+      r.bad.push_back("SLURM_NTASKS_PER_NODE='" + per_node + "' (expected a count like 4 or 4(x2))");
+    else
+      env.local_world_size = static_cast<int>(v);
+  }
   env.host = host;
   env.port = port;
   r.check("launch_from_slurm");

@@ -164,35 +164,56 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
 
 Work ProcessGroup::allreduce(std::vector<at::Tensor>& tensors, ReduceOp op) {
   if (tensors.empty()) return Work();
-  for (auto& t : tensors) check_dense(t, "allreduce");
-  std::string what = describe("allreduce", tensors[0]);
-  // Gloo: bf16 travels as fp32 (cast here, copied back on wait).
-  std::vector<at::Tensor> wire;
-  std::vector<size_t> cast_idx;
-  wire.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].scalar_type() == at::kBFloat16 && !impl_->native_bf16) {
-      wire.push_back(tensors[i].to(at::kFloat));
-      cast_idx.push_back(i);
-    } else {
-      wire.push_back(tensors[i]);
-    }
+  if (tensors.size() == 1) return allreduce(tensors[0], op);
+  // Several tensors: c10d would treat them as several local inputs of ONE reduction, so they are
+  // flattened into one buffer (same dtype required), reduced once, and copied back on wait.
+  for (auto& t : tensors) {
+    check_dense(t, "allreduce");
+    if (t.scalar_type() != tensors[0].scalar_type())
+      throw DistError("booster: allreduce of several tensors needs one dtype, got " +
+                      std::string(c10::toString(tensors[0].scalar_type())) + " and " +
+                      std::string(c10::toString(t.scalar_type())) + "; reduce them in separate calls");
   }
+  at::Tensor flat = at::cat(at::TensorList(tensors).vec(), 0).view({-1});
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    views.push_back(t.view({-1}));
+    offset += t.numel();
+  }
+  auto inner = std::make_shared<Work>(allreduce(flat, op));
+  auto impl = std::make_shared<Work::Impl>();
+  impl->what = describe("allreduce", flat);
+  impl->finish = [inner, flat, views]() mutable {
+    inner->wait();
+    int64_t off = 0;
+    for (auto& v : views) {
+      v.copy_(flat.narrow(0, off, v.numel()));
+      off += v.numel();
+    }
+  };
+  return Work(impl);
+}
+
+Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
+  check_dense(tensor, "allreduce");
+  if (op == ReduceOp::AVG && !at::isFloatingType(tensor.scalar_type()))
+    throw DistError("booster: allreduce with AVG needs a floating-point tensor, got " +
+                    std::string(c10::toString(tensor.scalar_type())) + "; use SUM and divide yourself");
+  std::string what = describe("allreduce", tensor);
+  // Gloo: bf16 travels as fp32 (cast here, copied back on wait).
+  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::AllreduceOptions ao;
   ao.reduceOp = to_c10d(op);
   auto w = impl_->pg->allreduce(wire, ao);
   bool avg = op == ReduceOp::AVG && !impl_->native_avg;
   int size = impl_->size;
-  auto outputs = tensors;  // shallow handles
-  return make_work(w, [outputs, wire, cast_idx, avg, size]() mutable {
-    if (avg) for (auto& t : wire) t.div_(size);
-    for (size_t i : cast_idx) outputs[i].copy_(wire[i]);
+  at::Tensor out = tensor;
+  return make_work(w, [out, wire, cast, avg, size]() mutable {
+    if (avg) wire[0].div_(size);
+    if (cast) out.copy_(wire[0]);
   }, what);
-}
-
-Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
-  std::vector<at::Tensor> v{tensor};
-  return allreduce(v, op);
 }
 
 Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
