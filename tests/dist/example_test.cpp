@@ -91,6 +91,22 @@ TEST(Example, SingleProcessStandalone) {
   expect_run_outputs(dir.file("run"));
 }
 
+TEST(Example, TwoRanksBf16WithGradientAccumulation) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                std::to_string(free_port())};
+  auto args = example_args(dir.file("run"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--set", "booster.mixed_precision=bf16", "--set", "train.gradient_accumulation_steps=2",
+                           "--set", "booster.max_norm=1.0"});
+  auto r = run_process(argv, {}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("precision bf16"));
+  expect_run_outputs(dir.file("run"));
+  EXPECT_THAT(read_file(dir.file("run/config.toml")), HasSubstr("gradient_accumulation_steps = 2"));
+}
+
 TEST(Example, MissingDataSetIsAClearError) {
   TempDir dir;
   auto args = example_args(dir.file("run"));
