@@ -99,7 +99,7 @@ TEST(Example, TwoRanksBf16WithGradientAccumulation) {
   auto args = example_args(dir.file("run"));
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), {"--set", "booster.mixed_precision=bf16", "--set", "train.gradient_accumulation_steps=2",
-                           "--set", "booster.max_norm=1.0"});
+                           "--set", "booster.max_norm=1.0", "--set", "train.max_steps_per_epoch=8"});
   auto r = run_process(argv, {}, 180);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("precision bf16"));
