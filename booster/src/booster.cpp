@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
@@ -40,6 +41,7 @@ struct Booster::Impl {
   std::shared_ptr<mixed_precision::MixedPrecision> precision;
   double max_norm = 0.0;
   double norm_type = 2.0;
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
 };
 
 Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
@@ -116,6 +118,14 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
     o.norm_type = impl_->norm_type;
     c.optimizer = std::make_shared<OptimizerWrapper>(optimizer, c.hooks, o);
   }
+  if (c.optimizer && c.optimizer->parameter_names().empty()) {
+    // Optimizer state is checkpointed by parameter name.
+    std::map<const void*, std::string> names;
+    for (const auto& item : model->named_parameters(true)) names[item.value().unsafeGetTensorImpl()] = item.key();
+    std::vector<std::string> ordered;
+    for (const auto& p : c.optimizer->parameters()) ordered.push_back(names.at(p.unsafeGetTensorImpl()));
+    c.optimizer->set_parameter_names(std::move(ordered));
+  }
   return c;
 }
 
@@ -145,6 +155,29 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<da
   o.seed = seed;
   o.drop_last = drop_last;
   return impl_->plugin->prepare_dataloader(std::move(dataset), o);
+}
+
+checkpoint::CheckpointIO& Booster::checkpoint_io() {
+  if (!impl_->checkpoint_io) {
+    impl_->checkpoint_io = impl_->plugin->control_checkpoint_io()
+                               ? impl_->plugin->checkpoint_io()
+                               : std::make_shared<checkpoint::CheckpointIO>(impl_->plugin->world());
+  }
+  return *impl_->checkpoint_io;
+}
+
+void Booster::save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
+                             const checkpoint::SaveOptions& options) {
+  checkpoint_io().save_optimizer(optimizer, path, options);
+}
+void Booster::load_optimizer(OptimizerWrapper& optimizer, const std::string& path) {
+  checkpoint_io().load_optimizer(optimizer, path);
+}
+void Booster::save_lr_scheduler(LRScheduler& scheduler, const std::string& path) {
+  checkpoint_io().save_lr_scheduler(scheduler, path);
+}
+void Booster::load_lr_scheduler(LRScheduler& scheduler, const std::string& path) {
+  checkpoint_io().load_lr_scheduler(scheduler, path);
 }
 
 Plugin& Booster::plugin() { return *impl_->plugin; }

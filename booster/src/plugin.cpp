@@ -59,7 +59,7 @@ ScopeGuard Plugin::no_sync(ModelHooks&, OptimizerWrapper*) {
               "or call backward without the no_sync guard");
 }
 
-std::shared_ptr<CheckpointIO> Plugin::checkpoint_io() { unsupported("checkpoint_io"); }
+std::shared_ptr<checkpoint::CheckpointIO> Plugin::checkpoint_io() { unsupported("checkpoint_io"); }
 
 std::shared_ptr<data::DataLoader> Plugin::prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                              const data::DataLoaderOptions& options) {

@@ -59,7 +59,8 @@ TORCH_MODULE(Net);
 
 struct TrainOptions {
   int64_t epochs, batch_size, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
-  std::string optimizer, data_dir, output_dir;
+  int64_t stop_after_epoch, test_subset;
+  std::string optimizer, data_dir, output_dir, checkpoint_dir, resume_from;
   double lr, weight_decay, momentum;
 };
 
@@ -79,7 +80,13 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& da
   o.gradient_accumulation_steps = t.get_int("gradient_accumulation_steps", 1, 1, 1 << 20);
   o.max_steps_per_epoch = t.get_int("max_steps_per_epoch", 0, 0);  // 0 = whole epoch (smoke tests use a few)
   o.train_subset = t.get_int("train_subset", 0, 0);                // 0 = all 60000 samples
+  o.test_subset = t.get_int("test_subset", 0, 0);                  // 0 = all 10000 samples
   o.data_dir = t.get_string("data_dir", booster::data::FASHION_MNIST_DEFAULT_DIR);
+  // Checkpointing: save model/optimizer/scheduler after every epoch into checkpoint_dir; resume_from
+  // continues from such a directory; stop_after_epoch simulates an interruption (0 = run to epochs).
+  o.checkpoint_dir = t.get_string("checkpoint_dir", "");
+  o.resume_from = t.get_string("resume_from", "");
+  o.stop_after_epoch = t.get_int("stop_after_epoch", 0, 0);
   o.output_dir = t.get_string("output_dir", "runs/fashion_mnist");
   if (!data_dir_flag.empty()) o.data_dir = data_dir_flag;
   if (!output_flag.empty()) o.output_dir = output_flag;
@@ -140,6 +147,9 @@ int run(int argc, char** argv) {
 
   auto train_set = booster::data::load_fashion_mnist(opt.data_dir, true);
   auto test_set = booster::data::load_fashion_mnist(opt.data_dir, false);
+  if (opt.test_subset > 0 && opt.test_subset < test_set->size())
+    test_set = std::make_shared<booster::data::TensorDataset>(test_set->data().narrow(0, 0, opt.test_subset),
+                                                             test_set->target().narrow(0, 0, opt.test_subset));
   std::shared_ptr<booster::data::Dataset> train_data = train_set;
   if (opt.train_subset > 0 && opt.train_subset < train_set->size())
     train_data = std::make_shared<booster::data::TensorDataset>(train_set->data().narrow(0, 0, opt.train_subset),
@@ -170,8 +180,23 @@ int run(int argc, char** argv) {
                      std::to_string(opt.epochs) + " epochs, " + std::to_string(at::get_num_threads()) +
                      " threads per rank");
 
+  int64_t first_epoch = 1;
+  if (!opt.resume_from.empty()) {
+    booster.load_model(model, opt.resume_from + "/model");
+    booster.load_optimizer(*boosted_opt, opt.resume_from + "/optimizer");
+    if (lr_scheduler) booster.load_lr_scheduler(*lr_scheduler, opt.resume_from + "/lr_scheduler.json");
+    std::ifstream in(opt.resume_from + "/epoch.txt");
+    int64_t done = 0;
+    if (!(in >> done) || done < 1) throw std::runtime_error("fashion_mnist: " + opt.resume_from + "/epoch.txt is missing or bad");
+    first_epoch = done + 1;
+    booster::log::info("fashion_mnist: resumed from " + opt.resume_from + " after epoch " + std::to_string(done));
+  }
+
   double accuracy = 0;
-  for (int64_t epoch = 1; epoch <= opt.epochs; ++epoch) {
+  for (int64_t epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
+    if (opt.stop_after_epoch > 0 && epoch > opt.stop_after_epoch) break;
+    // Per-epoch seed (dropout): a resumed run draws the same numbers as an uninterrupted one.
+    torch::manual_seed(static_cast<uint64_t>(opt.seed) * 1000003ULL + epoch * 101 + world->rank());
     train_loader->set_epoch(epoch);
     int64_t steps = train_loader->num_batches();
     if (opt.max_steps_per_epoch > 0) steps = std::min(steps, opt.max_steps_per_epoch);
@@ -211,6 +236,13 @@ int run(int argc, char** argv) {
     booster::log::info("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs) + "  train_loss " +
                        fmt_double(mean_loss, 4) + "  test_accuracy " + fmt_double(accuracy, 4) + "  samples/s " +
                        fmt_double(throughput, 0) + "  time " + fmt_double(seconds, 1) + " s");
+    if (!opt.checkpoint_dir.empty()) {
+      booster.save_model(model, opt.checkpoint_dir + "/model");
+      booster.save_optimizer(*boosted_opt, opt.checkpoint_dir + "/optimizer");
+      if (lr_scheduler) booster.save_lr_scheduler(*lr_scheduler, opt.checkpoint_dir + "/lr_scheduler.json");
+      if (world->rank() == 0) std::ofstream(opt.checkpoint_dir + "/epoch.txt") << epoch << "\n";
+      world->barrier();
+    }
     if (csv.is_open()) {
       csv << epoch << "," << fmt_double(mean_loss, 6) << "," << fmt_double(accuracy, 6) << ","
           << fmt_double(throughput, 1) << "," << fmt_double(seconds, 2) << "\n";

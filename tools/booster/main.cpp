@@ -3,7 +3,13 @@
 // same way. Usage errors exit with 2, `--help` with 0; otherwise the subcommand's exit code.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <vector>
+
+#include <unistd.h>
 #include <string>
 
 #include "run.h"
@@ -12,6 +18,19 @@ int main(int argc, char** argv) {
   CLI::App app{"booster: command-line tool of the Booster C++ distributed training SDK", "booster"};
   app.require_subcommand(1);
   app.footer("\nRun 'booster SUBCOMMAND --help' for the options of a subcommand.");
+
+  // `booster ckpt ...` runs booster-ckpt (next to this executable): it links LibTorch, the launcher does not.
+  if (argc > 1 && std::string(argv[1]) == "ckpt") {
+    std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    std::string tool = std::filesystem::path(self).parent_path() / "booster-ckpt";
+    std::vector<char*> args{tool.data()};
+    for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(nullptr);
+    execv(tool.c_str(), args.data());
+    std::cerr << "booster: cannot run " << tool << " for 'booster ckpt': " << std::strerror(errno) << "\n";
+    return 127;
+  }
+  app.add_subcommand("ckpt", "Inspect or convert checkpoints (booster ckpt inspect|convert --help)");
 
   booster::cli::RunOptions run_options;
   CLI::App* run = booster::cli::add_run_subcommand(app, run_options);

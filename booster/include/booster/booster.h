@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/checkpoint/checkpoint_io.h"
 #include "booster/config.h"
 #include "booster/data/dataloader.h"
 #include "booster/dist/environment.h"
@@ -106,6 +107,26 @@ class BOOSTER_API Booster {
   std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset, int64_t batch_size,
                                                        bool shuffle = false, uint64_t seed = 1024,
                                                        bool drop_last = false);
+
+  // ---- Checkpoints (collective: every rank calls; see checkpoint/checkpoint_io.h for the format).
+  // HuggingFace layout in directory `path`: model.safetensors, or shards + index when
+  // options.shard and the model exceeds size_per_shard_mb (MiB), or pytorch_model*.bin.
+  template <class M>
+  void save_model(ModelWrapper<M>& model, const std::string& path, const checkpoint::ModelSaveOptions& options = {}) {
+    checkpoint_io().save_model(*model.module(), path, options);
+  }
+  // strict: every key must match (all problems reported together, model untouched on error).
+  template <class M>
+  void load_model(ModelWrapper<M>& model, const std::string& path, bool strict = true) {
+    checkpoint_io().load_model(*model.module(), path, strict);
+  }
+  void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
+                      const checkpoint::SaveOptions& options = {});
+  void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
+  void save_lr_scheduler(LRScheduler& scheduler, const std::string& path);
+  void load_lr_scheduler(LRScheduler& scheduler, const std::string& path);
+  // The plugin's CheckpointIO when it controls checkpointing, else the general one.
+  checkpoint::CheckpointIO& checkpoint_io();
 
   Plugin& plugin();
   const Config& config() const;

@@ -35,7 +35,9 @@ class DataLoader;
 struct DataLoaderOptions;
 }  // namespace data
 class OptimizerWrapper;
+namespace checkpoint {
 class CheckpointIO;
+}
 
 // A loss function: (output, target) -> scalar loss.
 using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
@@ -130,7 +132,7 @@ class BOOSTER_API Plugin {
   // first backward after it ends. Default throws PluginError ("does not support no_sync").
   virtual ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper* optimizer);
   // The plugin's checkpoint IO (only when control_checkpoint_io()). Default throws PluginError.
-  virtual std::shared_ptr<CheckpointIO> checkpoint_io();
+  virtual std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io();
   // A data loader whose sampler gives this rank a disjoint shard (see data/dataloader.h). Default:
   // data-parallel over the whole world (rank = world rank), which every data-parallel plugin wants.
   virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,

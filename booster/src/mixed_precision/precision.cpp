@@ -27,20 +27,45 @@ CpuAutocastGuard::~CpuAutocastGuard() {
 
 namespace {
 
+// CUDA autocast (torch.autocast("cuda", dtype)): same shape as CpuAutocastGuard. Compiled but never
+// run here (no GPU): the fp16 path refuses CPU models before it is reached.
+class CudaAutocastGuard {
+ public:
+  explicit CudaAutocastGuard(at::ScalarType dtype)
+      : prev_enabled_(at::autocast::is_enabled()), prev_dtype_(at::autocast::get_autocast_gpu_dtype()) {
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::increment_nesting();
+  }
+  ~CudaAutocastGuard() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_enabled(prev_enabled_);
+    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+  }
+
+ private:
+  bool prev_enabled_;
+  at::ScalarType prev_dtype_;
+};
+
 // Autocast around the user's forward, delegating everything else to the plugin's hooks.
 class AutocastHooks : public ModelHooks {
  public:
-  AutocastHooks(std::shared_ptr<ModelHooks> inner, at::ScalarType dtype) : inner_(std::move(inner)), dtype_(dtype) {}
+  AutocastHooks(std::shared_ptr<ModelHooks> inner, at::ScalarType dtype, bool cuda = false)
+      : inner_(std::move(inner)), dtype_(dtype), cuda_(cuda) {}
   void pre_forward() override {
     inner_->pre_forward();
-    guard_ = std::make_unique<CpuAutocastGuard>(dtype_);
+    if (cuda_) cuda_guard_ = std::make_unique<CudaAutocastGuard>(dtype_);
+    else guard_ = std::make_unique<CpuAutocastGuard>(dtype_);
   }
   void post_forward() override {
     guard_.reset();
+    cuda_guard_.reset();
     inner_->post_forward();
   }
   void abort_forward() override {
     guard_.reset();
+    cuda_guard_.reset();
     inner_->abort_forward();
   }
   void backward(const torch::Tensor& loss) override { inner_->backward(loss); }
@@ -51,7 +76,9 @@ class AutocastHooks : public ModelHooks {
  private:
   std::shared_ptr<ModelHooks> inner_;
   at::ScalarType dtype_;
+  bool cuda_;
   std::unique_ptr<CpuAutocastGuard> guard_;
+  std::unique_ptr<CudaAutocastGuard> cuda_guard_;
 };
 
 class FP32 : public MixedPrecision {
@@ -91,6 +118,10 @@ class FP16 : public MixedPrecision {
                           "\"bf16\" on CPU.");
     }
     model.to(at::kHalf);
+  }
+  // Ops autocast lists as fp32-only (softmax, norms, losses) run in fp32 on CUDA.
+  std::shared_ptr<ModelHooks> wrap_hooks(std::shared_ptr<ModelHooks> inner) const override {
+    return std::make_shared<AutocastHooks>(std::move(inner), at::kHalf, /*cuda=*/true);
   }
   OptimizerWrapperOptions optimizer_options() const override {
     OptimizerWrapperOptions o;

@@ -62,6 +62,13 @@ double OptimizerWrapper::loss_scale() const { return options_.scaler ? options_.
 
 std::vector<torch::Tensor> OptimizerWrapper::parameters() const { return model_params_; }
 
+void OptimizerWrapper::set_parameter_names(std::vector<std::string> names) {
+  if (names.size() != model_params_.size())
+    throw std::invalid_argument("booster: set_parameter_names: " + std::to_string(names.size()) + " names for " +
+                                std::to_string(model_params_.size()) + " parameters");
+  param_names_ = std::move(names);
+}
+
 std::vector<torch::Tensor> OptimizerWrapper::local_gradients() const {
   std::vector<torch::Tensor> grads;
   for (const auto& p : model_params_)

@@ -90,6 +90,12 @@ class BOOSTER_API OptimizerWrapper {
   const std::shared_ptr<torch::optim::Optimizer>& optimizer_ptr() const { return optimizer_; }
   // The model's parameters, in the optimizer's group order (not the master copies).
   std::vector<torch::Tensor> parameters() const;
+  // What the optimizer updates, aligned with parameters(): the fp32 master copy or the parameter.
+  const std::vector<torch::Tensor>& master_parameters() const { return master_params_; }
+  // Dotted parameter names aligned with parameters() (set by Booster::boost; empty otherwise).
+  // Checkpoints key optimizer state by these names. Throws std::invalid_argument on a size mismatch.
+  void set_parameter_names(std::vector<std::string> names);
+  const std::vector<std::string>& parameter_names() const { return param_names_; }
 
  protected:
   // Gradients this rank contributes to the global norm and the overflow check. Default: the model
@@ -109,6 +115,7 @@ class BOOSTER_API OptimizerWrapper {
   OptimizerWrapperOptions options_;
   std::vector<torch::Tensor> model_params_;  // model tensors, aligned with master_params_
   std::vector<torch::Tensor> master_params_; // what the optimizer updates (== model tensor if fp32)
+  std::vector<std::string> param_names_;
   bool unscaled_ = false;
   double last_grad_norm_;
   int64_t skipped_steps_ = 0;

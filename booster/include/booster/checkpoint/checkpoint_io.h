@@ -1,0 +1,75 @@
+// checkpoint_io.h — saving and loading the boosted objects (model, optimizer, LR scheduler) in the
+// HuggingFace-compatible layout of state_dict_io.h. The default CheckpointIO (GeneralCheckpointIO)
+// serves every plugin whose model is replicated on each rank; a plugin with control_checkpoint_io()
+// supplies its own (e.g. to gather shards).
+//
+// All calls are collective: every rank calls them; rank 0 writes (then a barrier), every rank reads.
+//
+// Optimizer format (docs/checkpoint-format.md): state saved gathered and keyed by the parameter's
+// NAME, so it loads into any world size and any plugin that uses the same format:
+//   optimizer.safetensors (or optimizer-0000i-of-0000N.safetensors + optimizer.safetensors.index.json)
+//       "<param name>.<state key>" -> tensor in the parameter's shape (e.g. "fc1.weight.exp_avg")
+//   optimizer_groups.json
+//       {"format": "booster-optimizer-v1", "optimizer": "AdamW",
+//        "param_groups": [{"options": {"lr": ..., ...}, "params": [names...]}],
+//        "scalars": {"<param name>": {"step": 3}}, "wrapper": {"skipped_steps": n,
+//        "loss_scaler": {"scale": s, "growth_step": g, "hysteresis_step": h}}}
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "booster/checkpoint/state_dict_io.h"
+#include "booster/export.h"
+
+namespace booster {
+class OptimizerWrapper;
+class LRScheduler;
+namespace dist {
+class ProcessGroup;
+}
+
+namespace checkpoint {
+
+struct ModelSaveOptions {
+  bool shard = false;
+  int64_t size_per_shard_mb = 1024;  // MiB
+  bool use_safetensors = true;
+  std::string prefix;                // prepended to every name ("model." -> "model.fc1.weight")
+};
+
+class BOOSTER_API CheckpointIO {
+ public:
+  explicit CheckpointIO(std::shared_ptr<dist::ProcessGroup> world);
+  virtual ~CheckpointIO();
+
+  // Parameters and buffers by dotted name (`features.0.weight`) into directory `path`.
+  virtual void save_model(torch::nn::Module& model, const std::string& path, const ModelSaveOptions& options);
+  // Loads into the model. strict: missing or unexpected keys and shape or dtype mismatches are all
+  // reported together in one CheckpointError before any parameter is modified. Names absent from the
+  // file whose tensor shares storage with a loaded name (tied weights written once) are satisfied.
+  // Non-strict: loads what matches, ignores the rest (shape/dtype mismatches are still errors).
+  virtual void load_model(torch::nn::Module& model, const std::string& path, bool strict = true);
+
+  // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper).
+  // Throws CheckpointError for an optimizer type whose state it does not know (supported: SGD,
+  // Adam, AdamW, RMSprop, Adagrad) or a wrapper without parameter names (not made by boost()).
+  virtual void save_optimizer(OptimizerWrapper& optimizer, const std::string& path, const SaveOptions& options);
+  // Validates the files against the optimizer (same type, same parameter names per group, shapes)
+  // before changing anything; then restores state, group options and the wrapper's scaler state.
+  virtual void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
+
+  // `path` is a file (lr_scheduler.json), written atomically.
+  virtual void save_lr_scheduler(LRScheduler& scheduler, const std::string& path);
+  virtual void load_lr_scheduler(LRScheduler& scheduler, const std::string& path);
+
+ protected:
+  bool is_writer() const;
+  void barrier() const;
+  std::shared_ptr<dist::ProcessGroup> world_;
+};
+
+}  // namespace checkpoint
+}  // namespace booster

@@ -1,0 +1,65 @@
+// state_dict_io.h — HuggingFace-compatible checkpoint files for a state dict: unsharded
+// (`model.safetensors` / `pytorch_model.bin`) or sharded (`model-00001-of-00003.safetensors` ... +
+// `model.safetensors.index.json`, `pytorch_model-00001-of-00003.bin` ... +
+// `pytorch_model.bin.index.json`), exactly as transformers / huggingface_hub write them. Writes are
+// atomic: everything goes into a temporary directory next to the target, files and directory are
+// fsynced, then the directory is renamed over the target (the previous checkpoint is replaced only
+// after the new one is complete).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "booster/checkpoint/safetensors.h"
+#include "booster/export.h"
+
+namespace booster::checkpoint {
+
+struct SaveOptions {
+  bool shard = false;               // split into shards of at most size_per_shard_mb
+  int64_t size_per_shard_mb = 1024; // MiB (1 MiB = 2^20 bytes)
+  bool use_safetensors = true;      // false: pytorch_model*.bin (torch pickle zip, read by torch.load)
+};
+
+// File names for `weights_name` "model" (safetensors) / "pytorch_model" (bin); `base` lets the
+// optimizer reuse the layout ("optimizer").
+// Shard boundaries as huggingface_hub's split_torch_state_dict_into_shards: tensors in order; a new
+// shard starts when adding the next tensor would exceed max_shard_bytes; a tensor larger than the
+// limit is alone in its shard. Returns the tensor indices of each shard. Tensors sharing storage
+// count once. Throws std::invalid_argument for max_shard_bytes <= 0.
+BOOSTER_API std::vector<std::vector<size_t>> split_into_shards(const std::vector<int64_t>& tensor_bytes,
+                                                               int64_t max_shard_bytes);
+
+// Writes `state` under directory `dir` (created; replaced atomically if it exists) as
+// `<base>.safetensors` (or `pytorch_<base>.bin` when !use_safetensors and base == "model";
+// `<base>.bin` otherwise), or, when sharded into more than one file, `<base>-0000i-of-0000N.<ext>`
+// plus `<base>.<ext>.index.json` = {"metadata": {"total_size": <bytes>}, "weight_map": {name: file}}.
+// `extra_files` (name -> text) are written into the same directory in the same atomic step.
+// Tied tensors (same storage, offset, shape) are written once under their first name, as HF does.
+// Throws CheckpointError on I/O errors; nothing at `dir` is changed then.
+BOOSTER_API void save_state_dict(const std::string& dir, const StateDict& state, const SaveOptions& options,
+                                 const std::string& base = "model",
+                                 const std::map<std::string, std::string>& extra_files = {});
+
+// Loads a state dict from: a directory with `<base>.safetensors.index.json` or
+// `pytorch_<base>.bin.index.json`/`<base>.bin.index.json`, a directory with a single
+// `<base>.safetensors` / `pytorch_<base>.bin`, or a file path (.safetensors or .bin). Shards are read
+// one at a time. Validates the index: weight_map values must be plain file names inside the
+// directory (no absolute path, "..", or separators), every shard must exist, and every name in the
+// index must be present in its shard. Throws CheckpointError naming the file and the problem.
+BOOSTER_API StateDict load_state_dict(const std::string& path, const std::string& base = "model");
+
+// The torch pickle zip format of `torch.save(dict)`: written with torch::pickle_save of a
+// Dict[str, Tensor] (Python torch.load reads it), read with torch::pickle_load (reads Python's
+// torch.save of a plain dict of tensors). Throws CheckpointError naming the file.
+BOOSTER_API void write_bin(const std::string& path, const StateDict& state);
+BOOSTER_API StateDict read_bin(const std::string& path);
+
+// Writes `files` (name -> bytes) into a fresh temporary directory next to `dir`, fsyncs each file
+// and the directory, then replaces `dir` by rename (the old one is removed only after the rename).
+// The building block of every checkpoint write. Throws CheckpointError; on failure `dir` is intact.
+BOOSTER_API void atomic_write_directory(const std::string& dir, const std::map<std::string, std::string>& files);
+
+}  // namespace booster::checkpoint

@@ -1,0 +1,424 @@
+// checkpoint_io.cpp — GeneralCheckpointIO: model, optimizer (by parameter name) and LR scheduler.
+#include "booster/checkpoint/checkpoint_io.h"
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "booster/dist/process_group.h"
+#include "booster/lr_scheduler.h"
+#include "booster/wrappers/optimizer_wrapper.h"
+
+namespace booster::checkpoint {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+CheckpointIO::CheckpointIO(std::shared_ptr<dist::ProcessGroup> world) : world_(std::move(world)) {}
+CheckpointIO::~CheckpointIO() = default;
+bool CheckpointIO::is_writer() const { return !world_ || world_->rank() == 0; }
+void CheckpointIO::barrier() const {
+  if (world_ && world_->size() > 1) world_->barrier();
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError("booster: cannot read " + path + " (missing or unreadable)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+// Runs `write` on rank 0, then tells every rank whether it worked (so no rank continues alone).
+template <class F>
+void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, F&& write) {
+  std::string error;
+  if (!world || world->rank() == 0) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (world && world->size() > 1) error = world->broadcast_string(error, 0);
+  if (!error.empty()) throw CheckpointError(error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer state by type
+
+std::string optimizer_type(torch::optim::Optimizer& o) {
+  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "AdamW";
+  if (dynamic_cast<torch::optim::Adam*>(&o)) return "Adam";
+  if (dynamic_cast<torch::optim::SGD*>(&o)) return "SGD";
+  if (dynamic_cast<torch::optim::RMSprop*>(&o)) return "RMSprop";
+  if (dynamic_cast<torch::optim::Adagrad*>(&o)) return "Adagrad";
+  throw CheckpointError("booster: cannot checkpoint this optimizer type (supported: SGD, Adam, AdamW, RMSprop, "
+                        "Adagrad)");
+}
+
+struct ParamState {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, int64_t> scalars;
+};
+
+void put(ParamState& s, const char* key, const at::Tensor& t) {
+  if (t.defined()) s.tensors[key] = t;
+}
+
+ParamState extract_state(const torch::optim::OptimizerParamState& st) {
+  ParamState s;
+  if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) {
+    s.scalars["step"] = a->step();
+    put(s, "exp_avg", a->exp_avg());
+    put(s, "exp_avg_sq", a->exp_avg_sq());
+    put(s, "max_exp_avg_sq", a->max_exp_avg_sq());
+  } else if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&st)) {
+    s.scalars["step"] = a->step();
+    put(s, "exp_avg", a->exp_avg());
+    put(s, "exp_avg_sq", a->exp_avg_sq());
+    put(s, "max_exp_avg_sq", a->max_exp_avg_sq());
+  } else if (auto* g = dynamic_cast<const torch::optim::SGDParamState*>(&st)) {
+    put(s, "momentum_buffer", g->momentum_buffer());
+  } else if (auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&st)) {
+    s.scalars["step"] = r->step();
+    put(s, "square_avg", r->square_avg());
+    put(s, "momentum_buffer", r->momentum_buffer());
+    put(s, "grad_avg", r->grad_avg());
+  } else if (auto* d = dynamic_cast<const torch::optim::AdagradParamState*>(&st)) {
+    s.scalars["step"] = d->step();
+    put(s, "sum", d->sum());
+  }
+  return s;
+}
+
+at::Tensor get(const ParamState& s, const char* key) {
+  auto it = s.tensors.find(key);
+  return it == s.tensors.end() ? at::Tensor() : it->second;
+}
+int64_t get_scalar(const ParamState& s, const char* key) {
+  auto it = s.scalars.find(key);
+  return it == s.scalars.end() ? 0 : it->second;
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> make_state(const std::string& type, const ParamState& s) {
+  if (type == "AdamW" || type == "Adam") {
+    auto fill = [&](auto st) {
+      st->step(get_scalar(s, "step"));
+      st->exp_avg(get(s, "exp_avg"));
+      st->exp_avg_sq(get(s, "exp_avg_sq"));
+      st->max_exp_avg_sq(get(s, "max_exp_avg_sq"));
+      return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(st));
+    };
+    if (type == "AdamW") return fill(std::make_unique<torch::optim::AdamWParamState>());
+    return fill(std::make_unique<torch::optim::AdamParamState>());
+  }
+  if (type == "SGD") {
+    auto st = std::make_unique<torch::optim::SGDParamState>();
+    st->momentum_buffer(get(s, "momentum_buffer"));
+    return st;
+  }
+  if (type == "RMSprop") {
+    auto st = std::make_unique<torch::optim::RMSpropParamState>();
+    st->step(get_scalar(s, "step"));
+    st->square_avg(get(s, "square_avg"));
+    st->momentum_buffer(get(s, "momentum_buffer"));
+    st->grad_avg(get(s, "grad_avg"));
+    return st;
+  }
+  auto st = std::make_unique<torch::optim::AdagradParamState>();
+  st->step(get_scalar(s, "step"));
+  st->sum(get(s, "sum"));
+  return st;
+}
+
+json options_to_json(torch::optim::OptimizerOptions& o) {
+  json j;
+  if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
+    j = {{"lr", a->lr()}, {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}}, {"eps", a->eps()},
+         {"weight_decay", a->weight_decay()}, {"amsgrad", a->amsgrad()}};
+  } else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
+    j = {{"lr", a->lr()}, {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}}, {"eps", a->eps()},
+         {"weight_decay", a->weight_decay()}, {"amsgrad", a->amsgrad()}};
+  } else if (auto* g = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
+    j = {{"lr", g->lr()}, {"momentum", g->momentum()}, {"dampening", g->dampening()},
+         {"weight_decay", g->weight_decay()}, {"nesterov", g->nesterov()}};
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
+    j = {{"lr", r->lr()}, {"alpha", r->alpha()}, {"eps", r->eps()}, {"weight_decay", r->weight_decay()},
+         {"momentum", r->momentum()}, {"centered", r->centered()}};
+  } else if (auto* d = dynamic_cast<torch::optim::AdagradOptions*>(&o)) {
+    j = {{"lr", d->lr()}, {"lr_decay", d->lr_decay()}, {"weight_decay", d->weight_decay()},
+         {"initial_accumulator_value", d->initial_accumulator_value()}, {"eps", d->eps()}};
+  }
+  return j;
+}
+
+void options_from_json(torch::optim::OptimizerOptions& o, const json& j) {
+  if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
+    a->lr(j.at("lr")).betas({j.at("betas")[0], j.at("betas")[1]}).eps(j.at("eps"));
+    a->weight_decay(j.at("weight_decay")).amsgrad(j.at("amsgrad"));
+  } else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
+    a->lr(j.at("lr")).betas({j.at("betas")[0], j.at("betas")[1]}).eps(j.at("eps"));
+    a->weight_decay(j.at("weight_decay")).amsgrad(j.at("amsgrad"));
+  } else if (auto* g = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
+    g->lr(j.at("lr")).momentum(j.at("momentum")).dampening(j.at("dampening"));
+    g->weight_decay(j.at("weight_decay")).nesterov(j.at("nesterov"));
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
+    r->lr(j.at("lr")).alpha(j.at("alpha")).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
+    r->momentum(j.at("momentum")).centered(j.at("centered"));
+  } else if (auto* d = dynamic_cast<torch::optim::AdagradOptions*>(&o)) {
+    d->lr(j.at("lr")).lr_decay(j.at("lr_decay")).weight_decay(j.at("weight_decay"));
+    d->initial_accumulator_value(j.at("initial_accumulator_value")).eps(j.at("eps"));
+  }
+}
+
+std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+void CheckpointIO::save_model(torch::nn::Module& model, const std::string& path, const ModelSaveOptions& options) {
+  StateDict state;
+  for (const auto& item : model.named_parameters(true)) state.emplace_back(options.prefix + item.key(), item.value().detach());
+  for (const auto& item : model.named_buffers(true)) state.emplace_back(options.prefix + item.key(), item.value().detach());
+  SaveOptions so;
+  so.shard = options.shard;
+  so.size_per_shard_mb = options.size_per_shard_mb;
+  so.use_safetensors = options.use_safetensors;
+  write_on_rank0(world_, [&] { save_state_dict(path, state, so, "model"); });
+}
+
+void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path, bool strict) {
+  StateDict loaded = load_state_dict(path, "model");
+  std::map<std::string, at::Tensor> file;
+  for (auto& [k, v] : loaded) file[k] = v;
+  std::vector<std::pair<std::string, at::Tensor>> expected;
+  for (const auto& item : model.named_parameters(true)) expected.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers(true)) expected.emplace_back(item.key(), item.value());
+
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> used;
+  std::set<const void*> storages_loaded;
+  for (auto& [name, t] : expected) {
+    auto it = file.find(name);
+    if (it == file.end()) continue;
+    used.insert(name);
+    storages_loaded.insert(t.storage().unsafeGetStorageImpl());
+    if (it->second.sizes() != t.sizes())
+      mismatched.push_back(name + ": shape " + shape_str(it->second.sizes()) + " in the checkpoint, " +
+                           shape_str(t.sizes()) + " in the model");
+    else if (it->second.scalar_type() != t.scalar_type())
+      mismatched.push_back(name + ": dtype " + std::string(c10::toString(it->second.scalar_type())) +
+                           " in the checkpoint, " + std::string(c10::toString(t.scalar_type())) + " in the model");
+  }
+  for (auto& [name, t] : expected) {
+    // A tied tensor written once (HF) is restored through the name that was written.
+    if (!file.count(name) && !storages_loaded.count(t.storage().unsafeGetStorageImpl())) missing.push_back(name);
+  }
+  std::vector<std::string> unexpected;
+  for (auto& [k, v] : loaded)
+    if (!used.count(k)) unexpected.push_back(k);
+
+  std::string report;
+  auto add = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    report += std::string("\n  ") + what + " (" + std::to_string(names.size()) + "):";
+    for (size_t i = 0; i < names.size() && i < 20; ++i) report += " " + names[i] + (i + 1 < names.size() ? "," : "");
+    if (names.size() > 20) report += " ...";
+  };
+  add("shape/dtype mismatches", mismatched);
+  if (strict) {
+    add("missing keys", missing);
+    add("unexpected keys", unexpected);
+  }
+  if (!report.empty())
+    throw CheckpointError("booster: cannot load " + path + " into the model (nothing was changed):" + report +
+                          (strict ? "\n  (load_model with strict = false loads the matching keys only)" : ""));
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : expected) {
+    auto it = file.find(name);
+    if (it != file.end()) t.copy_(it->second);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+void CheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& path, const SaveOptions& options) {
+  const auto& names = wrapper.parameter_names();
+  if (names.empty())
+    throw CheckpointError("booster: save_optimizer needs the optimizer returned by Booster::boost (it knows the "
+                          "parameter names)");
+  auto& opt = wrapper.optimizer();
+  std::string type = optimizer_type(opt);
+  StateDict tensors;
+  json groups = json::array(), scalars = json::object();
+  size_t i = 0;
+  for (auto& group : opt.param_groups()) {
+    json g;
+    g["options"] = options_to_json(group.options());
+    g["params"] = json::array();
+    for (auto& p : group.params()) {
+      const std::string& name = names.at(i++);
+      g["params"].push_back(name);
+      auto it = opt.state().find(state_key(p));
+      if (it == opt.state().end()) continue;
+      ParamState s = extract_state(*it->second);
+      for (auto& [k, t] : s.tensors) tensors.emplace_back(name + "." + k, t.detach());
+      for (auto& [k, v] : s.scalars) scalars[name][k] = v;
+    }
+    groups.push_back(g);
+  }
+  json doc = {{"format", "booster-optimizer-v1"}, {"optimizer", type}, {"param_groups", groups}, {"scalars", scalars}};
+  auto ws = wrapper.state_dict();
+  doc["wrapper"]["skipped_steps"] = ws.skipped_steps;
+  if (ws.scaler)
+    doc["wrapper"]["loss_scaler"] = {{"scale", ws.scaler->scale},
+                                     {"growth_step", ws.scaler->growth_step},
+                                     {"hysteresis_step", ws.scaler->hysteresis_step}};
+  write_on_rank0(world_, [&] {
+    save_state_dict(path, tensors, options, "optimizer", {{"optimizer_groups.json", doc.dump(2)}});
+  });
+}
+
+void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& path) {
+  const auto& names = wrapper.parameter_names();
+  if (names.empty())
+    throw CheckpointError("booster: load_optimizer needs the optimizer returned by Booster::boost");
+  std::string groups_file = (fs::path(path) / "optimizer_groups.json").string();
+  json doc;
+  try {
+    doc = json::parse(read_text(groups_file));
+  } catch (const json::exception& e) {
+    throw CheckpointError("booster: " + groups_file + ": invalid JSON: " + e.what());
+  }
+  auto& opt = wrapper.optimizer();
+  std::string type = optimizer_type(opt);
+  try {
+    if (doc.at("format") != "booster-optimizer-v1")
+      throw CheckpointError("booster: " + groups_file + ": unknown format " + doc.at("format").dump());
+    if (doc.at("optimizer") != type)
+      throw CheckpointError("booster: " + path + " holds " + doc.at("optimizer").get<std::string>() +
+                            " state but the optimizer is " + type + "; build the same optimizer type");
+    const json& groups = doc.at("param_groups");
+    if (groups.size() != opt.param_groups().size())
+      throw CheckpointError("booster: " + path + " has " + std::to_string(groups.size()) + " parameter groups, the "
+                            "optimizer " + std::to_string(opt.param_groups().size()));
+    size_t i = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const json& params = groups[g].at("params");
+      auto& mine = opt.param_groups()[g].params();
+      if (params.size() != mine.size())
+        throw CheckpointError("booster: " + path + ": parameter group " + std::to_string(g) + " has " +
+                              std::to_string(params.size()) + " parameters, the optimizer's " + std::to_string(mine.size()));
+      for (size_t j = 0; j < mine.size(); ++j, ++i)
+        if (params[j] != names.at(i))
+          throw CheckpointError("booster: " + path + ": parameter group " + std::to_string(g) + " position " +
+                                std::to_string(j) + " is " + params[j].dump() + " in the checkpoint but " + names.at(i) +
+                                " in the optimizer");
+    }
+  } catch (const json::exception& e) {
+    throw CheckpointError("booster: " + groups_file + ": malformed: " + e.what());
+  }
+  StateDict loaded;
+  bool has_tensors = fs::exists(fs::path(path) / "optimizer.safetensors") ||
+                     fs::exists(fs::path(path) / "optimizer.safetensors.index.json") ||
+                     fs::exists(fs::path(path) / "optimizer.bin") || fs::exists(fs::path(path) / "optimizer.bin.index.json");
+  if (has_tensors) loaded = load_state_dict(path, "optimizer");
+  std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
+
+  // Build every new state first (validating shapes), then swap in: nothing changes on error.
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
+  std::set<std::string> used;
+  const json& scalars = doc.value("scalars", json::object());
+  size_t i = 0;
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) {
+      const std::string& name = names.at(i++);
+      ParamState s;
+      std::string prefix = name + ".";
+      for (auto it = by_name.lower_bound(prefix); it != by_name.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+        std::string key = it->first.substr(prefix.size());
+        if (key.find('.') != std::string::npos) continue;  // belongs to a longer parameter name
+        if (it->second.sizes() != p.sizes())
+          throw CheckpointError("booster: " + path + ": " + it->first + " has shape " + shape_str(it->second.sizes()) +
+                                " but parameter " + name + " has " + shape_str(p.sizes()));
+        s.tensors[key] = it->second.to(p.scalar_type());
+        used.insert(it->first);
+      }
+      if (scalars.contains(name))
+        for (auto& [k, v] : scalars.at(name).items()) s.scalars[k] = v.get<int64_t>();
+      if (s.tensors.empty() && s.scalars.empty()) continue;
+      new_states.emplace_back(state_key(p), make_state(type, s));
+    }
+  }
+  for (auto& [k, v] : by_name)
+    if (!used.count(k))
+      throw CheckpointError("booster: " + path + ": optimizer state " + k + " matches no parameter of the optimizer");
+  OptimizerWrapperState ws;
+  if (doc.contains("wrapper")) {
+    const json& w = doc["wrapper"];
+    ws.skipped_steps = w.value("skipped_steps", 0);
+    if (w.contains("loss_scaler")) {
+      const json& l = w["loss_scaler"];
+      ws.scaler = mixed_precision::ScalerState{l.at("scale").get<double>(), l.at("growth_step").get<int64_t>(),
+                                               l.at("hysteresis_step").get<int64_t>()};
+    }
+  }
+  if (ws.scaler.has_value() != static_cast<bool>(wrapper.options().scaler))
+    throw CheckpointError(std::string("booster: ") + path +
+                          (ws.scaler ? " has loss-scaler state but this optimizer has no loss scaler"
+                                     : " has no loss-scaler state but this optimizer uses a loss scaler") +
+                          " (saved with another mixed_precision setting?)");
+  // Commit.
+  opt.state().clear();
+  for (auto& [k, st] : new_states) opt.state()[k] = std::move(st);
+  const json& groups = doc.at("param_groups");
+  for (size_t g = 0; g < groups.size(); ++g) options_from_json(opt.param_groups()[g].options(), groups[g].at("options"));
+  wrapper.load_state_dict(ws);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LR scheduler
+
+void CheckpointIO::save_lr_scheduler(LRScheduler& scheduler, const std::string& path) {
+  std::string text = scheduler.to_json();
+  write_on_rank0(world_, [&] {
+    fs::path p(path);
+    fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    fs::create_directories(dir);
+    fs::path tmp = dir / (p.filename().string() + ".tmp-" + std::to_string(::getpid()));
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << text;
+      out.flush();
+      if (!out) throw CheckpointError("booster: cannot write " + tmp.string());
+    }
+    fs::rename(tmp, p);
+  });
+}
+
+void CheckpointIO::load_lr_scheduler(LRScheduler& scheduler, const std::string& path) {
+  scheduler.load_state_dict(LRScheduler::from_json(read_text(path)));
+}
+
+}  // namespace booster::checkpoint
