@@ -208,9 +208,11 @@ void CheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
 }
 
 void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path, bool strict) {
-  StateDict loaded = load_state_dict(path, "model");
-  std::map<std::string, at::Tensor> file;
-  for (auto& [k, v] : loaded) file[k] = v;
+  // Validate against the files' headers (no tensor data for safetensors), then copy shard by shard:
+  // peak memory is about one shard on top of the model.
+  const std::vector<CheckpointTensorInfo> infos = list_checkpoint_tensors(path, "model");
+  std::map<std::string, const CheckpointTensorInfo*> file;
+  for (const auto& info : infos) file[info.name] = &info;
   std::vector<std::pair<std::string, at::Tensor>> expected;
   for (const auto& item : model.named_parameters(true)) expected.emplace_back(item.key(), item.value());
   for (const auto& item : model.named_buffers(true)) expected.emplace_back(item.key(), item.value());
@@ -223,20 +225,21 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
     if (it == file.end()) continue;
     used.insert(name);
     storages_loaded.insert(t.storage().unsafeGetStorageImpl());
-    if (it->second.sizes() != t.sizes())
-      mismatched.push_back(name + ": shape " + shape_str(it->second.sizes()) + " in the checkpoint, " +
+    const CheckpointTensorInfo& info = *it->second;
+    if (t.sizes() != at::IntArrayRef(info.shape))
+      mismatched.push_back(name + ": shape " + shape_str(info.shape) + " in the checkpoint, " +
                            shape_str(t.sizes()) + " in the model");
-    else if (it->second.scalar_type() != t.scalar_type())
-      mismatched.push_back(name + ": dtype " + std::string(c10::toString(it->second.scalar_type())) +
-                           " in the checkpoint, " + std::string(c10::toString(t.scalar_type())) + " in the model");
+    else if (info.dtype != t.scalar_type())
+      mismatched.push_back(name + ": dtype " + std::string(c10::toString(info.dtype)) + " in the checkpoint, " +
+                           std::string(c10::toString(t.scalar_type())) + " in the model");
   }
   for (auto& [name, t] : expected) {
     // A tied tensor written once (HF) is restored through the name that was written.
     if (!file.count(name) && !storages_loaded.count(t.storage().unsafeGetStorageImpl())) missing.push_back(name);
   }
   std::vector<std::string> unexpected;
-  for (auto& [k, v] : loaded)
-    if (!used.count(k)) unexpected.push_back(k);
+  for (const auto& info : infos)
+    if (!used.count(info.name)) unexpected.push_back(info.name);
 
   std::string report;
   auto add = [&](const char* what, const std::vector<std::string>& names) {
@@ -253,11 +256,19 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
   if (!report.empty())
     throw CheckpointError("booster: cannot load " + path + " into the model (nothing was changed):" + report +
                           (strict ? "\n  (load_model with strict = false loads the matching keys only)" : ""));
+
+  std::map<std::string, at::Tensor> targets(expected.begin(), expected.end());
   torch::NoGradGuard no_grad;
-  for (auto& [name, t] : expected) {
-    auto it = file.find(name);
-    if (it != file.end()) t.copy_(it->second);
-  }
+  for_each_checkpoint_shard(path, "model", [&](const StateDict& shard) {
+    for (const auto& [name, tensor] : shard) {
+      auto it = targets.find(name);
+      if (it == targets.end()) continue;
+      if (tensor.sizes() != it->second.sizes())  // the files changed since they were validated
+        throw CheckpointError("booster: " + path + ": " + name + " changed while loading (shape " +
+                              shape_str(tensor.sizes()) + ", validated as " + shape_str(it->second.sizes()) + ")");
+      it->second.copy_(tensor);
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

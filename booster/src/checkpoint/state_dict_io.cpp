@@ -10,7 +10,9 @@
 // Loading: a file, or a directory probed as transformers does (single safetensors, safetensors index,
 // single bin, bin index). An index is validated completely (file names, shard presence, and for
 // safetensors shards every listed name in the shard header) before any tensor data is read; then the
-// shards are loaded one at a time in file-name order, each in its own order.
+// shards are loaded one at a time in file-name order, each in its own order. That resolution is a
+// CheckpointPlan; for_each_checkpoint_shard walks it (load_state_dict concatenates its shards) and
+// list_checkpoint_tensors reads only the headers it names.
 
 #include "booster/checkpoint/state_dict_io.h"
 
@@ -36,6 +38,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -388,7 +391,22 @@ bool is_regular_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-StateDict load_index(const std::string& index_path) {
+// What a checkpoint path resolves to: the files to load in order, each with the names the index
+// assigns to it (all of the file when there is no index). Built (and, for an index, completely
+// validated) before any tensor data is read.
+struct ShardPlan {
+  std::string file;                         // path of the file
+  bool restricted = false;                  // true: only `names` (from the index)
+  std::vector<std::string> names;           // the index's names for this file
+  std::optional<SafetensorsHeader> header;  // when already read during validation
+};
+
+struct CheckpointPlan {
+  std::string index_path;  // empty: a single file
+  std::vector<ShardPlan> shards;
+};
+
+CheckpointPlan plan_index(const std::string& index_path) {
   const std::string dir = fs::path(index_path).parent_path().string();
   const std::string shard_dir = dir.empty() ? std::string(".") : dir;
   nlohmann::json index;
@@ -415,31 +433,71 @@ StateDict load_index(const std::string& index_path) {
     by_file[file].push_back(it.key());
   }
   // Validate before reading any tensor data.
-  for (const auto& [file, names] : by_file) {
-    const std::string shard = join(shard_dir, file);
-    if (!is_regular_file(shard))
-      throw CheckpointError("index '" + index_path + "' references missing shard '" + shard + "'");
-    if (is_bin_file(shard)) continue;  // names checked when the shard is loaded
-    SafetensorsHeader header = read_safetensors_header(shard);
-    std::set<std::string> present;
-    for (const auto& e : header.tensors) present.insert(e.name);
-    for (const auto& name : names)
-      if (!present.count(name))
-        throw CheckpointError("tensor '" + name + "' listed in index '" + index_path + "' is missing from shard '" +
-                              shard + "'");
-  }
-  StateDict out;
-  for (const auto& [file, names] : by_file) {
-    const std::string shard = join(shard_dir, file);
-    StateDict part;
-    try {
-      part = load_file(shard, &names);
-    } catch (const CheckpointError& e) {
-      throw CheckpointError(std::string(e.what()) + " (listed in index '" + index_path + "')");
+  CheckpointPlan plan;
+  plan.index_path = index_path;
+  for (auto& [file, names] : by_file) {
+    ShardPlan shard;
+    shard.file = join(shard_dir, file);
+    shard.restricted = true;
+    if (!is_regular_file(shard.file))
+      throw CheckpointError("index '" + index_path + "' references missing shard '" + shard.file + "'");
+    if (!is_bin_file(shard.file)) {  // .bin: names checked when the shard is loaded
+      shard.header = read_safetensors_header(shard.file);
+      std::set<std::string> present;
+      for (const auto& e : shard.header->tensors) present.insert(e.name);
+      for (const auto& name : names)
+        if (!present.count(name))
+          throw CheckpointError("tensor '" + name + "' listed in index '" + index_path + "' is missing from shard '" +
+                                shard.file + "'");
     }
-    for (auto& kv : part) out.push_back(std::move(kv));
+    shard.names = std::move(names);
+    plan.shards.push_back(std::move(shard));
   }
-  return out;
+  return plan;
+}
+
+CheckpointPlan plan_single_file(const std::string& file) {
+  CheckpointPlan plan;
+  plan.shards.emplace_back();
+  plan.shards.back().file = file;
+  return plan;
+}
+
+// Resolves `path` as load_state_dict documents it.
+CheckpointPlan plan_checkpoint(const std::string& path, const std::string& base) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_errno("cannot load checkpoint", path, errno);
+  if (S_ISREG(st.st_mode)) return ends_with(path, ".index.json") ? plan_index(path) : plan_single_file(path);
+  if (!S_ISDIR(st.st_mode)) throw CheckpointError("cannot load checkpoint '" + path + "': not a file or directory");
+
+  // transformers' order: single safetensors, safetensors index, single bin, bin index.
+  const std::vector<std::string> candidates = {
+      base + ".safetensors",      base + ".safetensors.index.json",   "pytorch_" + base + ".bin",
+      base + ".bin",              "pytorch_" + base + ".bin.index.json", base + ".bin.index.json"};
+  std::vector<std::string> looked;
+  for (const auto& name : candidates) {
+    const std::string file = join(path, name);
+    if (is_regular_file(file)) return ends_with(name, ".index.json") ? plan_index(file) : plan_single_file(file);
+    if (std::find(looked.begin(), looked.end(), name) == looked.end()) looked.push_back(name);
+  }
+  std::string list;
+  for (const auto& name : looked) list += (list.empty() ? "" : ", ") + name;
+  throw CheckpointError("no checkpoint in directory '" + path + "' (looked for " + list + ")");
+}
+
+// Runs `f` on one file of the plan; errors of a file listed in an index name the index.
+template <class F>
+auto with_index_context(const CheckpointPlan& plan, F&& f) -> decltype(f()) {
+  if (plan.index_path.empty()) return f();
+  try {
+    return f();
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(std::string(e.what()) + " (listed in index '" + plan.index_path + "')");
+  }
+}
+
+StateDict load_shard(const CheckpointPlan& plan, const ShardPlan& shard) {
+  return with_index_context(plan, [&] { return load_file(shard.file, shard.restricted ? &shard.names : nullptr); });
 }
 
 std::string bin_stem(const std::string& base) { return base == "model" ? "pytorch_model" : base; }
@@ -582,27 +640,38 @@ void save_state_dict(const std::string& dir, const StateDict& state, const SaveO
 }
 
 StateDict load_state_dict(const std::string& path, const std::string& base) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw_errno("cannot load checkpoint", path, errno);
-  if (S_ISREG(st.st_mode)) {
-    if (ends_with(path, ".index.json")) return load_index(path);
-    return load_file(path, nullptr);
-  }
-  if (!S_ISDIR(st.st_mode)) throw CheckpointError("cannot load checkpoint '" + path + "': not a file or directory");
+  StateDict out;
+  for_each_checkpoint_shard(path, base, [&](const StateDict& shard) { out.insert(out.end(), shard.begin(), shard.end()); });
+  return out;
+}
 
-  // transformers' order: single safetensors, safetensors index, single bin, bin index.
-  const std::vector<std::string> candidates = {
-      base + ".safetensors",      base + ".safetensors.index.json",   "pytorch_" + base + ".bin",
-      base + ".bin",              "pytorch_" + base + ".bin.index.json", base + ".bin.index.json"};
-  std::vector<std::string> looked;
-  for (const auto& name : candidates) {
-    const std::string file = join(path, name);
-    if (is_regular_file(file)) return ends_with(name, ".index.json") ? load_index(file) : load_file(file, nullptr);
-    if (std::find(looked.begin(), looked.end(), name) == looked.end()) looked.push_back(name);
+void for_each_checkpoint_shard(const std::string& path, const std::string& base,
+                               const std::function<void(const StateDict& shard)>& fn) {
+  const CheckpointPlan plan = plan_checkpoint(path, base);
+  for (const auto& shard : plan.shards) {
+    const StateDict part = load_shard(plan, shard);
+    fn(part);
+  }  // `part` (and the file's mapping) is gone before the next file is read
+}
+
+std::vector<CheckpointTensorInfo> list_checkpoint_tensors(const std::string& path, const std::string& base) {
+  const CheckpointPlan plan = plan_checkpoint(path, base);
+  std::vector<CheckpointTensorInfo> out;
+  for (const auto& shard : plan.shards) {
+    if (is_bin_file(shard.file)) {
+      for (const auto& [name, tensor] : load_shard(plan, shard))
+        out.push_back({name, tensor.scalar_type(), tensor.sizes().vec(), shard.file});
+      continue;
+    }
+    with_index_context(plan, [&] {
+      const SafetensorsHeader header = shard.header ? *shard.header : read_safetensors_header(shard.file);
+      std::set<std::string> wanted(shard.names.begin(), shard.names.end());
+      for (const auto& e : header.tensors)  // header order, as load_safetensors returns them
+        if (!shard.restricted || wanted.count(e.name))
+          out.push_back({e.name, scalar_type_from_safetensors(e.dtype), e.shape, shard.file});
+    });
   }
-  std::string list;
-  for (const auto& name : looked) list += (list.empty() ? "" : ", ") + name;
-  throw CheckpointError("no checkpoint in directory '" + path + "' (looked for " + list + ")");
+  return out;
 }
 
 }  // namespace booster::checkpoint

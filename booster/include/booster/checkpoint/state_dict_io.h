@@ -7,7 +7,10 @@
 // after the new one is complete).
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -50,6 +53,32 @@ BOOSTER_API void save_state_dict(const std::string& dir, const StateDict& state,
 // directory (no absolute path, "..", or separators), every shard must exist, and every name in the
 // index must be present in its shard. Throws CheckpointError naming the file and the problem.
 BOOSTER_API StateDict load_state_dict(const std::string& path, const std::string& base = "model");
+
+// One tensor of a checkpoint as its files describe it: the dtype it loads as (safetensors U16/U32
+// load as int32/int64, see safetensors.h), its shape, and the file (full path) that holds it.
+struct CheckpointTensorInfo {
+  std::string name;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  std::vector<int64_t> shape;
+  std::string file;
+};
+
+// The tensors load_state_dict(path, base) would return, in the same order, without their data.
+// Same path resolution and index validation as load_state_dict (same CheckpointErrors). Safetensors
+// files: only the headers are read (no tensor data). .bin files have no separate header, so each is
+// loaded in full, one at a time, and dropped before the next (peak memory: one file).
+BOOSTER_API std::vector<CheckpointTensorInfo> list_checkpoint_tensors(const std::string& path,
+                                                                      const std::string& base = "model");
+
+// Loads the checkpoint at `path` one file (shard) at a time and calls fn with each file's tensors,
+// restricted to the names the index assigns to that file, in load_state_dict's order (shards in
+// file-name order); a checkpoint that is a single file gives one call. The whole index is validated
+// before the first file is read, as load_state_dict does; safetensors files are memory-mapped, so
+// peak memory is about one shard (the shard passed to fn is released when fn returns, unless fn
+// keeps its tensors). load_state_dict is this, concatenated. Exceptions from fn propagate
+// (the remaining shards are not read).
+BOOSTER_API void for_each_checkpoint_shard(const std::string& path, const std::string& base,
+                                           const std::function<void(const StateDict& shard)>& fn);
 
 // The torch pickle zip format of `torch.save(dict)`: written with torch::pickle_save of a
 // Dict[str, Tensor] (Python torch.load reads it), read with torch::pickle_load (reads Python's
