@@ -58,7 +58,8 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
     config.section("checkpoint").check_unknown();
   } catch (const ConfigError& e) {
     throw ConfigError(std::string(e.what()) +
-                      "\n[checkpoint] has no options yet (the checkpoint module is not built); remove its keys");
+                      "\n[checkpoint] has no options yet: checkpoint settings are arguments of booster.save_model / "
+                      "save_optimizer (shard, size_per_shard_mb, use_safetensors); remove its keys");
   }
 
   std::vector<std::string> no_args;
