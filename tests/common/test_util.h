@@ -2,7 +2,9 @@
 // running child processes (fresh processes via posix_spawn, never fork-after-OpenMP).
 #pragma once
 
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,37 @@ ProcessResult run_process(const std::vector<std::string>& argv,
 std::vector<ProcessResult> run_ranks(const std::vector<std::string>& argv, int world_size,
                                      const std::map<std::string, std::string>& env = {},
                                      double timeout_s = 300);
+// Sets / unsets environment variables and restores every touched one on destruction.
+class ScopedEnv {
+ public:
+  ScopedEnv() = default;
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else ::unsetenv(it->first.c_str());
+    }
+  }
+  void set(const std::string& name, const std::string& value) {
+    save(name);
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  void unset(const std::string& name) {
+    save(name);
+    ::unsetenv(name.c_str());
+  }
+
+ private:
+  void save(const std::string& name) {
+    for (const auto& s : saved_)
+      if (s.first == name) return;
+    const char* v = std::getenv(name.c_str());
+    saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
 // True if a process with this pid still exists (and is not a zombie).
 bool process_alive(int pid);
 // Reads a whole file ("" if absent).

@@ -31,40 +31,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
+using booster::testing::ScopedEnv;
+
 namespace {
 
 const std::string kMinimalPath = std::string(BOOSTER_TEST_PLUGIN_DIR) + "/booster_plugin_test_minimal.so";
 
-// Sets / unsets environment variables and restores every touched one on destruction.
-class ScopedEnv {
- public:
-  ScopedEnv() = default;
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else ::unsetenv(it->first.c_str());
-    }
-  }
-  void set(const std::string& name, const std::string& value) {
-    save(name);
-    ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  void unset(const std::string& name) {
-    save(name);
-    ::unsetenv(name.c_str());
-  }
-
- private:
-  void save(const std::string& name) {
-    for (const auto& s : saved_)
-      if (s.first == name) return;
-    const char* v = std::getenv(name.c_str());
-    saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
-  }
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 // A Booster from TOML text. The first one in the process launches a world of one: no launcher
 // variables may be visible then, and plugins are searched in the build's plugin directory.

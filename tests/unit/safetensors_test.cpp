@@ -455,6 +455,25 @@ TEST(SafetensorsRoundTrip, MetadataAndOrder) {
   EXPECT_EQ(load_safetensors(dir.file("d.safetensors")).size(), 1u);
 }
 
+TEST(SafetensorsRoundTrip, ManyTensors) {
+  TempDir dir;
+  StateDict sd;
+  for (int i = 0; i < 5000; ++i) {
+    sd.emplace_back("layers." + std::to_string(i) + ".weight", at::full({i % 3}, i, at::kInt));
+  }
+  StateDict back = roundtrip(dir, "many.safetensors", sd);
+  ASSERT_EQ(back.size(), sd.size());
+  for (size_t i = 0; i < sd.size(); ++i) {
+    ASSERT_EQ(back[i].first, sd[i].first);
+    ASSERT_TRUE(at::equal(back[i].second, sd[i].second)) << sd[i].first;
+  }
+  std::vector<std::string> only = {"layers.4999.weight", "layers.7.weight"};
+  StateDict part = load_safetensors(dir.file("many.safetensors"), &only);
+  ASSERT_EQ(part.size(), 2u);
+  EXPECT_EQ(part[0].first, "layers.7.weight");
+  EXPECT_EQ(part[1].first, "layers.4999.weight");
+}
+
 TEST(SafetensorsRoundTrip, LoadedTensorsOwnTheirMemory) {
   TempDir dir;
   const std::string path = dir.file("own.safetensors");
