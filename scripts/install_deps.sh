@@ -14,6 +14,7 @@ PKGS=(
   zlib1g-dev
   dataset-fashion-mnist
   python3-torch procps
+  clang libclang-rt-14-dev
 )
 
 SUDO=""
