@@ -40,7 +40,7 @@ echo "run_fuzz: building $bin"
 
 # The fixtures of other implementations are good seeds too.
 seeds=("$here/corpus")
-fixtures="$root/../shared/fixtures/safetensors"
+fixtures="$root/tests/fixtures/safetensors"
 if [ -d "$fixtures" ]; then seeds+=("$fixtures"); fi
 
 echo "run_fuzz: fuzzing for ${seconds}s"

@@ -39,7 +39,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixture_dir() { return fs::path(BOOSTER_SOURCE_DIR).parent_path() / "shared/fixtures/safetensors"; }
+// The vectors are copied unchanged into tests/fixtures/safetensors (from ../shared/fixtures) so a
+// clean clone has them; the shared copy is the fallback.
+fs::path fixture_dir() {
+  fs::path in_repo = fs::path(BOOSTER_SOURCE_DIR) / "tests/fixtures/safetensors";
+  if (fs::exists(in_repo)) return in_repo;
+  return fs::path(BOOSTER_SOURCE_DIR).parent_path() / "shared/fixtures/safetensors";
+}
 
 #define REQUIRE_FIXTURES()                                                            \
   do {                                                                                \
