@@ -23,7 +23,6 @@ struct Bucket {
   std::vector<int64_t> offsets;  // element offset of each param in flat
   at::Tensor flat;               // concatenated gradients (divided by world size)
   size_t pending = 0;            // params not yet ready in this backward
-  bool launched = false;
   dist::Work work;
 };
 
@@ -49,7 +48,6 @@ struct GradientReducer::State {
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       Bucket& b = buckets[next_bucket++];
       b.work = group->allreduce(b.flat, dist::ReduceOp::SUM);
-      b.launched = true;
     }
   }
 
@@ -155,7 +153,6 @@ struct GradientReducer::State {
     std::fill(ready.begin(), ready.end(), 0);
     for (auto& b : buckets) {
       b.pending = b.params.size();
-      b.launched = false;
       b.work = dist::Work();
     }
     next_bucket = 0;

@@ -52,7 +52,7 @@ struct ProcessGroup::Impl {
   int size = 1;
   std::string backend;
   double timeout_s = 1800;
-  bool native_reduce_scatter = false;  // NCCL has it; Gloo in 1.13 does not
+  // What the backend does natively (NCCL would); Gloo in LibTorch 1.13 has neither, so emulated.
   bool native_avg = false;
   bool native_bf16 = false;
 };

@@ -77,19 +77,23 @@ std::vector<torch::Tensor> OptimizerWrapper::local_gradients() const {
 }
 
 double OptimizerWrapper::global_grad_norm(double norm_type) {
+  // One norm per gradient (in its dtype, as torch.nn.utils.clip_grad_norm_), combined in float64
+  // with a single host sync per step instead of one per parameter.
   at::NoGradGuard no_grad;
   auto grads = local_gradients();
   dist::ProcessGroup* group = norm_group();
-  if (std::isinf(norm_type)) {
-    double m = 0;
-    for (const auto& g : grads) m = std::max(m, g.abs().max().to(at::kDouble).item<double>());
-    if (group) m = group->allreduce_scalar(m, dist::ReduceOp::MAX);
-    return m;
+  bool inf = std::isinf(norm_type);
+  double local = 0;
+  if (!grads.empty()) {
+    std::vector<at::Tensor> per;
+    per.reserve(grads.size());
+    for (const auto& g : grads) per.push_back(inf ? g.abs().max() : g.norm(norm_type));
+    at::Tensor all = at::stack(per).to(at::kDouble);
+    local = (inf ? all.max() : all.pow(norm_type).sum()).item<double>();
   }
-  double sum = 0;
-  for (const auto& g : grads) sum += std::pow(g.to(at::kDouble).norm(norm_type).item<double>(), norm_type);
-  if (group) sum = group->allreduce_scalar(sum, dist::ReduceOp::SUM);
-  return std::pow(sum, 1.0 / norm_type);
+  if (inf) return group ? group->allreduce_scalar(local, dist::ReduceOp::MAX) : local;
+  if (group) local = group->allreduce_scalar(local, dist::ReduceOp::SUM);
+  return std::pow(local, 1.0 / norm_type);
 }
 
 // Multiplies every gradient by inv_scale (if not yet unscaled) and by the clip coefficient, in one
