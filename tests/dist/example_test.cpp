@@ -21,6 +21,15 @@ std::vector<std::string> example_args(const std::string& out) {
           "--set", "train.lr_scheduler.warmup_steps=2", "--output_dir", out};
 }
 
+// `booster run --nproc_per_node 2 --master_port <free> fashion_mnist <example_args>`.
+std::vector<std::string> booster_run_argv(const std::string& out) {
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                std::to_string(free_port())};
+  auto args = example_args(out);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
 bool have_data() { return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
 
 // metrics.csv has a header and one row for the one epoch; the effective config keeps the overrides.
@@ -37,10 +46,7 @@ void expect_run_outputs(const std::string& out) {
 TEST(Example, TwoRanksUnderBoosterRun) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   TempDir dir;
-  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                std::to_string(free_port())};
-  auto args = example_args(dir.file("run"));
-  argv.insert(argv.end(), args.begin(), args.end());
+  auto argv = booster_run_argv(dir.file("run"));
   auto r = run_process(argv, {}, 180);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[rank 0]: "));
@@ -94,10 +100,7 @@ TEST(Example, SingleProcessStandalone) {
 TEST(Example, TwoRanksBf16WithGradientAccumulation) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   TempDir dir;
-  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                std::to_string(free_port())};
-  auto args = example_args(dir.file("run"));
-  argv.insert(argv.end(), args.begin(), args.end());
+  auto argv = booster_run_argv(dir.file("run"));
   argv.insert(argv.end(), {"--set", "booster.mixed_precision=bf16", "--set", "train.gradient_accumulation_steps=2",
                            "--set", "booster.max_norm=1.0", "--set", "train.max_steps_per_epoch=8"});
   auto r = run_process(argv, {}, 180);
