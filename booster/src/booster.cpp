@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
@@ -42,6 +43,7 @@ struct Booster::Impl {
   double max_norm = 0.0;
   double norm_type = 2.0;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
+  std::vector<std::weak_ptr<OptimizerWrapper>> optimizers;  // boosted here (for after_model_load)
 };
 
 Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
@@ -127,11 +129,40 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
     for (const auto& p : c.optimizer->parameters()) ordered.push_back(names.at(p.unsafeGetTensorImpl()));
     c.optimizer->set_parameter_names(std::move(ordered));
   }
+  if (c.optimizer) impl_->optimizers.push_back(c.optimizer);
+  MemoryReport report = memory_report_of(*model, *c.hooks, c.optimizer.get());
+  if (impl_->plugin->world()->rank() == 0)
+    log::info("booster: memory per rank in steady state (" + impl_->plugin->name() + "): " + report.to_string());
   return c;
 }
 
+MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer) {
+  MemoryReport r;
+  if (optimizer) r = optimizer->memory_report();
+  std::set<const void*> seen;
+  for (const auto& p : module.parameters())
+    if (seen.insert(p.storage().unsafeGetStorageImpl()).second) r.parameters += static_cast<int64_t>(p.storage().nbytes());
+  r.communication_buffers += hooks.communication_buffer_bytes();
+  return r;
+}
+
+void Booster::after_model_load(torch::nn::Module& module) {
+  std::set<const void*> mine;
+  for (const auto& p : module.parameters()) mine.insert(p.unsafeGetTensorImpl());
+  for (auto& weak : impl_->optimizers) {
+    auto opt = weak.lock();
+    if (!opt) continue;
+    for (const auto& p : opt->parameters()) {
+      if (mine.count(p.unsafeGetTensorImpl())) {
+        opt->sync_master_from_model();
+        break;
+      }
+    }
+  }
+}
+
 Criterion Booster::wrap_criterion(Criterion criterion) const {
-  if (impl_->plugin->control_precision()) return criterion;
+  if (impl_->plugin->control_precision()) return impl_->plugin->wrap_criterion(std::move(criterion));
   return impl_->precision->wrap_criterion(std::move(criterion));
 }
 

@@ -75,6 +75,13 @@ class DDPModelHooks : public ModelHooks {
 
   torch::nn::Module& module() override { return *model_; }
 
+  int64_t communication_buffer_bytes() const override {
+    if (!reducer_ || options_.gradient_as_bucket_view) return 0;  // buckets are the gradients then
+    int64_t bytes = 0;
+    for (int64_t b : reducer_->bucket_bytes()) bytes += b;
+    return bytes;
+  }
+
   std::map<std::string, int64_t> stats() const override {
     if (!reducer_) return {{"buckets", 0}};
     return {{"buckets", static_cast<int64_t>(reducer_->bucket_indices().size())},

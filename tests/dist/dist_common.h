@@ -56,6 +56,35 @@ struct BNNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BNNet);
 
+// For ZeRO layouts: two optimizer groups whose sizes do not divide by 4 (padding), a 1-element
+// parameter (smaller than the world size) and a frozen layer (requires_grad = false).
+//   group 0: l1.weight [5,16], l1.bias [5], scale [1]               86 trainable elements
+//   group 1: l2.weight [4,5], l2.bias [4], frozen.weight, frozen.bias 24 trainable + 20 frozen
+struct OddNetImpl : torch::nn::Module {
+  OddNetImpl() {
+    l1 = register_module("l1", torch::nn::Linear(kIn, 5));
+    scale = register_parameter("scale", torch::ones({1}));
+    l2 = register_module("l2", torch::nn::Linear(5, kOut));
+    frozen = register_module("frozen", torch::nn::Linear(kOut, kOut));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return frozen(l2(torch::tanh(l1(x)) * scale)); }
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, frozen{nullptr};
+  torch::Tensor scale;
+};
+TORCH_MODULE(OddNet);
+
+// AdamW with two groups of different lr and weight decay (frozen parameters included in group 1,
+// as users pass model->parameters()).
+inline std::shared_ptr<torch::optim::Optimizer> make_odd_optimizer(OddNet& net) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{net->l1->weight, net->l1->bias, net->scale},
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.05).weight_decay(0.0)));
+  groups.emplace_back(std::vector<torch::Tensor>{net->l2->weight, net->l2->bias, net->frozen->weight, net->frozen->bias},
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.1)));
+  return std::make_shared<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(0.01));
+}
+
 // Global batches: inputs[s] float32 [global_batch, kIn], targets[s] float32 [global_batch, kOut].
 struct Batches {
   std::vector<torch::Tensor> inputs, targets;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "dist/dist_common.h"
 
 namespace booster::testing {
 
@@ -57,5 +58,119 @@ inline void expect_all_ok(const std::vector<ProcessResult>& results) {
     ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << " output:\n" << results[r].output;
 }
 
+
+
+// ---------------------------------------------------------------------------------------------
+// Shared checks of the data-parallel plugins (DDP, ZeRO) against single-process training
+
+// Single-process reference: the MLP trained on the whole global batch of each step.
+// With max_norm > 0 the gradients are clipped with torch::nn::utils::clip_grad_norm_ and its
+// returned norms collected in *norms.
+inline std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_batch, const std::string& optimizer,
+                                         double max_norm = 0, double norm_type = 2.0,
+                                         std::vector<double>* norms = nullptr) {
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer(optimizer, net->parameters());
+  auto batches = make_batches(steps, global_batch, 11);
+  for (int64_t s = 0; s < steps; ++s) {
+    auto loss = torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]);
+    loss.backward();
+    if (max_norm > 0) {
+      double n = torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm, norm_type);
+      if (norms) norms->push_back(n);
+    }
+    opt->step();
+    opt->zero_grad();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+struct TrainCase {
+  int world;
+  std::string optimizer;
+  std::vector<std::string> sets;
+  int64_t accum;
+  double max_norm = 0;  // also pass "booster.max_norm=..." in sets
+  double norm_type = 2.0;
+};
+
+// Runs the "train" scenario and checks every rank against the reference; returns rank 0's stats.
+inline std::map<std::string, int64_t> check_train(const TrainCase& c) {
+  TempDir dir;
+  const int64_t steps = 4, batch = 4;
+  std::vector<std::string> args{"scenario=train", "out=" + dir.path(), "steps=" + std::to_string(steps),
+                                "batch=" + std::to_string(batch), "accum=" + std::to_string(c.accum),
+                                "optimizer=" + c.optimizer};
+  for (const auto& s : c.sets) args.push_back("set=" + s);
+  auto results = run_workers(c.world, args);
+  expect_all_ok(results);
+  std::vector<double> norms;
+  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer, c.max_norm, c.norm_type, &norms);
+  for (int r = 0; r < c.world; ++r) {
+    std::string rs = std::to_string(r);
+    expect_close(load_tensors(dir.file("rank" + rs + ".pt")), want, std::to_string(c.world) + " ranks, rank " + rs);
+    if (c.max_norm > 0) {
+      // The reported global norm equals clip_grad_norm_'s on the full batch (float32 there, float64 here).
+      auto got = load_tensors(dir.file("rank" + rs + "_norms.pt"))[0];
+      EXPECT_EQ(got.numel(), static_cast<int64_t>(norms.size()));
+      if (got.numel() != static_cast<int64_t>(norms.size())) continue;
+      for (size_t s = 0; s < norms.size(); ++s) {
+        EXPECT_NEAR(got[s].item<double>(), norms[s], 1e-5 * norms[s]) << "step " << s;
+        EXPECT_GT(norms[s], c.max_norm) << "the test should make clipping active";
+      }
+    }
+  }
+  return load_stats(dir.file("rank0.txt"));
+}
+
+// Loss scaling: an inf injected into rank 1's gradients at step 1 (after the reduction, so only rank 1
+// sees it) makes every rank skip that step; extra_args select the optimizer (e.g. zero_stage=2).
+inline void check_overflow(const std::vector<std::string>& extra_args) {
+  TempDir dir;
+  const int64_t steps = 4, batch = 4;
+  std::vector<std::string> args{"scenario=overflow", "out=" + dir.path(), "steps=4", "batch=4", "bad_step=1",
+                                "bad_rank=1"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  auto results = run_workers(2, args);
+  expect_all_ok(results);
+  // Reference: plain SGD on the full batch that skips step 1 (power-of-two loss scales are exact).
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("sgd", net->parameters());
+  auto batches = make_batches(steps, batch * 2, 11);
+  std::vector<std::vector<torch::Tensor>> want;
+  for (int64_t s = 0; s < steps; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    if (s != 1) opt->step();
+    opt->zero_grad();
+    std::vector<torch::Tensor> p;
+    for (auto& t : net->parameters()) p.push_back(t.detach().clone());
+    want.push_back(p);
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::string rs = std::to_string(r);
+    auto info = load_tensors(dir.file("rank" + rs + "_steps.pt"));
+    // taken: 1, 0 (skipped), 1, 1 on every rank; scale: 1024, backoff to 512 (hysteresis 1),
+    // 512, then growth after growth_interval = 2 clean steps -> 1024.
+    EXPECT_TRUE(torch::equal(info[0], torch::tensor({1.0, 0.0, 1.0, 1.0}, torch::kDouble))) << info[0];
+    EXPECT_TRUE(torch::equal(info[1], torch::tensor({1024.0, 512.0, 512.0, 1024.0}, torch::kDouble))) << info[1];
+    EXPECT_EQ(load_stats(dir.file("rank" + rs + ".txt"))["skipped_steps"], 1);
+    for (int64_t s = 0; s < steps; ++s)
+      expect_close(load_tensors(dir.file("rank" + rs + "_step" + std::to_string(s) + ".pt")), want[s],
+                   "overflow test rank " + rs + " after step " + std::to_string(s));
+    // The skipped step left the parameters exactly unchanged.
+    auto p0 = load_tensors(dir.file("rank" + rs + "_step0.pt")), p1 = load_tensors(dir.file("rank" + rs + "_step1.pt"));
+    for (size_t i = 0; i < p0.size(); ++i) EXPECT_TRUE(torch::equal(p0[i], p1[i]));
+  }
+  // And the ranks are identical to each other, bit for bit.
+  for (int64_t s = 0; s < steps; ++s) {
+    auto a = load_tensors(dir.file("rank0_step" + std::to_string(s) + ".pt"));
+    auto b = load_tensors(dir.file("rank1_step" + std::to_string(s) + ".pt"));
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
+  }
+}
 
 }  // namespace booster::testing

@@ -1,6 +1,6 @@
 // dist_worker — one rank of a multi-process test. Started N times by booster_dist_tests with the
 // torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Arguments are key=value:
-//   scenario=train|unused|buffers|mismatch  out=DIR  steps=K  batch=B (per rank, per micro-batch)
+//   scenario=train|unused|buffers|mismatch|overflow|zero_groups|resume|memory  out=DIR  steps=K  batch=B (per rank, per micro-batch)
 //   accum=A (micro-batches per step; the first A-1 inside no_sync)  optimizer=sgd|adamw
 //   timeout=S  set=plugin.key=value (repeatable, config overrides)
 // Results: DIR/rank<r>.pt (torch::save of the named tensors), DIR/rank<r>.txt (stats, key value).
@@ -14,6 +14,7 @@
 #include "booster/booster.h"
 #include "booster/core/replica.h"
 #include "booster/mixed_precision/grad_scaler.h"
+#include "booster/wrappers/zero_optimizer.h"
 #include "dist/dist_common.h"
 
 using namespace booster::testing;
@@ -41,6 +42,18 @@ booster::Config make_config() {
   c.apply_overrides(overrides);
   return c;
 }
+
+// A ZeroOptimizer that puts an inf into this rank's gradient slice (after the reduction, so only
+// this rank sees it) while `inject` is set.
+struct InjectingZero : booster::ZeroOptimizer {
+  using booster::ZeroOptimizer::ZeroOptimizer;
+  bool inject = false;
+  std::vector<torch::Tensor> local_gradients() const override {
+    auto grads = booster::ZeroOptimizer::local_gradients();
+    if (inject && !grads.empty()) grads[0].view({-1})[0] = std::numeric_limits<float>::infinity();
+    return grads;
+  }
+};
 
 void write_stats(const std::string& path, const std::map<std::string, int64_t>& stats) {
   std::ofstream out(path);
@@ -94,10 +107,13 @@ int run() {
   } else if (scenario == "overflow") {
     // Loss scaling with an inf injected into rank `bad_rank`'s gradients at step `bad_step` (after the
     // DDP allreduce, so only this rank sees it): every rank must skip that step.
+    // zero_stage > 0: the ZeroOptimizer (run with set=booster.plugin="low_level_zero"; the plugin
+    // then only installs its hooks, the test builds the optimizer wrapper with a loss scaler).
+    int64_t zero_stage = iarg("zero_stage", 0);
     torch::manual_seed(7);
     MLP net;
     auto opt = make_optimizer("sgd", net->parameters());
-    auto boosted = booster.boost(net, opt);
+    auto boosted = zero_stage > 0 ? booster.boost(net) : booster.boost(net, opt);
     booster::mixed_precision::DynamicGradScalerOptions so;
     so.initial_scale = 1024;
     so.hysteresis = 1;
@@ -105,21 +121,106 @@ int run() {
     booster::OptimizerWrapperOptions wo;
     wo.scaler = std::make_shared<booster::mixed_precision::DynamicGradScaler>(so);
     wo.group = world;
-    booster::OptimizerWrapper wrapper(opt, boosted.model.hooks_ptr(), wo);
+    std::shared_ptr<booster::OptimizerWrapper> wrapper_ptr;
+    InjectingZero* zero = nullptr;
+    if (zero_stage > 0) {
+      booster::ZeroOptions zo;
+      zo.stage = static_cast<int>(zero_stage);
+      zo.reduce_bucket_elements = 300;
+      auto z = std::make_shared<InjectingZero>(opt, boosted.model.hooks_ptr(), wo, zo,
+                                               booster::named_parameters_of(*net, false));
+      zero = z.get();
+      wrapper_ptr = z;
+    } else {
+      wrapper_ptr = std::make_shared<booster::OptimizerWrapper>(opt, boosted.model.hooks_ptr(), wo);
+    }
+    booster::OptimizerWrapper& wrapper = *wrapper_ptr;
     auto batches = make_batches(steps, b * ws, 11);
     int64_t bad_step = iarg("bad_step", 1), bad_rank = iarg("bad_rank", 1);
     std::vector<torch::Tensor> taken, scales;
     for (int64_t s = 0; s < steps; ++s) {
       auto x = batches.inputs[s].narrow(0, rank * b, b), y = batches.targets[s].narrow(0, rank * b, b);
       booster.backward(torch::mse_loss(boosted.model.forward(x), y), wrapper);
-      if (s == bad_step && rank == bad_rank) net->l2->weight.grad()[0][0] = std::numeric_limits<float>::infinity();
+      if (s == bad_step && rank == bad_rank) {
+        if (zero) zero->inject = true;
+        else net->l2->weight.grad()[0][0] = std::numeric_limits<float>::infinity();
+      }
       taken.push_back(torch::full({1}, wrapper.step() ? 1.0 : 0.0, torch::kDouble));
       scales.push_back(torch::full({1}, wrapper.loss_scale(), torch::kDouble));
+      if (zero) zero->inject = false;
       wrapper.zero_grad();
       save_named(prefix + "_step" + std::to_string(s) + ".pt", booster::named_parameters_of(*net, false));
     }
     save_named(prefix + "_steps.pt", {{"taken", torch::cat(taken)}, {"scales", torch::cat(scales)}});
     write_stats(prefix + ".txt", {{"skipped_steps", wrapper.skipped_steps()}});
+  } else if (scenario == "zero_groups") {
+    // Two optimizer groups, padding, a 1-element parameter, frozen parameters (run with
+    // set=booster.plugin="low_level_zero").
+    torch::manual_seed(7);
+    OddNet net;
+    auto opt = make_odd_optimizer(net);
+    auto boosted = booster.boost(net, opt);
+    auto batches = make_batches(steps, b * ws, 19);
+    for (int64_t s = 0; s < steps; ++s) {
+      auto x = batches.inputs[s].narrow(0, rank * b, b), y = batches.targets[s].narrow(0, rank * b, b);
+      booster.backward(torch::mse_loss(boosted.model.forward(x), y), *boosted.optimizer);
+      boosted.optimizer->step();
+      boosted.optimizer->zero_grad();
+    }
+    save_named(prefix + ".pt", booster::named_parameters_of(*net, false));
+  } else if (scenario == "resume") {
+    // Steps [start, stop) of a run of the MLP on global batches of `global` rows (each rank takes
+    // global / world_size rows), after loading model + optimizer from load=DIR when given; saves
+    // them into save=DIR when given. Any plugin / world size: the trajectory is the same.
+    int64_t start = iarg("start", 0), stop = iarg("stop", steps), global = iarg("global", 8);
+    torch::manual_seed(7);
+    MLP net;
+    auto opt = make_optimizer(arg("optimizer", "adamw"), net->parameters());
+    auto boosted = booster.boost(net, opt);
+    if (!arg("load", "").empty()) {
+      booster.load_model(boosted.model, arg("load", "") + "/model");
+      booster.load_optimizer(*boosted.optimizer, arg("load", "") + "/optimizer");
+    }
+    auto batches = make_batches(stop, global, 23);
+    int64_t rows = global / ws;
+    for (int64_t s = start; s < stop; ++s) {
+      auto x = batches.inputs[s].narrow(0, rank * rows, rows), y = batches.targets[s].narrow(0, rank * rows, rows);
+      booster.backward(torch::mse_loss(boosted.model.forward(x), y), *boosted.optimizer);
+      boosted.optimizer->step();
+      boosted.optimizer->zero_grad();
+    }
+    if (!arg("save", "").empty()) {
+      booster.save_model(boosted.model, arg("save", "") + "/model");
+      booster.save_optimizer(*boosted.optimizer, arg("save", "") + "/optimizer");
+    }
+    save_named(prefix + ".pt", booster::named_parameters_of(*net, false));
+  } else if (scenario == "memory") {
+    // The booster's memory report for a wide MLP (width=W) with AdamW, after boost() (planned) and
+    // after one step (actual tensors).
+    int64_t width = iarg("width", 512);
+    torch::manual_seed(7);
+    auto net = torch::nn::Sequential(torch::nn::Linear(kIn, width), torch::nn::Tanh(), torch::nn::Linear(width, width),
+                                     torch::nn::Tanh(), torch::nn::Linear(width, kOut));
+    auto opt = make_optimizer("adamw", net->parameters());
+    auto boosted = booster.boost(net, opt);
+    auto planned = booster.memory_report(boosted.model, boosted.optimizer.get());
+    auto batches = make_batches(1, b * ws, 29);
+    auto x = batches.inputs[0].narrow(0, rank * b, b), y = batches.targets[0].narrow(0, rank * b, b);
+    booster.backward(torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y), *boosted.optimizer);
+    boosted.optimizer->step();
+    auto actual = booster.memory_report(boosted.model, boosted.optimizer.get());
+    int64_t numel = 0;
+    for (auto& p : net->parameters()) numel += p.numel();
+    write_stats(prefix + ".txt", {{"numel", numel},
+                                  {"planned_parameters", planned.parameters},
+                                  {"planned_gradients", planned.gradients},
+                                  {"planned_master_weights", planned.master_weights},
+                                  {"planned_optimizer_states", planned.optimizer_states},
+                                  {"planned_communication", planned.communication_buffers},
+                                  {"actual_parameters", actual.parameters},
+                                  {"actual_gradients", actual.gradients},
+                                  {"actual_master_weights", actual.master_weights},
+                                  {"actual_optimizer_states", actual.optimizer_states}});
   } else if (scenario == "unused") {
     torch::manual_seed(7);
     BranchNet net;

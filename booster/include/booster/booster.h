@@ -116,15 +116,27 @@ class BOOSTER_API Booster {
     checkpoint_io().save_model(*model.module(), path, options);
   }
   // strict: every key must match (all problems reported together, model untouched on error).
+  // Optimizers boosted by this Booster that hold fp32 master copies of the model's weights are
+  // refreshed from the loaded weights.
   template <class M>
   void load_model(ModelWrapper<M>& model, const std::string& path, bool strict = true) {
     checkpoint_io().load_model(*model.module(), path, strict);
+    after_model_load(*model.module());
   }
   void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
                       const checkpoint::SaveOptions& options = {});
   void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
   void save_lr_scheduler(LRScheduler& scheduler, const std::string& path);
   void load_lr_scheduler(LRScheduler& scheduler, const std::string& path);
+  // Bytes of model state this rank holds in steady state (see core/memory.h): the module's
+  // parameters, the optimizer wrapper's gradients, master weights and optimizer states, the
+  // plugin's communication buffers. Also logged (rank 0) at the end of boost(). Local, no
+  // communication.
+  template <class M>
+  MemoryReport memory_report(ModelWrapper<M>& model, OptimizerWrapper* optimizer = nullptr) {
+    return memory_report_of(*model.module(), model.hooks(), optimizer);
+  }
+
   // The plugin's CheckpointIO when it controls checkpointing, else the general one.
   checkpoint::CheckpointIO& checkpoint_io();
 
@@ -136,6 +148,8 @@ class BOOSTER_API Booster {
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
+  MemoryReport memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer);
+  void after_model_load(torch::nn::Module& module);
   Criterion wrap_criterion(Criterion criterion) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -44,7 +44,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 1;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 2;  // 2: memory accounting, Plugin::wrap_criterion
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -81,6 +81,9 @@ class BOOSTER_API ModelHooks {
   // Plugin-specific counters for logs and tests, e.g. DDP's {"buckets": 3,
   // "buckets_launched_during_backward": 12}. Default: empty.
   virtual std::map<std::string, int64_t> stats() const { return {}; }
+  // Bytes of communication buffers the hooks keep that are not also the gradients (DDP's buckets
+  // when gradients are not bucket views), for Booster::memory_report(). Default 0.
+  virtual int64_t communication_buffer_bytes() const { return 0; }
 };
 
 // RAII: runs `on_exit` once when destroyed (or on release()). Movable, not copyable.
@@ -133,6 +136,9 @@ class BOOSTER_API Plugin {
   virtual ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper* optimizer);
   // The plugin's checkpoint IO (only when control_checkpoint_io()). Default throws PluginError.
   virtual std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io();
+  // With control_precision(): wraps the criterion for the plugin's precision (e.g. float32 loss on
+  // bf16 logits). Default: unchanged.
+  virtual Criterion wrap_criterion(Criterion criterion) const { return criterion; }
   // A data loader whose sampler gives this rank a disjoint shard (see data/dataloader.h). Default:
   // data-parallel over the whole world (rank = world rank), which every data-parallel plugin wants.
   virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,

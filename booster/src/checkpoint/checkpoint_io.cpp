@@ -16,6 +16,7 @@
 
 #include "booster/dist/process_group.h"
 #include "booster/lr_scheduler.h"
+#include "booster/wrappers/optimizer_state.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 
 namespace booster::checkpoint {
@@ -62,91 +63,15 @@ void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, F&& write)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Optimizer state by type
+// Optimizer options (per parameter group) as JSON
 
 std::string optimizer_type(torch::optim::Optimizer& o) {
-  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "AdamW";
-  if (dynamic_cast<torch::optim::Adam*>(&o)) return "Adam";
-  if (dynamic_cast<torch::optim::SGD*>(&o)) return "SGD";
-  if (dynamic_cast<torch::optim::RMSprop*>(&o)) return "RMSprop";
-  if (dynamic_cast<torch::optim::Adagrad*>(&o)) return "Adagrad";
-  throw CheckpointError("booster: cannot checkpoint this optimizer type (supported: SGD, Adam, AdamW, RMSprop, "
-                        "Adagrad)");
-}
-
-struct ParamState {
-  std::map<std::string, at::Tensor> tensors;
-  std::map<std::string, int64_t> scalars;
-};
-
-void put(ParamState& s, const char* key, const at::Tensor& t) {
-  if (t.defined()) s.tensors[key] = t;
-}
-
-ParamState extract_state(const torch::optim::OptimizerParamState& st) {
-  ParamState s;
-  if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) {
-    s.scalars["step"] = a->step();
-    put(s, "exp_avg", a->exp_avg());
-    put(s, "exp_avg_sq", a->exp_avg_sq());
-    put(s, "max_exp_avg_sq", a->max_exp_avg_sq());
-  } else if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&st)) {
-    s.scalars["step"] = a->step();
-    put(s, "exp_avg", a->exp_avg());
-    put(s, "exp_avg_sq", a->exp_avg_sq());
-    put(s, "max_exp_avg_sq", a->max_exp_avg_sq());
-  } else if (auto* g = dynamic_cast<const torch::optim::SGDParamState*>(&st)) {
-    put(s, "momentum_buffer", g->momentum_buffer());
-  } else if (auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&st)) {
-    s.scalars["step"] = r->step();
-    put(s, "square_avg", r->square_avg());
-    put(s, "momentum_buffer", r->momentum_buffer());
-    put(s, "grad_avg", r->grad_avg());
-  } else if (auto* d = dynamic_cast<const torch::optim::AdagradParamState*>(&st)) {
-    s.scalars["step"] = d->step();
-    put(s, "sum", d->sum());
+  try {
+    return optimizer_type_name(o);
+  } catch (const std::invalid_argument&) {
+    throw CheckpointError("booster: cannot checkpoint this optimizer type (supported: SGD, Adam, AdamW, RMSprop, "
+                          "Adagrad)");
   }
-  return s;
-}
-
-at::Tensor get(const ParamState& s, const char* key) {
-  auto it = s.tensors.find(key);
-  return it == s.tensors.end() ? at::Tensor() : it->second;
-}
-int64_t get_scalar(const ParamState& s, const char* key) {
-  auto it = s.scalars.find(key);
-  return it == s.scalars.end() ? 0 : it->second;
-}
-
-std::unique_ptr<torch::optim::OptimizerParamState> make_state(const std::string& type, const ParamState& s) {
-  if (type == "AdamW" || type == "Adam") {
-    auto fill = [&](auto st) {
-      st->step(get_scalar(s, "step"));
-      st->exp_avg(get(s, "exp_avg"));
-      st->exp_avg_sq(get(s, "exp_avg_sq"));
-      st->max_exp_avg_sq(get(s, "max_exp_avg_sq"));
-      return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(st));
-    };
-    if (type == "AdamW") return fill(std::make_unique<torch::optim::AdamWParamState>());
-    return fill(std::make_unique<torch::optim::AdamParamState>());
-  }
-  if (type == "SGD") {
-    auto st = std::make_unique<torch::optim::SGDParamState>();
-    st->momentum_buffer(get(s, "momentum_buffer"));
-    return st;
-  }
-  if (type == "RMSprop") {
-    auto st = std::make_unique<torch::optim::RMSpropParamState>();
-    st->step(get_scalar(s, "step"));
-    st->square_avg(get(s, "square_avg"));
-    st->momentum_buffer(get(s, "momentum_buffer"));
-    st->grad_avg(get(s, "grad_avg"));
-    return st;
-  }
-  auto st = std::make_unique<torch::optim::AdagradParamState>();
-  st->step(get_scalar(s, "step"));
-  st->sum(get(s, "sum"));
-  return st;
 }
 
 json options_to_json(torch::optim::OptimizerOptions& o) {
@@ -188,8 +113,6 @@ void options_from_json(torch::optim::OptimizerOptions& o, const json& j) {
     d->initial_accumulator_value(j.at("initial_accumulator_value")).eps(j.at("eps"));
   }
 }
-
-std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 }  // namespace
 
@@ -281,23 +204,23 @@ void CheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& 
                           "parameter names)");
   auto& opt = wrapper.optimizer();
   std::string type = optimizer_type(opt);
+  // Full-shape state by parameter (a sharded wrapper gathers its slices here: collective).
+  std::vector<ParamOptimState> states = wrapper.gather_param_states();
   StateDict tensors;
   json groups = json::array(), scalars = json::object();
   size_t i = 0;
-  for (auto& group : opt.param_groups()) {
-    json g;
-    g["options"] = options_to_json(group.options());
-    g["params"] = json::array();
-    for (auto& p : group.params()) {
-      const std::string& name = names.at(i++);
-      g["params"].push_back(name);
-      auto it = opt.state().find(state_key(p));
-      if (it == opt.state().end()) continue;
-      ParamState s = extract_state(*it->second);
-      for (auto& [k, t] : s.tensors) tensors.emplace_back(name + "." + k, t.detach());
-      for (auto& [k, v] : s.scalars) scalars[name][k] = v;
+  const auto& sizes = wrapper.param_group_sizes();
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    json jg;
+    jg["options"] = options_to_json(opt.param_groups()[g].options());
+    jg["params"] = json::array();
+    for (size_t j = 0; j < sizes[g]; ++j, ++i) {
+      const std::string& name = names.at(i);
+      jg["params"].push_back(name);
+      for (auto& [k, t] : states[i].tensors) tensors.emplace_back(name + "." + k, t.detach());
+      for (auto& [k, v] : states[i].scalars) scalars[name][k] = v;
     }
-    groups.push_back(g);
+    groups.push_back(jg);
   }
   json doc = {{"format", "booster-optimizer-v1"}, {"optimizer", type}, {"param_groups", groups}, {"scalars", scalars}};
   auto ws = wrapper.state_dict();
@@ -331,17 +254,17 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
       throw CheckpointError("booster: " + path + " holds " + doc.at("optimizer").get<std::string>() +
                             " state but the optimizer is " + type + "; build the same optimizer type");
     const json& groups = doc.at("param_groups");
-    if (groups.size() != opt.param_groups().size())
+    const auto& sizes = wrapper.param_group_sizes();
+    if (groups.size() != sizes.size())
       throw CheckpointError("booster: " + path + " has " + std::to_string(groups.size()) + " parameter groups, the "
-                            "optimizer " + std::to_string(opt.param_groups().size()));
+                            "optimizer " + std::to_string(sizes.size()));
     size_t i = 0;
     for (size_t g = 0; g < groups.size(); ++g) {
       const json& params = groups[g].at("params");
-      auto& mine = opt.param_groups()[g].params();
-      if (params.size() != mine.size())
+      if (params.size() != sizes[g])
         throw CheckpointError("booster: " + path + ": parameter group " + std::to_string(g) + " has " +
-                              std::to_string(params.size()) + " parameters, the optimizer's " + std::to_string(mine.size()));
-      for (size_t j = 0; j < mine.size(); ++j, ++i)
+                              std::to_string(params.size()) + " parameters, the optimizer's " + std::to_string(sizes[g]));
+      for (size_t j = 0; j < sizes[g]; ++j, ++i)
         if (params[j] != names.at(i))
           throw CheckpointError("booster: " + path + ": parameter group " + std::to_string(g) + " position " +
                                 std::to_string(j) + " is " + params[j].dump() + " in the checkpoint but " + names.at(i) +
@@ -358,29 +281,26 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
   std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
 
   // Build every new state first (validating shapes), then swap in: nothing changes on error.
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
+  std::vector<at::Tensor> params = wrapper.parameters();
+  std::vector<ParamOptimState> new_states(params.size());
   std::set<std::string> used;
   const json& scalars = doc.value("scalars", json::object());
-  size_t i = 0;
-  for (auto& group : opt.param_groups()) {
-    for (auto& p : group.params()) {
-      const std::string& name = names.at(i++);
-      ParamState s;
-      std::string prefix = name + ".";
-      for (auto it = by_name.lower_bound(prefix); it != by_name.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
-        std::string key = it->first.substr(prefix.size());
-        if (key.find('.') != std::string::npos) continue;  // belongs to a longer parameter name
-        if (it->second.sizes() != p.sizes())
-          throw CheckpointError("booster: " + path + ": " + it->first + " has shape " + shape_str(it->second.sizes()) +
-                                " but parameter " + name + " has " + shape_str(p.sizes()));
-        s.tensors[key] = it->second.to(p.scalar_type());
-        used.insert(it->first);
-      }
-      if (scalars.contains(name))
-        for (auto& [k, v] : scalars.at(name).items()) s.scalars[k] = v.get<int64_t>();
-      if (s.tensors.empty() && s.scalars.empty()) continue;
-      new_states.emplace_back(state_key(p), make_state(type, s));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = names.at(i);
+    const at::Tensor& p = params[i];
+    ParamOptimState& s = new_states[i];
+    std::string prefix = name + ".";
+    for (auto it = by_name.lower_bound(prefix); it != by_name.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      std::string key = it->first.substr(prefix.size());
+      if (key.find('.') != std::string::npos) continue;  // belongs to a longer parameter name
+      if (it->second.sizes() != p.sizes())
+        throw CheckpointError("booster: " + path + ": " + it->first + " has shape " + shape_str(it->second.sizes()) +
+                              " but parameter " + name + " has " + shape_str(p.sizes()));
+      s.tensors[key] = it->second;
+      used.insert(it->first);
     }
+    if (scalars.contains(name))
+      for (auto& [k, v] : scalars.at(name).items()) s.scalars[k] = v.get<int64_t>();
   }
   for (auto& [k, v] : by_name)
     if (!used.count(k))
@@ -401,8 +321,7 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
                                      : " has no loss-scaler state but this optimizer uses a loss scaler") +
                           " (saved with another mixed_precision setting?)");
   // Commit.
-  opt.state().clear();
-  for (auto& [k, st] : new_states) opt.state()[k] = std::move(st);
+  wrapper.load_param_states(new_states);
   const json& groups = doc.at("param_groups");
   for (size_t g = 0; g < groups.size(); ++g) options_from_json(opt.param_groups()[g].options(), groups[g].at("options"));
   wrapper.load_state_dict(ws);

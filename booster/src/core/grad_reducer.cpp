@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -18,13 +19,35 @@ namespace booster {
 // ---------------------------------------------------------------------------------------------
 // State
 
-struct Bucket {
-  std::vector<size_t> params;    // indices into State::params
-  std::vector<int64_t> offsets;  // element offset of each param in flat
-  at::Tensor flat;               // concatenated gradients (divided by world size)
-  size_t pending = 0;            // params not yet ready in this backward
-  dist::Work work;
+using Bucket = BucketView;
+
+BucketReduction::~BucketReduction() = default;
+
+namespace {
+// DDP / ZeRO-1: SUM-allreduce of the bucket (values already divided by the world size).
+class AllreduceReduction : public BucketReduction {
+ public:
+  explicit AllreduceReduction(std::shared_ptr<dist::ProcessGroup> group) : group_(std::move(group)) {}
+  void launch(size_t index, BucketView& bucket) override {
+    if (works_.size() <= index) works_.resize(index + 1);
+    works_[index] = group_->allreduce(bucket.flat, dist::ReduceOp::SUM);
+  }
+  void finish(size_t index, BucketView&) override {
+    dist::Work w = std::move(works_.at(index));
+    works_[index] = dist::Work();
+    w.wait();
+  }
+  bool writes_back() const override { return true; }
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> group_;
+  std::vector<dist::Work> works_;
 };
+}  // namespace
+
+std::shared_ptr<BucketReduction> make_allreduce_reduction(std::shared_ptr<dist::ProcessGroup> group) {
+  return std::make_shared<AllreduceReduction>(std::move(group));
+}
 
 struct GradientReducer::State {
   std::vector<std::string> names;
@@ -33,6 +56,8 @@ struct GradientReducer::State {
   std::vector<size_t> bucket_of;             // param -> bucket
   std::vector<char> ready;                   // param got its gradient in this backward
   std::vector<Bucket> buckets;
+  std::vector<size_t> pending;               // per bucket: params not yet ready in this backward
+  std::shared_ptr<BucketReduction> reduction;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep alive (weakly held by autograd)
   std::vector<uintptr_t> hook_keys;
   std::shared_ptr<dist::ProcessGroup> group;
@@ -45,9 +70,9 @@ struct GradientReducer::State {
   double inv_world = 1.0;
 
   void launch_ready_buckets() {
-    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
-      Bucket& b = buckets[next_bucket++];
-      b.work = group->allreduce(b.flat, dist::ReduceOp::SUM);
+    while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
+      size_t index = next_bucket++;
+      reduction->launch(index, buckets[index]);
     }
   }
 
@@ -63,15 +88,16 @@ struct GradientReducer::State {
       at::mul_out(view, grad, inv_world);
       if (options.gradient_as_bucket_view) params[i].mutable_grad() = view;
     }
+    // ZeRO-2: the full-size gradient is not needed once it is in the bucket.
+    if (!reduction->writes_back()) params[i].mutable_grad() = at::Tensor();
   }
 
   void mark_ready(size_t i) {
     if (ready[i]) return;
     ready[i] = 1;
     copy_grad_in(i);
-    Bucket& b = buckets[bucket_of[i]];
-    --b.pending;
-    launch_ready_buckets();
+    --pending[bucket_of[i]];
+    if (options.overlap_communication) launch_ready_buckets();
   }
 
   void on_grad_ready(size_t i) {
@@ -127,13 +153,18 @@ struct GradientReducer::State {
     }
     launched_in_backward += launched_by_hooks;
     dist::Work used_work;
-    if (used.defined()) used_work = group->allreduce(used, dist::ReduceOp::MAX);
     try {
-      for (auto& b : buckets) b.work.wait();
+      launch_ready_buckets();  // all, without overlap_communication
+      if (used.defined()) used_work = group->allreduce(used, dist::ReduceOp::MAX);
+      for (size_t b = 0; b < buckets.size(); ++b) reduction->finish(b, buckets[b]);
       used_work.wait();
     } catch (...) {
       reset();
       throw;
+    }
+    if (!reduction->writes_back()) {
+      reset();
+      return;
     }
     const int32_t* globally_used = used.defined() ? used.data_ptr<int32_t>() : nullptr;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -144,17 +175,14 @@ struct GradientReducer::State {
       at::Tensor grad = params[i].grad();
       if (grad.defined() && grad.data_ptr() == views[i].data_ptr()) continue;
       if (grad.defined()) grad.copy_(views[i]);
-      else params[i].mutable_grad() = options.gradient_as_bucket_view ? views[i] : views[i].clone();
+      else params[i].mutable_grad() = options.gradient_as_bucket_view ? views[i] : views[i].to(params[i].options(), false, /*copy=*/true);
     }
     reset();
   }
 
   void reset() {
     std::fill(ready.begin(), ready.end(), 0);
-    for (auto& b : buckets) {
-      b.pending = b.params.size();
-      b.work = dist::Work();
-    }
+    for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].params.size();
     next_bucket = 0;
   }
 
@@ -170,11 +198,16 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   if (!group) throw std::invalid_argument("booster: GradientReducer needs a process group");
   if (options.bucket_cap_bytes <= 0 || options.first_bucket_bytes <= 0)
     throw std::invalid_argument("booster: bucket caps must be > 0 bytes");
+  if (!options.bucket_key.empty() && options.bucket_key.size() != named_params.size())
+    throw std::invalid_argument("booster: ReducerOptions::bucket_key needs one key per parameter (" +
+                                std::to_string(named_params.size()) + "), got " +
+                                std::to_string(options.bucket_key.size()));
   State& s = *state_;
   s.self = state_;
   s.group = group;
   s.options = options;
   s.inv_world = 1.0 / group->size();
+  s.reduction = options.reduction ? options.reduction : make_allreduce_reduction(group);
   for (auto& [name, p] : named_params) {
     if (!p.defined()) throw std::invalid_argument("booster: parameter " + name + " is undefined");
     if (!p.is_leaf()) throw std::invalid_argument("booster: parameter " + name + " is not a leaf tensor");
@@ -186,13 +219,15 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.bucket_of.resize(n);
   s.ready.assign(n, 0);
 
-  // Reverse registration order; new bucket on dtype change or when the current one reached its cap.
+  // Reverse registration order; new bucket on dtype or key change or when the current one reached
+  // its cap.
+  auto key = [&](size_t k) { return options.bucket_key.empty() ? 0 : options.bucket_key[k]; };
   std::vector<std::vector<size_t>> groups;
   int64_t bytes = 0, cap = options.first_bucket_bytes;
   for (size_t k = n; k-- > 0;) {
     const at::Tensor& p = s.params[k];
     if (!groups.empty() && !groups.back().empty() &&
-        s.params[groups.back().front()].scalar_type() != p.scalar_type()) {
+        (s.params[groups.back().front()].scalar_type() != p.scalar_type() || key(groups.back().front()) != key(k))) {
       groups.emplace_back();
       bytes = 0;
     }
@@ -208,6 +243,7 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   if (!groups.empty() && groups.back().empty()) groups.pop_back();
 
   for (auto& g : groups) {
+    std::reverse(g.begin(), g.end());  // ascending inside a bucket: one contiguous range of a flat layout
     Bucket b;
     b.params = g;
     int64_t numel = 0;
@@ -215,7 +251,14 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
       b.offsets.push_back(numel);
       numel += s.params[i].numel();
     }
-    b.flat = at::zeros({numel}, s.params[g.front()].options().requires_grad(false));
+    auto dtype = s.params[g.front()].scalar_type();
+    if (options.communication_dtype != at::ScalarType::Undefined) {
+      if (options.gradient_as_bucket_view && options.communication_dtype != dtype)
+        throw std::invalid_argument("booster: gradient_as_bucket_view needs communication_dtype equal to the "
+                                    "parameters' dtype");
+      dtype = options.communication_dtype;
+    }
+    b.flat = at::zeros({numel}, s.params[g.front()].options().dtype(dtype).requires_grad(false));
     for (size_t j = 0; j < g.size(); ++j) {
       size_t i = g[j];
       s.views[i] = b.flat.narrow(0, b.offsets[j], s.params[i].numel()).view(s.params[i].sizes());
@@ -226,7 +269,7 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
         s.params[i].mutable_grad() = s.views[i];
       }
     }
-    b.pending = g.size();
+    s.pending.push_back(g.size());
     s.buckets.push_back(std::move(b));
   }
 

@@ -258,7 +258,12 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
   auto flat = output.view({-1});
   std::vector<at::Tensor> chunks;
   for (int r = 0; r < impl_->size; ++r) chunks.push_back(flat.narrow(0, r * input.numel(), input.numel()));
+  // An input that overlaps the output (in-place all-gather) is copied first: the backend copies the
+  // input into chunk rank() and source and destination must not overlap.
   auto in = input.reshape({-1});
+  const char* ob = static_cast<const char*>(output.data_ptr());
+  const char* ib = static_cast<const char*>(in.data_ptr());
+  if (ib < ob + output.nbytes() && ob < ib + in.nbytes()) in = in.clone();
   return allgather(chunks, in);
 }
 
@@ -283,6 +288,31 @@ Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& i
     out.view({-1}).copy_(full.view({-1}).narrow(0, offset, n));
   };
   return Work(impl);
+}
+
+Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
+  check_dense(tensor, "reduce");
+  if (root < 0 || root >= impl_->size)
+    throw DistError("booster: reduce root " + std::to_string(root) + " outside [0, " + std::to_string(impl_->size) + ")");
+  if (op == ReduceOp::AVG && !at::isFloatingType(tensor.scalar_type()))
+    throw DistError("booster: reduce with AVG needs a floating-point tensor, got " +
+                    std::string(c10::toString(tensor.scalar_type())));
+  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
+  c10d::ReduceOptions ro;
+  ro.reduceOp = to_c10d(op);
+  ro.rootRank = root;
+  ro.rootTensor = 0;
+  auto w = impl_->pg->reduce(wire, ro);
+  bool avg = op == ReduceOp::AVG && !impl_->native_avg;
+  bool is_root = impl_->rank == root;
+  int size = impl_->size;
+  at::Tensor out = tensor;
+  return make_work(w, [out, wire, cast, avg, size, is_root]() mutable {
+    if (!is_root) return;
+    if (avg) wire[0].div_(size);
+    if (cast) out.copy_(wire[0]);
+  }, describe("reduce", tensor));
 }
 
 void ProcessGroup::barrier() {

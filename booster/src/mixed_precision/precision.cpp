@@ -72,6 +72,7 @@ class AutocastHooks : public ModelHooks {
   void set_require_grad_sync(bool required) override { inner_->set_require_grad_sync(required); }
   torch::nn::Module& module() override { return inner_->module(); }
   std::map<std::string, int64_t> stats() const override { return inner_->stats(); }
+  int64_t communication_buffer_bytes() const override { return inner_->communication_buffer_bytes(); }
 
  private:
   std::shared_ptr<ModelHooks> inner_;

@@ -18,6 +18,23 @@ namespace booster {
 
 OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                    std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options)
+    : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options), NoMasterCopies{}) {
+  if (!options_.master_weights) return;
+  size_t i = 0;
+  for (auto& group : optimizer_->param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.is_floating_point() && p.scalar_type() != at::kFloat) {
+        at::Tensor master = p.detach().to(at::kFloat).clone().set_requires_grad(true);
+        p = master;  // the optimizer now updates the fp32 master copy
+        master_params_[i] = p;
+      }
+      ++i;
+    }
+  }
+}
+
+OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                   std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options, NoMasterCopies)
     : optimizer_(std::move(optimizer)),
       hooks_(std::move(hooks)),
       options_(std::move(options)),
@@ -29,12 +46,9 @@ OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> opti
   if (options_.max_norm < 0) throw std::invalid_argument("booster: max_norm must be >= 0 (0 = no clipping)");
   if (!(options_.norm_type > 0)) throw std::invalid_argument("booster: norm_type must be > 0 (2.0 or inf)");
   for (auto& group : optimizer_->param_groups()) {
+    group_sizes_.push_back(group.params().size());
     for (auto& p : group.params()) {
       model_params_.push_back(p);
-      if (options_.master_weights && p.is_floating_point() && p.scalar_type() != at::kFloat) {
-        at::Tensor master = p.detach().to(at::kFloat).clone().set_requires_grad(true);
-        p = master;  // the optimizer now updates the fp32 master copy
-      }
       master_params_.push_back(p);
     }
   }
@@ -204,6 +218,55 @@ void OptimizerWrapper::load_state_dict(const OptimizerWrapperState& state) {
                                 " (saved with another mixed_precision setting?)");
   if (state.scaler) options_.scaler->load_state_dict(*state.scaler);
   skipped_steps_ = state.skipped_steps;
+}
+
+// ---------------------------------------------------------------------------------------------
+// State by parameter, master sync, memory
+
+std::vector<ParamOptimState> OptimizerWrapper::gather_param_states() {
+  optimizer_type_name(*optimizer_);  // throws for an unknown type
+  std::vector<ParamOptimState> out(master_params_.size());
+  auto& state = optimizer_->state();
+  for (size_t i = 0; i < master_params_.size(); ++i) {
+    auto it = state.find(optimizer_state_key(master_params_[i]));
+    if (it != state.end()) out[i] = extract_param_state(*it->second);
+  }
+  return out;
+}
+
+void OptimizerWrapper::load_param_states(const std::vector<ParamOptimState>& states) {
+  std::string type = optimizer_type_name(*optimizer_);
+  if (states.size() != master_params_.size())
+    throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
+                                std::to_string(master_params_.size()) + " parameters");
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (states[i].empty()) continue;
+    ParamOptimState s = states[i];
+    for (auto& [k, t] : s.tensors) t = t.to(master_params_[i].options(), false, /*copy=*/true).view_as(master_params_[i]);
+    fresh.emplace_back(optimizer_state_key(master_params_[i]), make_param_state(type, s));
+  }
+  optimizer_->state().clear();
+  for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);
+}
+
+void OptimizerWrapper::sync_master_from_model() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < model_params_.size(); ++i)
+    if (master_params_[i].unsafeGetTensorImpl() != model_params_[i].unsafeGetTensorImpl())
+      master_params_[i].copy_(model_params_[i].detach());
+}
+
+MemoryReport OptimizerWrapper::memory_report() const {
+  MemoryReport r;
+  for (size_t i = 0; i < model_params_.size(); ++i) {
+    const at::Tensor& p = model_params_[i];
+    if (p.requires_grad()) r.gradients += p.numel() * static_cast<int64_t>(p.element_size());
+    if (master_params_[i].unsafeGetTensorImpl() != p.unsafeGetTensorImpl())
+      r.master_weights += master_params_[i].numel() * static_cast<int64_t>(master_params_[i].element_size());
+  }
+  r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  return r;
 }
 
 }  // namespace booster

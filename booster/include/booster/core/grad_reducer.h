@@ -11,6 +11,9 @@
 //    sequence of collectives;
 //  - a callback queued on the autograd engine runs at the end of backward: it waits for every bucket
 //    and writes the averaged gradients back into param.grad(), so backward() returns with synced grads.
+// How a full bucket is reduced is a strategy (BucketReduction): the default allreduces it (DDP,
+// ZeRO-1); ZeRO-2 reduces each rank's range of the bucket to that rank and releases param.grad()
+// as soon as it was copied into the bucket (after DeepSpeed's stage-2 `average_tensor`).
 // The reducer only talks to the network through booster::dist::ProcessGroup. Plugins reuse it.
 #pragma once
 
@@ -29,6 +32,33 @@ namespace dist {
 class ProcessGroup;
 }
 
+// One bucket as the strategy sees it.
+struct BucketView {
+  std::vector<size_t> params;    // parameter indices (into named_params), ascending
+  std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
+  at::Tensor flat;               // [numel] gradients of `params`, divided by the world size; dtype:
+                                 // ReducerOptions::communication_dtype or the parameters' dtype
+};
+
+// How a bucket is reduced (strategy). launch() is called once per synced backward for each bucket,
+// in bucket order, identically on every rank; finish() after all buckets were launched, in the same
+// order, at the end of backward. Implementations issue collectives only through dist::ProcessGroup.
+class BOOSTER_API BucketReduction {
+ public:
+  virtual ~BucketReduction();
+  // Starts the asynchronous reduction of bucket `index`.
+  virtual void launch(size_t index, BucketView& bucket) = 0;
+  // Waits for it (rethrows dist::DistError) and consumes the result.
+  virtual void finish(size_t index, BucketView& bucket) = 0;
+  // true: after finish() `flat` holds the averaged gradients and the reducer writes them back into
+  // param.grad() (DDP). false: param.grad() is released as soon as it was copied into its bucket
+  // and the strategy keeps what it needs in finish() (ZeRO-2).
+  virtual bool writes_back() const = 0;
+};
+
+// The default strategy: SUM-allreduce of the whole bucket (its values were divided by world size).
+BOOSTER_API std::shared_ptr<BucketReduction> make_allreduce_reduction(std::shared_ptr<dist::ProcessGroup> group);
+
 struct ReducerOptions {
   int64_t bucket_cap_bytes = 25LL << 20;   // bytes; ColossalAI/PyTorch bucket_cap_mb = 25
   int64_t first_bucket_bytes = 1LL << 20;  // bytes; PyTorch's _DEFAULT_FIRST_BUCKET_BYTES
@@ -37,6 +67,17 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   // param.grad() becomes a view into its bucket: no copy in or out, less memory.
   bool gradient_as_bucket_view = false;
+  // false: hooks only copy gradients into buckets; every bucket is launched at the end of backward
+  // (ColossalAI's overlap_communication = false).
+  bool overlap_communication = true;
+  // Bucket dtype on the wire (e.g. at::kBFloat16 to halve the bytes); undefined (kUndefined) = the
+  // parameters' dtype. Must equal the parameters' dtype with gradient_as_bucket_view.
+  at::ScalarType communication_dtype = at::ScalarType::Undefined;
+  // Optional key per parameter (size = number of parameters): a new bucket starts where the key
+  // changes (ZeRO: the optimizer's parameter group), as it does where the dtype changes.
+  std::vector<int64_t> bucket_key;
+  // null: make_allreduce_reduction(group).
+  std::shared_ptr<BucketReduction> reduction;
 };
 
 class BOOSTER_API GradientReducer {
@@ -55,9 +96,11 @@ class BOOSTER_API GradientReducer {
   void set_require_grad_sync(bool required);
   bool require_grad_sync() const;
 
-  // Parameter indices (into named_params) of each bucket, bucket 0 first (launched first).
+  // Parameter indices (into named_params) of each bucket (ascending within a bucket), bucket 0
+  // first (launched first; it holds the last-registered parameters).
   std::vector<std::vector<size_t>> bucket_indices() const;
-  // Bytes of each bucket's flat buffer.
+  // Bytes of each bucket's flat buffer (communication buffers; with gradient_as_bucket_view they are
+  // also the gradients).
   std::vector<int64_t> bucket_bytes() const;
   // Number of allreduces launched from gradient hooks before backward finished, over the life of
   // the reducer (a measure of overlap; buckets launched by the end-of-backward callback not counted).

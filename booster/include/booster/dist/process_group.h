@@ -82,10 +82,15 @@ class BOOSTER_API ProcessGroup {
   Work broadcast(at::Tensor& tensor, int root);
   // outputs[i] receives rank i's input; outputs.size() == size(), each like `input`.
   Work allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
-  // output (numel = size() * input.numel(), same dtype) receives the inputs in rank order.
+  // output (numel = size() * input.numel(), same dtype) receives the inputs in rank order. The input
+  // may be this rank's chunk of the output (in-place all-gather, as ZeRO's parameter all-gather).
   Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
   // input (numel = size() * output.numel()) is reduced across ranks; this rank gets chunk rank().
   Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM);
+  // Reduces `tensor` across ranks into root's `tensor` (in place there); on other ranks the
+  // contents of `tensor` are unspecified afterwards (the backend may use it as scratch). Gloo has
+  // it natively (SUM/MAX/MIN/PRODUCT; AVG and bf16 emulated as above).
+  Work reduce(at::Tensor& tensor, int root, ReduceOp op = ReduceOp::SUM);
   // Blocks until every rank arrived.
   void barrier();
 

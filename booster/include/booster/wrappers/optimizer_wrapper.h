@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "booster/core/memory.h"
 #include "booster/export.h"
 #include "booster/mixed_precision/grad_scaler.h"
+#include "booster/wrappers/optimizer_state.h"
 
 namespace booster {
 class ModelHooks;
@@ -50,6 +52,11 @@ class BOOSTER_API OptimizerWrapper {
   // max_norm < 0, or norm_type <= 0; for LBFGS (its step needs a closure; not supported).
   OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                    OptimizerWrapperOptions options = {});
+  // For sharded wrappers that build their own master slices: as above but the optimizer's param
+  // groups are left untouched (master_parameters() == parameters()) whatever master_weights says.
+  struct NoMasterCopies {};
+  OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                   OptimizerWrapperOptions options, NoMasterCopies);
   virtual ~OptimizerWrapper();
 
   // Backward of a scalar loss (one element) through the plugin's hooks, multiplied by the loss scale
@@ -96,6 +103,27 @@ class BOOSTER_API OptimizerWrapper {
   // Checkpoints key optimizer state by these names. Throws std::invalid_argument on a size mismatch.
   void set_parameter_names(std::vector<std::string> names);
   const std::vector<std::string>& parameter_names() const { return param_names_; }
+  // How many of parameters() belong to each of the optimizer's parameter groups, in group order
+  // (parameters() lists group 0's first). Fixed at construction.
+  const std::vector<size_t>& param_group_sizes() const { return group_sizes_; }
+
+  // ---- State in full shape, by parameter (checkpointing; see checkpoint/checkpoint_io.h).
+  // The optimizer state of each of parameters(), tensors shaped like the parameter (the master
+  // dtype, float32 with master weights). Empty for a parameter without state (not stepped yet,
+  // frozen). Collective for sharded wrappers (ZeRO gathers its slices): every rank calls it.
+  // Throws std::invalid_argument for an optimizer type optimizer_state.h does not know.
+  virtual std::vector<ParamOptimState> gather_param_states();
+  // Replaces the optimizer's whole state with `states` (aligned with parameters(); each tensor shaped
+  // like its parameter; converted to the master dtype and device). Local (no communication): every
+  // rank passes the full states and a sharded wrapper keeps its slice. The caller validates shapes.
+  virtual void load_param_states(const std::vector<ParamOptimState>& states);
+  // The model's weights changed outside step() (load_model): refresh the fp32 master copies from
+  // them. No-op without master copies.
+  virtual void sync_master_from_model();
+  // Steady-state bytes this wrapper accounts for (see core/memory.h): gradients, master weights,
+  // optimizer states (actual tensors once stepped, else planned from the optimizer type and options),
+  // communication buffers it owns. `parameters` is left 0 (Booster counts the module's).
+  virtual MemoryReport memory_report() const;
 
  protected:
   // Gradients this rank contributes to the global norm and the overflow check. Default: the model
@@ -116,6 +144,7 @@ class BOOSTER_API OptimizerWrapper {
   std::vector<torch::Tensor> model_params_;  // model tensors, aligned with master_params_
   std::vector<torch::Tensor> master_params_; // what the optimizer updates (== model tensor if fp32)
   std::vector<std::string> param_names_;
+  std::vector<size_t> group_sizes_;
   bool unscaled_ = false;
   double last_grad_norm_;
   int64_t skipped_steps_ = 0;

@@ -1,0 +1,367 @@
+// zero_optimizer.cpp — ZeRO stage 1/2 optimizer wrapper (see zero_optimizer.h for the algorithm).
+#include "booster/wrappers/zero_optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "booster/core/grad_reducer.h"
+#include "booster/dist/process_group.h"
+
+namespace booster {
+
+struct ZeroOptimizer::Group {
+  FlatLayout layout;
+  std::vector<at::Tensor> params;  // trainable model parameters, in layout order (views of flat)
+  std::vector<size_t> indices;     // their index in parameters()
+  at::Tensor flat;                 // [padded_numel], model dtype: the parameters' storage
+  at::Tensor shard;                // flat's slice owned by this rank
+  at::Tensor master;               // what the optimizer updates: shard itself or a copy
+  bool master_is_shard = true;
+  at::Tensor grad_shard;           // stage 2: [shard_numel] reduced gradients (model dtype)
+};
+
+namespace {
+
+// Stage 2: the part of a bucket in rank r's shard is reduced to r and added to r's gradient shard
+// (DeepSpeed stage 2 average_tensor: one reduce per (bucket, owner) range).
+class OwnerReduction : public BucketReduction {
+ public:
+  using Group = ZeroOptimizer::Group;
+  OwnerReduction(std::vector<std::shared_ptr<Group>> groups, std::vector<size_t> group_of, std::vector<size_t> local_of,
+                 std::shared_ptr<dist::ProcessGroup> world)
+      : groups_(std::move(groups)), group_of_(std::move(group_of)), local_of_(std::move(local_of)),
+        world_(std::move(world)) {}
+
+  void launch(size_t index, BucketView& bucket) override {
+    if (pending_.size() <= index) pending_.resize(index + 1);
+    Group& g = *groups_[group_of_[bucket.params.front()]];
+    int64_t begin = g.layout.offsets[local_of_[bucket.params.front()]];
+    int64_t end = begin + bucket.flat.numel();
+    for (int r = 0; r < world_->size(); ++r) {
+      int64_t lo = std::max(begin, g.layout.shard_begin(r));
+      int64_t hi = std::min(end, g.layout.shard_begin(r) + g.layout.shard_numel);
+      if (hi <= lo) continue;
+      Range range;
+      range.owner = r;
+      range.group = &g;
+      range.shard_offset = lo - g.layout.shard_begin(r);
+      range.values = bucket.flat.narrow(0, lo - begin, hi - lo);
+      range.work = world_->reduce(range.values, r, dist::ReduceOp::SUM);
+      pending_[index].push_back(std::move(range));
+    }
+  }
+
+  void finish(size_t index, BucketView&) override {
+    std::vector<Range> ranges = std::move(pending_.at(index));
+    pending_[index].clear();
+    for (auto& range : ranges) range.work.wait();  // all waited before any throw escapes
+    at::NoGradGuard no_grad;
+    for (auto& range : ranges)
+      if (range.owner == world_->rank())
+        range.group->grad_shard.narrow(0, range.shard_offset, range.values.numel()).add_(range.values);
+  }
+
+  bool writes_back() const override { return false; }
+
+ private:
+  struct Range {
+    int owner = 0;
+    Group* group = nullptr;
+    int64_t shard_offset = 0;
+    at::Tensor values;  // view of the bucket
+    dist::Work work;
+  };
+  std::vector<std::shared_ptr<Group>> groups_;
+  std::vector<size_t> group_of_, local_of_;  // per reducer parameter index
+  std::shared_ptr<dist::ProcessGroup> world_;
+  std::vector<std::vector<Range>> pending_;  // per bucket
+};
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Construction: flatten, shard, bind the optimizer to the slices, install the reducer
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                             OptimizerWrapperOptions options, ZeroOptions zero,
+                             const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters)
+    : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options), NoMasterCopies{}), zero_(zero) {
+  if (zero_.stage != 1 && zero_.stage != 2)
+    throw std::invalid_argument("booster: ZeRO stage must be 1 or 2, got " + std::to_string(zero_.stage));
+  if (zero_.reduce_bucket_elements < 1) throw std::invalid_argument("booster: reduce bucket size must be >= 1 element");
+  if (!options_.group) throw std::invalid_argument("booster: ZeroOptimizer needs the data-parallel group (options.group)");
+  optimizer_type_name(*optimizer_);  // throws for optimizers whose state cannot be sliced
+  const auto& world = options_.group;
+  const int rank = world->rank(), n = world->size();
+
+  // Every trainable model parameter must be in the optimizer: ZeRO synchronises only those.
+  std::set<const void*> in_optimizer;
+  for (const auto& p : model_params_) in_optimizer.insert(p.unsafeGetTensorImpl());
+  std::map<const void*, std::string> names;
+  for (const auto& [name, p] : named_model_parameters) {
+    names[p.unsafeGetTensorImpl()] = name;
+    if (p.requires_grad() && !in_optimizer.count(p.unsafeGetTensorImpl()))
+      throw std::invalid_argument("booster: ZeRO: parameter " + name + " requires grad but is not in the optimizer, "
+                                  "so its gradient would never be synchronised; add it to the optimizer or set "
+                                  "requires_grad(false)");
+  }
+
+  param_group_.assign(model_params_.size(), -1);
+  param_local_.assign(model_params_.size(), -1);
+  std::vector<std::pair<std::string, torch::Tensor>> trainable;  // reducer order: group by group
+  std::vector<size_t> red_group, red_local;
+  std::vector<int64_t> bucket_key;
+  size_t index = 0;
+  auto& param_groups = optimizer_->param_groups();
+  for (size_t gi = 0; gi < param_groups.size(); ++gi) {
+    auto g = std::make_shared<Group>();
+    for (auto& p : param_groups[gi].params()) {
+      if (p.requires_grad()) {
+        param_group_[index] = static_cast<int64_t>(gi);
+        param_local_[index] = static_cast<int64_t>(g->params.size());
+        g->params.push_back(p);
+        g->indices.push_back(index);
+      }
+      ++index;
+    }
+    std::vector<int64_t> numels;
+    for (const auto& p : g->params) numels.push_back(p.numel());
+    g->layout = make_flat_layout(numels, n);
+    try {
+      g->flat = flatten_into_views(g->params, g->layout);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(e.what()) + " (optimizer parameter group " + std::to_string(gi) + ")");
+    }
+    g->shard = g->flat.narrow(0, g->layout.shard_begin(rank), g->layout.shard_numel);
+    at::ScalarType dtype = g->flat.scalar_type();
+    bool fp32_master = options_.master_weights && at::isFloatingType(dtype) && dtype != at::kFloat;
+    if (fp32_master || zero_.cpu_offload) {
+      g->master = g->shard.to(zero_.cpu_offload ? at::Device(at::kCPU) : g->shard.device(),
+                              fp32_master ? at::kFloat : dtype, false, /*copy=*/true);
+      g->master_is_shard = false;
+    } else {
+      g->master = g->shard;
+    }
+    param_groups[gi].params() = {g->master};
+    if (zero_.stage == 2) g->grad_shard = at::zeros({g->layout.shard_numel}, g->flat.options());
+    for (size_t j = 0; j < g->params.size(); ++j) {
+      trainable.emplace_back(names.count(g->params[j].unsafeGetTensorImpl()) ? names[g->params[j].unsafeGetTensorImpl()]
+                                                                             : "parameter " + std::to_string(g->indices[j]),
+                             g->params[j]);
+      red_group.push_back(gi);
+      red_local.push_back(j);
+      bucket_key.push_back(static_cast<int64_t>(gi));
+    }
+    groups_.push_back(std::move(g));
+  }
+
+  ReducerOptions ro;
+  int64_t elem = trainable.empty() ? 4 : static_cast<int64_t>(trainable.front().second.element_size());
+  ro.bucket_cap_bytes = zero_.reduce_bucket_elements * elem;
+  ro.first_bucket_bytes = ro.bucket_cap_bytes;  // ColossalAI has no small first bucket
+  ro.overlap_communication = zero_.overlap_communication;
+  ro.communication_dtype = zero_.communication_dtype;
+  ro.bucket_key = bucket_key;
+  if (zero_.stage == 1) {
+    // Gradients live in the buckets (no second full-size copy) unless the wire dtype differs.
+    bool same_dtype = true;
+    for (const auto& [name, p] : trainable)
+      same_dtype = same_dtype && (zero_.communication_dtype == at::ScalarType::Undefined ||
+                                  zero_.communication_dtype == p.scalar_type());
+    ro.gradient_as_bucket_view = same_dtype;
+  } else {
+    ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world);
+  }
+  reducer_ = std::make_unique<GradientReducer>(trainable, world, ro);
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+const FlatLayout& ZeroOptimizer::layout(size_t group) const { return groups_.at(group)->layout; }
+const at::Tensor& ZeroOptimizer::master_slice(size_t group) const { return groups_.at(group)->master; }
+const at::Tensor& ZeroOptimizer::flat_parameters(size_t group) const { return groups_.at(group)->flat; }
+dist::ProcessGroup* ZeroOptimizer::norm_group() const { return options_.group.get(); }
+
+void ZeroOptimizer::set_require_grad_sync(bool required) {
+  if (!required && zero_.stage == 2)
+    throw std::logic_error("booster: ZeRO stage 2 keeps only this rank's gradient shard, so gradients cannot "
+                           "accumulate unsynchronised (no_sync); use stage = 1 for no_sync, or call backward on "
+                           "each micro-batch without no_sync (stage 2 accumulates into the shard)");
+  reducer_->set_require_grad_sync(required);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradients of the slices
+
+void ZeroOptimizer::prepare_slice_grads() {
+  if (grads_prepared_) return;
+  at::NoGradGuard no_grad;
+  const int rank = options_.group->rank();
+  for (auto& g : groups_) {
+    at::Tensor grad;
+    if (zero_.stage == 1) {
+      grad = at::zeros({g->layout.shard_numel}, g->master.options());
+      for (size_t j = 0; j < g->params.size(); ++j) {
+        FlatLayout::Piece piece = g->layout.piece(j, rank);
+        const at::Tensor& pg = g->params[j].grad();
+        if (piece.length == 0 || !pg.defined()) continue;
+        grad.narrow(0, piece.shard_offset, piece.length)
+            .copy_(pg.reshape({-1}).narrow(0, piece.tensor_offset, piece.length));
+      }
+    } else {
+      bool same = g->grad_shard.scalar_type() == g->master.scalar_type() &&
+                  g->grad_shard.device() == g->master.device();
+      grad = same ? g->grad_shard : g->grad_shard.to(g->master.options(), false, true);
+    }
+    g->master.mutable_grad() = grad;
+  }
+  grads_prepared_ = true;
+}
+
+std::vector<torch::Tensor> ZeroOptimizer::local_gradients() const {
+  std::vector<torch::Tensor> grads;
+  for (const auto& g : groups_)
+    if (g->master.grad().defined()) grads.push_back(g->master.grad());
+  return grads;
+}
+
+void ZeroOptimizer::backward(const torch::Tensor& loss) {
+  OptimizerWrapper::backward(loss);
+  grads_prepared_ = false;
+}
+
+double ZeroOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
+  prepare_slice_grads();
+  return OptimizerWrapper::clip_grad_by_norm(max_norm, norm_type);
+}
+
+void ZeroOptimizer::clip_grad_by_value(double clip_value) {
+  prepare_slice_grads();
+  OptimizerWrapper::clip_grad_by_value(clip_value);
+}
+
+bool ZeroOptimizer::step() {
+  at::NoGradGuard no_grad;
+  prepare_slice_grads();
+  bool stepped = OptimizerWrapper::step();  // overflow skip, clip, the wrapped optimizer on the slices
+  if (stepped) {
+    std::vector<dist::Work> works;
+    for (auto& g : groups_) {
+      if (!g->master_is_shard) g->shard.copy_(g->master);  // rounded to the model dtype
+      works.push_back(options_.group->all_gather_into_tensor(g->flat, g->shard));
+    }
+    for (auto& w : works) w.wait();
+  }
+  for (auto& g : groups_) g->master.mutable_grad() = at::Tensor();  // stage 1: a transient copy
+  grads_prepared_ = false;
+  return stepped;
+}
+
+void ZeroOptimizer::zero_grad() {
+  OptimizerWrapper::zero_grad();  // stage 1: the bucket views in param.grad()
+  at::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    g->master.mutable_grad() = at::Tensor();
+    if (g->grad_shard.defined()) g->grad_shard.zero_();
+  }
+  grads_prepared_ = false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// State in full shape (checkpoints)
+
+std::vector<ParamOptimState> ZeroOptimizer::gather_param_states() {
+  optimizer_type_name(*optimizer_);
+  std::vector<ParamOptimState> out(model_params_.size());
+  auto& state = optimizer_->state();
+  for (auto& g : groups_) {
+    auto it = state.find(optimizer_state_key(g->master));
+    if (it == state.end()) continue;  // not stepped yet: the same on every rank
+    ParamOptimState slice = extract_param_state(*it->second);
+    for (auto& [key, t] : slice.tensors) {
+      at::Tensor full = at::empty({g->layout.padded_numel}, t.options());
+      at::Tensor part = t.reshape({-1}).contiguous();
+      options_.group->all_gather_into_tensor(full, part).wait();
+      for (size_t j = 0; j < g->params.size(); ++j)
+        out[g->indices[j]].tensors[key] =
+            full.narrow(0, g->layout.offsets[j], g->layout.numels[j]).view(g->params[j].sizes());
+    }
+    for (size_t j = 0; j < g->params.size(); ++j) out[g->indices[j]].scalars = slice.scalars;
+  }
+  return out;
+}
+
+void ZeroOptimizer::load_param_states(const std::vector<ParamOptimState>& states) {
+  std::string type = optimizer_type_name(*optimizer_);
+  if (states.size() != model_params_.size())
+    throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
+                                std::to_string(model_params_.size()) + " parameters");
+  const int rank = options_.group->rank();
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  at::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    ParamOptimState slice;
+    std::set<std::string> keys;
+    for (size_t idx : g->indices) {
+      for (const auto& [k, t] : states[idx].tensors) keys.insert(k);
+      // Per-parameter step counts can differ in a DDP checkpoint (a parameter unused in some
+      // steps); the slice takes the largest.
+      for (const auto& [k, v] : states[idx].scalars) slice.scalars[k] = std::max(slice.scalars[k], v);
+    }
+    if (keys.empty() && slice.scalars.empty()) continue;
+    for (const auto& key : keys) {
+      at::Tensor full = at::zeros({g->layout.padded_numel}, g->master.options());
+      for (size_t j = 0; j < g->params.size(); ++j) {
+        auto it = states[g->indices[j]].tensors.find(key);
+        if (it == states[g->indices[j]].tensors.end()) continue;
+        full.narrow(0, g->layout.offsets[j], g->layout.numels[j]).copy_(it->second.reshape({-1}));
+      }
+      slice.tensors[key] = full.narrow(0, g->layout.shard_begin(rank), g->layout.shard_numel).clone();
+    }
+    fresh.emplace_back(optimizer_state_key(g->master), make_param_state(type, slice));
+  }
+  optimizer_->state().clear();
+  for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);
+}
+
+void ZeroOptimizer::sync_master_from_model() {
+  at::NoGradGuard no_grad;
+  for (auto& g : groups_)
+    if (!g->master_is_shard) g->master.copy_(g->shard);
+}
+
+MemoryReport ZeroOptimizer::memory_report() const {
+  MemoryReport r;
+  int64_t buckets = 0;
+  for (int64_t b : reducer_->bucket_bytes()) buckets += b;
+  for (const auto& g : groups_) {
+    if (!g->master_is_shard) r.master_weights += bytes_of(g->master);
+    if (zero_.stage == 2) r.gradients += bytes_of(g->grad_shard);
+  }
+  if (zero_.stage == 1) {
+    bool views = true;
+    for (const auto& g : groups_)
+      for (const auto& p : g->params)
+        views = views && (zero_.communication_dtype == at::ScalarType::Undefined ||
+                          zero_.communication_dtype == p.scalar_type());
+    if (views) {
+      r.gradients = buckets;  // the buckets are the gradients
+    } else {
+      for (const auto& g : groups_)
+        for (const auto& p : g->params) r.gradients += bytes_of(p);
+      r.communication_buffers = buckets;
+    }
+  } else {
+    r.communication_buffers = buckets;
+  }
+  r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  return r;
+}
+
+}  // namespace booster

@@ -1,0 +1,166 @@
+// low_level_zero_plugin.cpp — the LowLevelZero plugin: ZeRO stage 1 (optimizer states sharded) and
+// stage 2 (gradients too) across the data-parallel ranks, ColossalAI's LowLevelZeroPlugin in C++.
+// The mechanism is the core's ZeroOptimizer (wrappers/zero_optimizer.h); this file maps the options,
+// controls precision (the model is cast to bf16 with fp32 master slices, as ColossalAI casts it to
+// fp16/bf16) and keeps the replicas identical at start.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "booster/core/grad_reducer.h"
+#include "booster/core/replica.h"
+#include "booster/dist/process_group.h"
+#include "booster/mixed_precision/precision.h"
+#include "booster/plugin.h"
+#include "booster/wrappers/zero_optimizer.h"
+
+namespace booster::plugins {
+
+// ---------------------------------------------------------------------------------------------
+// Options ([plugin] table): names and defaults of ColossalAI's LowLevelZeroPlugin
+
+struct LowLevelZeroOptions {
+  int stage = 1;                        // 1 | 2
+  std::string precision = "fp16";       // "fp16" (CUDA only) | "bf16" | "fp32"
+  double max_norm = 0.0;                // > 0: clip gradients to this global norm in step()
+  double norm_type = 2.0;               // 2.0 or inf
+  double reduce_bucket_size_in_m = 12;  // gradient bucket, millions (2^20) of elements
+  std::string communication_dtype;      // "" (the parameters' dtype) | "fp32" | "bf16" | "fp16"
+  bool overlap_communication = true;    // reduce buckets during backward
+  bool cpu_offload = false;             // master slice, optimizer states and step in host memory
+  bool master_weights = true;           // fp32 master slice for bf16/fp16 models
+  std::shared_ptr<mixed_precision::MixedPrecision> mixed;  // the precision's hooks/criterion/scaler
+};
+
+static at::ScalarType dtype_of(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  return at::ScalarType::Undefined;
+}
+
+static LowLevelZeroOptions parse_options(const Options& o) {
+  LowLevelZeroOptions t;
+  t.stage = static_cast<int>(o.get_int("stage", t.stage, 1, 2));
+  t.precision = o.get_choice("precision", t.precision, {"fp16", "bf16", "fp32"});
+  t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
+  t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
+  t.reduce_bucket_size_in_m = o.get_double("reduce_bucket_size_in_m", t.reduce_bucket_size_in_m, 1e-6, 1e6);
+  t.communication_dtype = o.get_choice("communication_dtype", "", {"", "fp32", "bf16", "fp16"});
+  t.overlap_communication = o.get_bool("overlap_communication", t.overlap_communication);
+  t.cpu_offload = o.get_bool("cpu_offload", t.cpu_offload);
+  t.master_weights = o.get_bool("master_weights", t.master_weights);
+  o.mark_known({"path"});
+  // Reads the loss-scaler options (initial_scale, min_scale, growth_factor, backoff_factor,
+  // growth_interval, hysteresis, max_scale) and checks the table for unknown keys.
+  t.mixed = mixed_precision::make_mixed_precision(t.precision, o);
+  if (t.precision == "fp16" && !torch::cuda::is_available())
+    throw PluginError("low_level_zero: precision = \"fp16\" (ColossalAI's default) needs a CUDA device, and this "
+                      "machine has none: LibTorch has no fp16 kernels for most CPU ops. Set plugin.precision = "
+                      "\"bf16\" (bf16 weights, fp32 master slices) or \"fp32\".");
+  if (t.communication_dtype == "fp16" && !torch::cuda::is_available())
+    throw PluginError("low_level_zero: communication_dtype = \"fp16\" needs CUDA; use \"bf16\" or \"fp32\" on CPU");
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-model hooks: gradients are reduced by the ZeroOptimizer's reducer (autograd hooks), so the
+// hooks only forward no_sync and the statistics.
+
+class ZeroModelHooks : public ModelHooks {
+ public:
+  explicit ZeroModelHooks(std::shared_ptr<torch::nn::Module> model) : model_(std::move(model)) {}
+  torch::nn::Module& module() override { return *model_; }
+  void set_require_grad_sync(bool required) override {
+    if (auto z = zero_.lock()) z->set_require_grad_sync(required);
+  }
+  std::map<std::string, int64_t> stats() const override {
+    auto z = zero_.lock();
+    if (!z) return {{"buckets", 0}};
+    return {{"buckets", static_cast<int64_t>(z->reducer().bucket_indices().size())},
+            {"buckets_launched_during_backward", z->reducer().buckets_launched_during_backward()},
+            {"stage", z->stage()}};
+  }
+  void attach(const std::shared_ptr<ZeroOptimizer>& z) { zero_ = z; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  std::weak_ptr<ZeroOptimizer> zero_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Plugin
+
+class LowLevelZeroPlugin : public Plugin {
+ public:
+  explicit LowLevelZeroPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
+
+  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
+  bool control_precision() const override { return true; }
+  bool support_no_sync() const override { return true; }
+
+  Configured configure(std::shared_ptr<torch::nn::Module> model,
+                       std::shared_ptr<torch::optim::Optimizer> optimizer) override {
+    // Precision: bf16/fp16 weights (ColossalAI casts the module); fp32 master slices below.
+    options_.mixed->prepare_model(*model);  // device checks (fp16 needs CUDA and casts to half)
+    if (options_.precision == "bf16") model->to(at::kBFloat16);
+
+    // Identical replicas at start, as DDP: verify names/shapes/dtypes, broadcast from rank 0.
+    auto params = named_parameters_of(*model, false);
+    auto buffers = named_buffers_of(*model);
+    auto all = params;
+    all.insert(all.end(), buffers.begin(), buffers.end());
+    verify_replicas(*world(), all);
+    std::vector<torch::Tensor> state;
+    for (auto& [n, t] : all) state.push_back(t);
+    broadcast_coalesced(*world(), state, 0);
+
+    auto hooks = std::make_shared<ZeroModelHooks>(model);
+    Configured c;
+    c.hooks = options_.mixed->wrap_hooks(hooks);
+    if (!optimizer) return c;
+
+    OptimizerWrapperOptions wo = options_.mixed->optimizer_options();  // fp16: a fresh loss scaler
+    wo.group = world();
+    wo.max_norm = options_.max_norm;
+    wo.norm_type = options_.norm_type;
+    wo.master_weights = options_.master_weights;
+    ZeroOptions zo;
+    zo.stage = options_.stage;
+    zo.reduce_bucket_elements = std::max<int64_t>(1, static_cast<int64_t>(options_.reduce_bucket_size_in_m * (1 << 20)));
+    zo.overlap_communication = options_.overlap_communication;
+    zo.communication_dtype = dtype_of(options_.communication_dtype);
+    zo.cpu_offload = options_.cpu_offload;
+    std::shared_ptr<ZeroOptimizer> zero;
+    try {
+      zero = std::make_shared<ZeroOptimizer>(optimizer, c.hooks, wo, zo, params);
+    } catch (const std::invalid_argument& e) {
+      throw PluginError(std::string("low_level_zero: ") + e.what());
+    }
+    hooks->attach(zero);
+    c.optimizer = zero;
+    return c;
+  }
+
+  ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper*) override {
+    if (options_.stage == 2)
+      throw PluginError("low_level_zero: no_sync is not supported with stage = 2 (each rank keeps only its "
+                        "gradient shard, so unsynchronised local accumulation has nowhere to live). Use stage = 1, "
+                        "or call backward on every micro-batch without no_sync: stage 2 accumulates the reduced "
+                        "gradients into the shard until zero_grad().");
+    hooks.set_require_grad_sync(false);
+    ModelHooks* h = &hooks;
+    return ScopeGuard([h]() { h->set_require_grad_sync(true); });
+  }
+
+  Criterion wrap_criterion(Criterion criterion) const override {
+    return options_.mixed->wrap_criterion(std::move(criterion));
+  }
+
+ private:
+  LowLevelZeroOptions options_;
+};
+
+}  // namespace booster::plugins
+
+BOOSTER_PLUGIN("low_level_zero", "0.1.0", booster::plugins::LowLevelZeroPlugin)
