@@ -74,6 +74,9 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   std::string path = ctx.options.get_string("path", "");
   impl_->plugin = load_plugin(ctx, path);
 
+  if (impl_->plugin->control_precision() && impl_->mixed_precision != "fp32")
+    log::warn("booster: plugin " + plugin_name + " controls precision; booster.mixed_precision = \"" +
+              impl_->mixed_precision + "\" is ignored (set the plugin's precision option instead), as ColossalAI does");
   auto precisions = impl_->plugin->supported_precisions();
   if (std::find(precisions.begin(), precisions.end(), impl_->mixed_precision) == precisions.end()) {
     std::string list;

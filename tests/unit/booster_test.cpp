@@ -1,6 +1,9 @@
 // booster_test.cpp — Booster on a world of one: config checks, boost(), torch_ddp, OptimizerWrapper, dataloaders.
 
 #include "booster/booster.h"
+#include "booster/wrappers/zero_optimizer.h"
+
+#include <torch/optim/adamw.h>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -276,6 +279,80 @@ TEST(Booster, TorchDdpOptionErrors) {
                                                HasSubstr("did you mean 'find_unused_parameters'"))));
   EXPECT_THAT([] { make_booster(kDdpToml + "[plugin]\nbroadcast_buffers = 1\n"); },
               ThrowsMessage<ConfigError>(HasSubstr("plugin.broadcast_buffers must be")));
+}
+
+// ---- LowLevelZero (ZeRO) in one process; multi-rank equivalence is in tests/dist/zero_test.cpp
+
+const std::string kZeroToml = "[booster]\nplugin = \"low_level_zero\"\n";
+
+TEST(Booster, LowLevelZeroDefaultFp16OnCpuIsAClearError) {
+  EXPECT_THAT([] { make_booster(kZeroToml); },
+              ThrowsMessage<booster::PluginError>(AllOf(HasSubstr("precision = \"fp16\""), HasSubstr("needs a CUDA device"),
+                                                        HasSubstr("plugin.precision = \"bf16\""))));
+  EXPECT_THAT([] { make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\nstage = 3\n"); },
+              ThrowsMessage<ConfigError>(HasSubstr("plugin.stage = 3 is out of range [1, 2]")));
+  EXPECT_THAT([] { make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\nreduce_bucket_size_in_mb = 5\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("unknown key plugin.reduce_bucket_size_in_mb"),
+                                               HasSubstr("did you mean 'reduce_bucket_size_in_m'"))));
+}
+
+TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {
+  Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\nstage = 2\n");
+  at::manual_seed(3);
+  torch::nn::Linear net(5, 3), ref(5, 3);
+  copy_parameters(*net, *ref);
+  const auto options = torch::optim::AdamWOptions(0.01).weight_decay(0.01);
+  auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), options);
+  torch::optim::AdamW ref_adamw(ref->parameters(), options);
+  auto [model, optimizer, criterion, loader, scheduler] = booster.boost(net, adamw, mse);
+  auto zero = std::dynamic_pointer_cast<booster::ZeroOptimizer>(optimizer);
+  ASSERT_NE(zero, nullptr);
+  EXPECT_EQ(zero->stage(), 2);
+  EXPECT_EQ(zero->layout(0).numel, 18);
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x = at::randn({8, 5}), y = at::randn({8, 3});
+    booster.backward(criterion(model.forward(x), y), *optimizer);
+    optimizer->step();
+    optimizer->zero_grad();
+    mse(ref->forward(x), y).backward();
+    ref_adamw.step();
+    ref_adamw.zero_grad();
+  }
+  auto want = ref->named_parameters();
+  for (const auto& item : net->named_parameters())
+    EXPECT_TRUE(at::allclose(item.value(), want[item.key()], 1e-6, 1e-7)) << item.key();
+  // Steady-state memory: 18 fp32 params, gradient shard 18, AdamW 2 x 18 states.
+  auto report = booster.memory_report(model, optimizer.get());
+  EXPECT_EQ(report.parameters, 18 * 4);
+  EXPECT_EQ(report.gradients, 18 * 4);
+  EXPECT_EQ(report.optimizer_states, 2 * 18 * 4);
+  EXPECT_EQ(report.master_weights, 0);
+  EXPECT_THAT(report.to_string(), HasSubstr("optimizer states 0.0 MiB"));
+  // Stage 2 refuses no_sync with the reason and the fix.
+  EXPECT_THAT([&] { booster.no_sync(model, optimizer.get()); },
+              ThrowsMessage<booster::PluginError>(HasSubstr("no_sync is not supported with stage = 2")));
+}
+
+TEST(Booster, LowLevelZeroBf16LoadModelRefreshesTheFp32MasterSlice) {
+  booster::testing::TempDir dir;
+  Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"bf16\"\n");
+  at::manual_seed(4);
+  torch::nn::Linear net(4, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, optimizer, criterion, loader, scheduler] = booster.boost(net, sgd, mse);
+  auto zero = std::dynamic_pointer_cast<booster::ZeroOptimizer>(optimizer);
+  ASSERT_NE(zero, nullptr);
+  EXPECT_EQ(net->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(zero->master_slice(0).scalar_type(), at::kFloat);
+  EXPECT_EQ(booster.memory_report(model, optimizer.get()).master_weights, 10 * 4);
+  booster.save_model(model, dir.file("m"));
+  at::Tensor saved = zero->flat_parameters(0).clone();
+  booster.backward(criterion(model.forward(at::randn({3, 4})), at::randn({3, 2})), *optimizer);
+  optimizer->step();
+  EXPECT_FALSE(at::equal(zero->flat_parameters(0), saved));
+  booster.load_model(model, dir.file("m"));
+  EXPECT_TRUE(at::equal(zero->flat_parameters(0), saved));
+  EXPECT_TRUE(at::equal(zero->master_slice(0), saved.to(at::kFloat)));  // not the stepped fp32 values
 }
 
 // ---- OptimizerWrapper

@@ -14,7 +14,7 @@
 
 namespace booster {
 
-struct FlatLayout {
+struct BOOSTER_API FlatLayout {
   std::vector<int64_t> offsets;  // element offset of tensor i in the flat buffer
   std::vector<int64_t> numels;   // numel of tensor i
   int64_t numel = 0;             // sum of numels (unpadded)

@@ -16,7 +16,7 @@
 
 namespace booster {
 
-struct MemoryReport {
+struct BOOSTER_API MemoryReport {
   int64_t parameters = 0;             // bytes: the model's parameters on this rank (flat buffers incl. padding)
   int64_t gradients = 0;              // bytes: gradients this rank keeps (full or its shard)
   int64_t master_weights = 0;         // bytes: fp32 master copies (0 when the optimizer updates the parameters)
