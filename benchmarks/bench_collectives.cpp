@@ -1,0 +1,188 @@
+// bench_collectives — collective bandwidth of our ProcessGroup adapter (booster/dist/process_group.h)
+// against raw c10d::ProcessGroupGloo created in the same process with the same Gloo options, and
+// against a single-process memcpy (at::Tensor::copy_) of the same bytes.
+//
+// One rank of a job: the driver (benchmarks/drivers/collectives.py) starts world_size fresh
+// processes on 127.0.0.1 with
+//   --rank R --world_size W --port P (our store) --raw_port Q (the raw peer's store)
+//   --sizes_bytes 1048576,16777216,134217728 --reps N [--sample_bytes 33554432] --out results.json
+// Sizes are message sizes in bytes (float32): allreduce of an S-byte tensor; allgather into an
+// S-byte output (each rank gives S/W bytes: ours all_gather_into_tensor, raw allgather into views of
+// the flat output, the only way raw Gloo 1.13 has); reduce-scatter of an S-byte input (ours: the
+// emulated reduce_scatter_tensor = allreduce of a copy + chunk copy; raw Gloo 1.13 has no
+// reduce_scatter, so the peer is the raw in-place allreduce of the input + the chunk copy).
+//
+// Correctness: before timing, every op runs once on both sides with known inputs; each rank checks
+// ours == raw bit for bit and both == the analytic result, and exits non-zero on a mismatch.
+// Timing: ours, raw and memcpy are interleaved (the order alternates per repetition); a sample is
+// the mean of back-to-back ops worth --sample_bytes (32 MiB) after a barrier, inputs refilled outside the timed
+// region; rank 0 writes every sample (seconds per op) to --out. One intra-op thread per rank.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <functional>
+#include <iostream>
+
+#include "bench_common.h"
+#include "booster/dist/process_group.h"
+
+using namespace booster::bench;
+using booster::dist::ProcessGroup;
+
+namespace {
+
+// The raw peer: exactly what the adapter builds for a loopback world (see process_group.cpp).
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_raw(int rank, int ws, int port, double timeout_s) {
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = ws;
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  opts->threads = 2;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("raw_world/", store);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, ws, opts);
+}
+
+// One collective, as ours and as raw, over buffers allocated once per size.
+struct Case {
+  std::string op;
+  int64_t bytes = 0;
+  at::Tensor input;   // this rank's input (never modified)
+  at::Tensor work;    // in-place buffer (allreduce) / raw scratch (reduce-scatter)
+  at::Tensor output;  // output buffer
+  at::Tensor expected;
+};
+
+int run(const Args& a) {
+  int rank = static_cast<int>(a.integer("rank", 0));
+  int ws = static_cast<int>(a.integer("world_size", 2));
+  int reps = static_cast<int>(a.integer("reps", 5));
+  double timeout_s = a.real("timeout_s", 120);
+  int64_t sample_bytes = a.integer("sample_bytes", int64_t(32) << 20);  // bytes per timed sample
+  at::set_num_threads(static_cast<int>(a.integer("threads", 1)));
+
+  booster::dist::RendezvousOptions ro;
+  ro.port = static_cast<int>(a.integer("port", 29600));
+  ro.rank = rank;
+  ro.world_size = ws;
+  ro.timeout_s = timeout_s;
+  auto ours = ProcessGroup::rendezvous(ro);
+  auto raw = make_raw(rank, ws, static_cast<int>(a.integer("raw_port", 29601)), timeout_s);
+  auto barrier = [&] { raw->barrier()->wait(); };
+
+  std::vector<std::string> results;
+  for (int64_t bytes : a.integers("sizes_bytes", "1048576,16777216,134217728")) {
+    int64_t n = bytes / 4 / ws * ws;  // float32 elements, divisible by the world size
+    int64_t chunk = n / ws;
+    // Exactly representable values, so sums are exact and order-independent.
+    at::Tensor base = at::arange(n, at::kFloat).remainder_(1024).mul_(0.25);
+    at::Tensor reduced = base * static_cast<float>(ws) + static_cast<float>(ws * (ws - 1) / 2);
+
+    std::vector<Case> cases(3);
+    cases[0] = {"allreduce", n * 4, base + rank, at::empty({n}), at::Tensor(), reduced};
+    cases[1] = {"allgather", n * 4, base.narrow(0, rank * chunk, chunk) + 1000 * rank, at::Tensor(), at::empty({n}),
+                at::Tensor()};
+    {
+      std::vector<at::Tensor> parts;
+      for (int r = 0; r < ws; ++r) parts.push_back(base.narrow(0, r * chunk, chunk) + 1000 * r);
+      cases[1].expected = at::cat(parts);
+    }
+    cases[2] = {"reduce_scatter", n * 4, base + rank, at::empty({n}), at::empty({chunk}),
+                reduced.narrow(0, rank * chunk, chunk).clone()};
+
+    // Each side's op, including the untimed refill of in-place buffers.
+    auto prepare = [&](Case& c) {
+      if (c.op == "allreduce" || c.op == "reduce_scatter") c.work.copy_(c.input);
+    };
+    auto run_ours = [&](Case& c) {
+      if (c.op == "allreduce") ours->allreduce(c.work).wait();
+      else if (c.op == "allgather") ours->all_gather_into_tensor(c.output, c.input).wait();
+      else ours->reduce_scatter_tensor(c.output, c.input).wait();
+    };
+    auto run_raw = [&](Case& c) {
+      if (c.op == "allreduce") {
+        std::vector<at::Tensor> t{c.work};
+        raw->allreduce(t)->wait();
+      } else if (c.op == "allgather") {
+        std::vector<std::vector<at::Tensor>> out(1);
+        for (int r = 0; r < ws; ++r) out[0].push_back(c.output.narrow(0, r * chunk, chunk));
+        std::vector<at::Tensor> in{c.input};
+        raw->allgather(out, in)->wait();
+      } else {
+        std::vector<at::Tensor> t{c.work};
+        raw->allreduce(t)->wait();
+        c.output.copy_(c.work.narrow(0, rank * chunk, chunk));
+      }
+    };
+    auto result = [&](Case& c) { return c.op == "allreduce" ? c.work : c.output; };
+
+    // memcpy of the same bytes: the single-process limit of moving them once.
+    at::Tensor src = at::rand({n}), dst = at::empty({n});
+
+    for (auto& c : cases) {
+      // Correctness first: both sides once, compared with each other and with the analytic answer.
+      prepare(c);
+      run_ours(c);
+      at::Tensor got_ours = result(c).clone();
+      prepare(c);
+      if (c.op != "allreduce") c.output.zero_();
+      run_raw(c);
+      at::Tensor got_raw = result(c).clone();
+      if (!at::equal(got_ours, got_raw) || !at::equal(got_ours, c.expected)) {
+        std::cerr << "bench_collectives: rank " << rank << ": " << c.op << " of " << c.bytes
+                  << " bytes: ours and raw c10d disagree (max |ours-raw| = "
+                  << (got_ours - got_raw).abs().max().item<double>() << ", max |ours-expected| = "
+                  << (got_ours - c.expected).abs().max().item<double>() << ")\n";
+        return 3;
+      }
+
+      // A sample is `iters` back-to-back ops (about sample_bytes, at least one op) divided by
+      // iters, so small messages are not lost in scheduler jitter. Values may grow during a sample
+      // (in-place sums); inputs are refilled before each sample, outside the timed region.
+      int iters = static_cast<int>(std::max<int64_t>(1, sample_bytes / c.bytes));
+      std::vector<double> t_ours, t_raw, t_copy;
+      auto timed = [&](const std::function<void()>& fn, std::vector<double>& out) {
+        barrier();
+        double t0 = now_s();
+        for (int i = 0; i < iters; ++i) fn();
+        out.push_back((now_s() - t0) / iters);
+      };
+      // One untimed warm-up of each, then interleaved repetitions (order alternates).
+      prepare(c); run_ours(c); prepare(c); run_raw(c); dst.copy_(src);
+      for (int r = 0; r < reps; ++r) {
+        auto do_ours = [&] { prepare(c); timed([&] { run_ours(c); }, t_ours); };
+        auto do_raw = [&] { prepare(c); timed([&] { run_raw(c); }, t_raw); };
+        if (r % 2 == 0) { do_ours(); do_raw(); } else { do_raw(); do_ours(); }
+        timed([&] { dst.copy_(src); }, t_copy);
+      }
+      results.push_back(json_obj({{"op", json_str(c.op)}, {"bytes", json_num(static_cast<double>(c.bytes))},
+                                  {"ours_s", json_list(t_ours)}, {"raw_s", json_list(t_raw)},
+                                  {"memcpy_s", json_list(t_copy)}, {"check", json_str("ours == raw == expected")}}));
+    }
+  }
+  barrier();
+  if (rank == 0 && a.has("out"))
+    write_file(a.str("out", ""), json_obj({{"world_size", json_num(ws)},
+                                            {"threads", json_num(at::get_num_threads())},
+                                            {"results", json_arr(results)}}));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(Args(argc, argv));
+  } catch (const std::exception& e) {
+    std::cerr << "bench_collectives: " << e.what() << "\n";
+    return 1;
+  }
+}
