@@ -52,7 +52,9 @@ static LowLevelZeroOptions parse_options(const Options& o) {
   o.mark_known({"path"});
   // Reads the loss-scaler options (initial_scale, min_scale, growth_factor, backoff_factor,
   // growth_interval, hysteresis, max_scale) and checks the table for unknown keys.
-  t.mixed = mixed_precision::make_mixed_precision(t.precision, o);
+  mixed_precision::DynamicGradScalerOptions scaler_defaults;
+  scaler_defaults.initial_scale = 4294967296.0;  // 2^32: LowLevelZeroPlugin's default (booster's is 2^16)
+  t.mixed = mixed_precision::make_mixed_precision(t.precision, o, scaler_defaults);
   if (t.precision == "fp16" && !torch::cuda::is_available())
     throw PluginError("low_level_zero: precision = \"fp16\" (ColossalAI's default) needs a CUDA device, and this "
                       "machine has none: LibTorch has no fp16 kernels for most CPU ops. Set plugin.precision = "

@@ -107,9 +107,9 @@ DynamicGradScaler::DynamicGradScaler(const DynamicGradScalerOptions& options) : 
   }
 }
 
-DynamicGradScalerOptions DynamicGradScaler::from_options(const booster::Options& section) {
+DynamicGradScalerOptions DynamicGradScaler::from_options(const booster::Options& section,
+                                                         const DynamicGradScalerOptions& d) {
   const double fmax = static_cast<double>(FLT_MAX);
-  DynamicGradScalerOptions d;
   DynamicGradScalerOptions o;
   o.initial_scale = section.get_double("initial_scale", d.initial_scale, 0.0, fmax);
   o.growth_factor = section.get_double("growth_factor", d.growth_factor, 1.0, fmax);

@@ -137,8 +137,9 @@ class FP16 : public MixedPrecision {
 
 }  // namespace
 
-std::shared_ptr<MixedPrecision> make_mixed_precision(const std::string& name, const Options& section) {
-  DynamicGradScalerOptions scaler = DynamicGradScaler::from_options(section);
+std::shared_ptr<MixedPrecision> make_mixed_precision(const std::string& name, const Options& section,
+                                                     const DynamicGradScalerOptions& scaler_defaults) {
+  DynamicGradScalerOptions scaler = DynamicGradScaler::from_options(section, scaler_defaults);
   section.check_unknown();
   try {
     DynamicGradScaler validate(scaler);  // cross-option checks (e.g. initial_scale within [min, max])

@@ -108,7 +108,9 @@ class BOOSTER_API DynamicGradScaler final : public GradScaler {
   // growth_factor in [1, FLT_MAX], backoff_factor in [0, 1], growth_interval >= 1, hysteresis >= 0).
   // The strict bounds (> 0, > 1, < 1) and the cross-option checks are the constructor's
   // (std::invalid_argument), so construct a scaler to validate. Does not call check_unknown().
-  static DynamicGradScalerOptions from_options(const booster::Options& section);
+  // `defaults` gives the values of absent keys (ColossalAI's plugins start at initial_scale = 2^32).
+  static DynamicGradScalerOptions from_options(const booster::Options& section,
+                                               const DynamicGradScalerOptions& defaults = {});
 
   double scale() const override { return static_cast<double>(scale_); }
   // ColossalAI's update():

@@ -39,8 +39,11 @@ class BOOSTER_API MixedPrecision {
 // The component for `name` ("fp32", "bf16", "fp16"). `section` is [mixed_precision]: the fp16 loss
 // scaler options (initial_scale = 2^16, min_scale = 1, growth_factor = 2, backoff_factor = 0.5,
 // growth_interval = 1000, hysteresis = 2, max_scale = 2^32) are read and validated whatever the
-// precision, then section.check_unknown(). Throws ConfigError for an unknown name or bad option.
-BOOSTER_API std::shared_ptr<MixedPrecision> make_mixed_precision(const std::string& name, const Options& section);
+// precision, then section.check_unknown(). `scaler_defaults` replaces those defaults (a plugin with
+// ColossalAI's initial_scale = 2^32). Throws ConfigError for an unknown name or bad option.
+BOOSTER_API std::shared_ptr<MixedPrecision> make_mixed_precision(
+    const std::string& name, const Options& section,
+    const mixed_precision::DynamicGradScalerOptions& scaler_defaults = {});
 
 // RAII: CPU autocast to `dtype` on this thread while alive (restores the previous state).
 class BOOSTER_API CpuAutocastGuard {
