@@ -68,6 +68,7 @@ struct GradientReducer::State {
   size_t next_bucket = 0;     // buckets are launched in index order
   int64_t launched_in_backward = 0;
   double inv_world = 1.0;
+  at::Tensor inv_world_tensor;  // inv_world as a 0-dim wrapped number (see copy_grad_in)
 
   void launch_ready_buckets() {
     while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
@@ -85,7 +86,10 @@ struct GradientReducer::State {
     } else if (grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes()) {
       grad.mul_(inv_world);  // gradient is the bucket view already
     } else {
-      at::mul_out(view, grad, inv_world);
+      // The factor as a wrapped-number tensor: mul_out with a c10::Scalar computes into a
+      // gradient-sized temporary and copies it (LibTorch 1.13), an extra pass over memory and fresh
+      // pages on every step (found by benchmarks/bench_ddp's page-fault profile).
+      at::mul_out(view, grad, inv_world_tensor);
       if (options.gradient_as_bucket_view) params[i].mutable_grad() = view;
     }
     // ZeRO-2: the full-size gradient is not needed once it is in the bucket.
@@ -207,6 +211,8 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.group = group;
   s.options = options;
   s.inv_world = 1.0 / group->size();
+  s.inv_world_tensor = c10::scalar_to_tensor(at::Scalar(s.inv_world));
+  s.inv_world_tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
   s.reduction = options.reduction ? options.reduction : make_allreduce_reduction(group);
   for (auto& [name, p] : named_params) {
     if (!p.defined()) throw std::invalid_argument("booster: parameter " + name + " is undefined");
