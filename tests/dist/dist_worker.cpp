@@ -232,8 +232,9 @@ int run() {
       auto loss = torch::mse_loss(boosted.model.forward(x, rank == 0), y);
       booster.backward(loss, *boosted.optimizer);
       if (s + 1 == steps) {  // grads of the last step, before the update
-        save_named(prefix + "_grads.pt", {{"trunk.weight", net->trunk->weight.grad()},
-                                          {"head_b.weight", net->head_b->weight.grad()}});
+        auto grad_or_empty = [](const torch::Tensor& p) { return p.grad().defined() ? p.grad() : torch::empty({0}); };
+        save_named(prefix + "_grads.pt", {{"trunk.weight", grad_or_empty(net->trunk->weight)},
+                                          {"head_b.weight", grad_or_empty(net->head_b->weight)}});
         write_stats(prefix + ".txt", {{"never_grad_defined", net->never->weight.grad().defined() ? 1 : 0}});
       }
       boosted.optimizer->step();

@@ -274,3 +274,22 @@ TEST(LowLevelZero, Bf16CommunicationDtypeIsCloseButRounded) {
     std::cout << "[ compare  ] bf16 wire, stage " << stage << ": max |diff| = " << max_diff << std::endl;
   }
 }
+
+// A parameter used on one rank only (head_b) and one used nowhere (never): ZeRO does not stall; the
+// result equals DDP with find_unused_parameters (the mean of the per-rank losses; SGD leaves the
+// never-used parameter unchanged, its gradient being zero).
+TEST(LowLevelZero, ParametersUnusedOnSomeRanksEqualDdpFindUnused) {
+  TempDir ddp;
+  expect_ranks_ok(2, {"scenario=unused", "out=" + ddp.path(), "steps=3", "batch=4",
+                      "set=plugin.find_unused_parameters=true"});
+  auto want = load_tensors(ddp.file("rank0.pt"));
+  for (int stage : {1, 2}) {
+    TempDir dir;
+    std::vector<std::string> args{"scenario=unused", "out=" + dir.path(), "steps=3", "batch=4", "timeout=30"};
+    for (const auto& s : zero_sets(stage)) args.push_back("set=" + s);
+    expect_ranks_ok(2, args);
+    for (int r = 0; r < 2; ++r)
+      expect_close(load_tensors(dir.file("rank" + std::to_string(r) + ".pt")), want,
+                   "unused parameters, stage " + std::to_string(stage) + ", rank " + std::to_string(r));
+  }
+}

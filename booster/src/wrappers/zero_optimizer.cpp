@@ -166,6 +166,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   ro.bucket_cap_bytes = zero_.reduce_bucket_elements * elem;
   ro.first_bucket_bytes = ro.bucket_cap_bytes;  // ColossalAI has no small first bucket
   ro.overlap_communication = zero_.overlap_communication;
+  // A parameter without a gradient on some rank (unused in this step) takes part as zeros instead
+  // of stalling the other ranks; its slice is then stepped with a zero gradient (header comment).
+  ro.find_unused_parameters = true;
   ro.communication_dtype = zero_.communication_dtype;
   ro.bucket_key = bucket_key;
   if (zero_.stage == 1) {
