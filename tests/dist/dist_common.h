@@ -103,6 +103,10 @@ inline std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string
                                                                std::vector<torch::Tensor> params) {
   if (kind == "adamw")
     return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  if (kind == "adam") return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+  if (kind == "rmsprop")
+    return std::make_shared<torch::optim::RMSprop>(params, torch::optim::RMSpropOptions(1e-3).momentum(0.5).centered(true));
+  if (kind == "adagrad") return std::make_shared<torch::optim::Adagrad>(params, torch::optim::AdagradOptions(0.05));
   return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 

@@ -93,6 +93,11 @@ TEST(LowLevelZero, Stage2TwoRanksAdamWEqualsSingleProcessAndOverlaps) {
 
 TEST(LowLevelZero, Stage2FourRanksSGDEqualsSingleProcess) { check_train({4, "sgd", zero_sets(2), 1}); }
 
+// Every elementwise optimizer runs unchanged on the flat slices.
+TEST(LowLevelZero, Stage2AdamRMSpropAdagradEqualSingleProcess) {
+  for (const char* optimizer : {"adam", "rmsprop", "adagrad"}) check_train({2, optimizer, zero_sets(2), 1});
+}
+
 TEST(LowLevelZero, Stage2WithoutOverlapEqualsSingleProcess) {
   auto stats = check_train({2, "adamw", zero_sets(2, {"plugin.overlap_communication=false"}), 1});
   EXPECT_EQ(stats["buckets_launched_during_backward"], 0);

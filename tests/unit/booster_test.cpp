@@ -333,6 +333,25 @@ TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {
               ThrowsMessage<booster::PluginError>(HasSubstr("no_sync is not supported with stage = 2")));
 }
 
+TEST(Booster, LowLevelZeroCpuOffloadKeepsASeparateHostMasterSlice) {
+  Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\ncpu_offload = true\n");
+  torch::nn::Linear net(4, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, optimizer, criterion, loader, scheduler] = booster.boost(net, sgd, mse);
+  auto zero = std::dynamic_pointer_cast<booster::ZeroOptimizer>(optimizer);
+  ASSERT_NE(zero, nullptr);
+  // Offloaded: the optimizer steps a host copy, not the model's flat buffer, even for fp32.
+  EXPECT_TRUE(zero->master_slice(0).device().is_cpu());
+  EXPECT_NE(zero->master_slice(0).data_ptr(), zero->flat_parameters(0).data_ptr());
+  EXPECT_EQ(booster.memory_report(model, optimizer.get()).master_weights, 10 * 4);
+  at::Tensor before = zero->flat_parameters(0).clone();
+  booster.backward(criterion(model.forward(at::randn({3, 4})), at::randn({3, 2})), *optimizer);
+  optimizer->step();
+  // The step reached the model through the copy-back, and the master equals the new weights.
+  EXPECT_FALSE(at::equal(zero->flat_parameters(0), before));
+  EXPECT_TRUE(at::equal(zero->master_slice(0), zero->flat_parameters(0)));
+}
+
 TEST(Booster, LowLevelZeroBf16LoadModelRefreshesTheFp32MasterSlice) {
   booster::testing::TempDir dir;
   Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"bf16\"\n");

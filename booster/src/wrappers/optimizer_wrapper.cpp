@@ -21,10 +21,19 @@ OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> opti
     : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options), NoMasterCopies{}) {
   if (!options_.master_weights) return;
   size_t i = 0;
+  auto& state = optimizer_->state();
   for (auto& group : optimizer_->param_groups()) {
     for (auto& p : group.params()) {
       if (p.is_floating_point() && p.scalar_type() != at::kFloat) {
         at::Tensor master = p.detach().to(at::kFloat).clone().set_requires_grad(true);
+        // State the optimizer created eagerly (Adagrad's sum) moves to the master, in fp32.
+        auto it = state.find(optimizer_state_key(p));
+        if (it != state.end()) {
+          ParamOptimState s = extract_param_state(*it->second);
+          for (auto& [k, t] : s.tensors) t = t.to(at::kFloat);
+          state.erase(it);
+          state[optimizer_state_key(master)] = make_param_state(optimizer_type_name(*optimizer_), s);
+        }
         p = master;  // the optimizer now updates the fp32 master copy
         master_params_[i] = p;
       }

@@ -99,6 +99,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   optimizer_type_name(*optimizer_);  // throws for optimizers whose state cannot be sliced
   const auto& world = options_.group;
   const int rank = world->rank(), n = world->size();
+  // State the optimizer already has (Adagrad creates its sums eagerly) is re-cut into the slices.
+  std::vector<ParamOptimState> existing = OptimizerWrapper::gather_param_states();
+  bool has_state = !optimizer_->state().empty();
 
   // Every trainable model parameter must be in the optimizer: ZeRO synchronises only those.
   std::set<const void*> in_optimizer;
@@ -182,6 +185,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
     ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world);
   }
   reducer_ = std::make_unique<GradientReducer>(trainable, world, ro);
+  if (has_state) load_param_states(existing);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
