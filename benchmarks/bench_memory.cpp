@@ -1,0 +1,239 @@
+// bench_memory — per-rank memory of data-parallel training with AdamW: peak RSS (VmHWM) and the
+// booster's own MemoryReport, for DDP (torch_ddp) and ZeRO stage 1 / 2 (low_level_zero, fp32 or
+// bf16 with fp32 master slices). Run by benchmarks/drivers/memory.py (benchmark 4 of the suite):
+//
+//   booster run --nproc_per_node N bench_memory [options]      (or --rank R --world_size N --port P)
+//     --plugin torch_ddp|low_level_zero   --stage 1|2   --precision fp32|bf16
+//     --hidden H --layers L     an MLP of L Linear(H, H) layers (Tanh between): L * (H*H + H) parameters
+//     --steps K                 optimizer steps (default 2)
+//     --global_batch B          rows per step over all ranks (default 8); rank r trains rows
+//                               [r * B/N, (r+1) * B/N), so every configuration and every N computes
+//                               the same full-batch gradient
+//     --lr X                    AdamW learning rate (default 1e-4; weight decay 0.01)
+//     --set a.b=v[,c.d=w]       extra config overrides (e.g. plugin.gradient_as_bucket_view=true)
+//
+// Every rank prints one line
+//   BENCH_MEMORY {"rank", "world_size", "numel", "parameters", "gradients", "master_weights",
+//                 "optimizer_states", "communication_buffers", "model_states",
+//                 "baseline_rss_bytes", "rss_after_boost_bytes", "setup_hwm_bytes", "train_hwm_bytes",
+//                 "vm_hwm_bytes", "final_rss_bytes", "loss", "eval_loss", "checksum", "checksum_sq", ...}
+// baseline_rss: VmRSS after launch (LibTorch loaded, rendezvous done), before the model exists.
+// setup_hwm: VmHWM after boost() (model built, flattened/cast, optimizer wrapped). The peak is then
+// reset (echo 5 > /proc/self/clear_refs) so train_hwm is the peak of the training steps alone;
+// vm_hwm = max of the two = the process's peak. The MemoryReport is taken after the steps (every
+// lazily created tensor exists). step_start_rss / backward_hwm / step_hwm: per step, VmRSS at its
+// start and the peaks of forward + backward and of step() + zero_grad() (VmHWM reset before each).
+// loss: the last step's training loss; initial_eval_loss / eval_loss: the loss on a fixed batch
+// before / after the steps (all averaged over ranks); checksum / checksum_sq: sum of all parameters and
+// of their squares in float64 after the steps (identical on every rank; computed after the peaks
+// were read, so their temporaries do not count).
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "bench_common.h"
+#include "booster/booster.h"
+
+namespace {
+
+// A field of /proc/self/status in bytes (the kernel reports kB); -1 when absent.
+int64_t status_bytes(const std::string& field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream ss(line.substr(field.size() + 1));
+      int64_t kb = -1;
+      ss >> kb;
+      return kb < 0 ? -1 : kb * 1024;
+    }
+  }
+  return -1;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0); false when not permitted.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> launch_args = args;
+  auto config_text = [](const booster::bench::Args& a) {
+    std::string plugin = a.str("plugin", "torch_ddp");
+    std::string text = "[booster]\nplugin = \"" + plugin + "\"\n";
+    if (plugin == "low_level_zero") {
+      text += "[plugin]\nstage = " + a.str("stage", "1") + "\nprecision = \"" + a.str("precision", "fp32") + "\"\n";
+    } else if (a.str("precision", "fp32") != "fp32") {
+      throw std::invalid_argument("bench_memory: --precision other than fp32 needs --plugin low_level_zero");
+    }
+    text += "[distributed]\nthreads_per_rank = 1\ntimeout_s = 300\n";
+    return text;
+  };
+
+  // Our options: the arguments without the launch flags (--rank --world_size --port --host
+  // --backend), which launch_from_config takes out of launch_args below.
+  std::vector<std::string> own = args;
+  booster::dist::parse_launch_flags(own);
+  std::vector<char*> cargv{argv[0]};
+  for (auto& s : own) cargv.push_back(s.data());
+  booster::bench::Args a(static_cast<int>(cargv.size()), cargv.data());
+
+  auto config = booster::Config::from_string(config_text(a));
+  if (a.has("set")) {
+    std::vector<std::string> overrides;
+    std::stringstream ss(a.str("set", ""));
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) overrides.push_back(item);
+    config.apply_overrides(overrides);
+  }
+  auto world = booster::launch_from_config(config, launch_args);
+  const int rank = world->rank(), ws = world->size();
+  const int64_t baseline_rss = status_bytes("VmRSS");
+
+  const int64_t hidden = a.integer("hidden", 3584), layers = a.integer("layers", 4);
+  const int64_t steps = a.integer("steps", 2), global = a.integer("global_batch", 8);
+  const double lr = a.real("lr", 1e-4);
+  if (global % ws != 0)
+    throw std::invalid_argument("bench_memory: --global_batch " + std::to_string(global) +
+                                " is not a multiple of the world size " + std::to_string(ws));
+  const int64_t rows = global / ws;
+
+  booster::Booster booster(config);
+  torch::manual_seed(1234);
+  torch::nn::Sequential net;
+  for (int64_t l = 0; l < layers; ++l) {
+    net->push_back(torch::nn::Linear(hidden, hidden));
+    if (l + 1 < layers) net->push_back(torch::nn::Tanh());
+  }
+  int64_t numel = 0;
+  for (auto& p : net->parameters()) numel += p.numel();
+  auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(),
+                                                     torch::optim::AdamWOptions(lr).weight_decay(0.01));
+  auto boosted = booster.boost(net.ptr(), adamw);
+  const int64_t rss_after_boost = status_bytes("VmRSS");
+  const int64_t setup_hwm = status_bytes("VmHWM");
+
+  // Fixed data, the same on every rank and in every configuration: each step's global batch.
+  torch::manual_seed(99);
+  std::vector<torch::Tensor> xs, ys;
+  // A learnable target (a fixed linear map of the input) so the evaluation batch, unseen in
+  // training, shows the steps' effect: y = 0.1 x + noise.
+  for (int64_t s = 0; s <= steps; ++s) {  // the last one is the evaluation batch
+    xs.push_back(torch::randn({global, hidden}));
+    ys.push_back(xs.back() * 0.1 + torch::randn({global, hidden}) * 0.01);
+  }
+  auto dtype = net->parameters().front().scalar_type();
+  auto local_loss = [&](int64_t s) {
+    auto x = xs[s].narrow(0, rank * rows, rows).to(dtype);
+    auto y = ys[s].narrow(0, rank * rows, rows);
+    return torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y);
+  };
+
+  // The evaluation loss before training: the steps must move it by more than the tolerance the
+  // driver compares configurations with, or the comparison would not test the training.
+  double initial_eval_loss = 0;
+  {
+    torch::NoGradGuard no_grad;
+    initial_eval_loss = local_loss(steps).item<double>();
+  }
+  const bool reset_ok = reset_peak_rss();
+
+  double t0 = booster::bench::now_s();
+  double last_loss = 0;
+  // Peaks of each phase of each step (VmHWM reset at the start of the phase), when resetting works.
+  std::vector<double> backward_hwm, step_hwm, step_start_rss;
+  int64_t train_hwm = 0;
+  auto phase_peak = [&](std::vector<double>& out) {
+    if (!reset_ok) return;
+    int64_t h = status_bytes("VmHWM");
+    out.push_back(static_cast<double>(h));
+    train_hwm = std::max(train_hwm, h);
+    reset_peak_rss();
+  };
+  for (int64_t s = 0; s < steps; ++s) {
+    step_start_rss.push_back(static_cast<double>(status_bytes("VmRSS")));
+    auto loss = local_loss(s);
+    booster.backward(loss, *boosted.optimizer);
+    last_loss = loss.item<double>();
+    loss = torch::Tensor();
+    phase_peak(backward_hwm);
+    boosted.optimizer->step();
+    boosted.optimizer->zero_grad();
+    phase_peak(step_hwm);
+  }
+  double train_s = booster::bench::now_s() - t0;
+  double eval_loss = 0;
+  {
+    torch::NoGradGuard no_grad;
+    eval_loss = local_loss(steps).item<double>();
+  }
+  if (reset_ok) train_hwm = std::max(train_hwm, status_bytes("VmHWM"));
+  else train_hwm = -1;
+  const int64_t final_rss = status_bytes("VmRSS");
+  const int64_t vm_hwm = std::max(setup_hwm, train_hwm);
+  auto report = booster.memory_report(boosted.model, boosted.optimizer.get());
+
+  last_loss = world->allreduce_scalar(last_loss, booster::dist::ReduceOp::SUM) / ws;
+  eval_loss = world->allreduce_scalar(eval_loss, booster::dist::ReduceOp::SUM) / ws;
+  initial_eval_loss = world->allreduce_scalar(initial_eval_loss, booster::dist::ReduceOp::SUM) / ws;
+  double checksum = 0, checksum_sq = 0;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) {
+      auto d = p.detach().to(torch::kDouble);
+      checksum += d.sum().item<double>();
+      checksum_sq += d.square().sum().item<double>();
+    }
+  }
+
+  using namespace booster::bench;
+  std::cout << "BENCH_MEMORY "
+            << json_obj({{"rank", json_int(rank)},
+                         {"world_size", json_int(ws)},
+                         {"plugin", json_str(a.str("plugin", "torch_ddp"))},
+                         {"stage", json_int(a.str("plugin", "torch_ddp") == "low_level_zero" ? a.integer("stage", 1) : 0)},
+                         {"precision", json_str(a.str("precision", "fp32"))},
+                         {"numel", json_int(numel)},
+                         {"parameters", json_int(report.parameters)},
+                         {"gradients", json_int(report.gradients)},
+                         {"master_weights", json_int(report.master_weights)},
+                         {"optimizer_states", json_int(report.optimizer_states)},
+                         {"communication_buffers", json_int(report.communication_buffers)},
+                         {"model_states", json_int(report.model_states())},
+                         {"baseline_rss_bytes", json_int(baseline_rss)},
+                         {"rss_after_boost_bytes", json_int(rss_after_boost)},
+                         {"setup_hwm_bytes", json_int(setup_hwm)},
+                         {"train_hwm_bytes", json_int(train_hwm)},
+                         {"vm_hwm_bytes", json_int(vm_hwm)},
+                         {"final_rss_bytes", json_int(final_rss)},
+                         {"step_start_rss_bytes", json_list(step_start_rss)},
+                         {"backward_hwm_bytes", json_list(backward_hwm)},
+                         {"step_hwm_bytes", json_list(step_hwm)},
+                         {"train_s", json_num(train_s)},
+                         {"loss", json_num(last_loss)},
+                         {"initial_eval_loss", json_num(initial_eval_loss)},
+                         {"eval_loss", json_num(eval_loss)},
+                         {"checksum", json_num(checksum)},
+                         {"checksum_sq", json_num(checksum_sq)}})
+            << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_memory: " << e.what() << "\n";
+    return 1;
+  }
+}
