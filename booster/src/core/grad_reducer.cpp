@@ -69,16 +69,47 @@ struct GradientReducer::State {
   int64_t launched_in_backward = 0;
   double inv_world = 1.0;
   at::Tensor inv_world_tensor;  // inv_world as a 0-dim wrapped number (see copy_grad_in)
+  // Strategies that do not write back (ZeRO-2) get transient buckets: allocated when the first
+  // gradient arrives, released when finished, and at most kMaxInFlight launched but unfinished
+  // (plus the one being filled), so the bucket memory is a few buckets, not a copy of the model.
+  bool transient = false;
+  static constexpr size_t kMaxInFlight = 2;
+  std::vector<int64_t> bucket_numel;
+  std::vector<at::TensorOptions> bucket_options;
+  size_t next_finish = 0;     // buckets are finished in index order
+
+  void ensure_bucket(size_t b) {
+    Bucket& bucket = buckets[b];
+    if (bucket.flat.defined()) return;
+    bucket.flat = at::empty({bucket_numel[b]}, bucket_options[b]);
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      size_t i = bucket.params[j];
+      views[i] = bucket.flat.narrow(0, bucket.offsets[j], params[i].numel()).view(params[i].sizes());
+    }
+  }
+
+  void release_bucket(size_t b) {
+    buckets[b].flat = at::Tensor();
+    for (size_t i : buckets[b].params) views[i] = at::Tensor();
+  }
+
+  void finish_next() {
+    size_t b = next_finish++;
+    reduction->finish(b, buckets[b]);
+    if (transient) release_bucket(b);
+  }
 
   void launch_ready_buckets() {
     while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
       size_t index = next_bucket++;
       reduction->launch(index, buckets[index]);
+      while (transient && next_bucket - next_finish > kMaxInFlight) finish_next();
     }
   }
 
   // Copies param i's gradient (divided by world size) into its bucket slice.
   void copy_grad_in(size_t i) {
+    if (transient) ensure_bucket(bucket_of[i]);
     at::Tensor& view = views[i];
     at::Tensor grad = params[i].grad();
     if (!grad.defined()) {
@@ -160,7 +191,7 @@ struct GradientReducer::State {
     try {
       launch_ready_buckets();  // all, without overlap_communication
       if (used.defined()) used_work = group->allreduce(used, dist::ReduceOp::MAX);
-      for (size_t b = 0; b < buckets.size(); ++b) reduction->finish(b, buckets[b]);
+      while (next_finish < buckets.size()) finish_next();
       used_work.wait();
     } catch (...) {
       reset();
@@ -186,8 +217,12 @@ struct GradientReducer::State {
 
   void reset() {
     std::fill(ready.begin(), ready.end(), 0);
-    for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].params.size();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      pending[b] = buckets[b].params.size();
+      if (transient) release_bucket(b);
+    }
     next_bucket = 0;
+    next_finish = 0;
   }
 
   std::weak_ptr<State> self;
@@ -214,6 +249,9 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.inv_world_tensor = c10::scalar_to_tensor(at::Scalar(s.inv_world));
   s.inv_world_tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
   s.reduction = options.reduction ? options.reduction : make_allreduce_reduction(group);
+  s.transient = !s.reduction->writes_back();
+  if (s.transient && options.gradient_as_bucket_view)
+    throw std::invalid_argument("booster: gradient_as_bucket_view needs a reduction that writes gradients back");
   for (auto& [name, p] : named_params) {
     if (!p.defined()) throw std::invalid_argument("booster: parameter " + name + " is undefined");
     if (!p.is_leaf()) throw std::invalid_argument("booster: parameter " + name + " is not a leaf tensor");
@@ -264,10 +302,13 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
                                     "parameters' dtype");
       dtype = options.communication_dtype;
     }
-    b.flat = at::zeros({numel}, s.params[g.front()].options().dtype(dtype).requires_grad(false));
+    at::TensorOptions bucket_opts = s.params[g.front()].options().dtype(dtype).requires_grad(false);
+    s.bucket_numel.push_back(numel);
+    s.bucket_options.push_back(bucket_opts);
+    if (!s.transient) b.flat = at::zeros({numel}, bucket_opts);
     for (size_t j = 0; j < g.size(); ++j) {
       size_t i = g[j];
-      s.views[i] = b.flat.narrow(0, b.offsets[j], s.params[i].numel()).view(s.params[i].sizes());
+      if (!s.transient) s.views[i] = b.flat.narrow(0, b.offsets[j], s.params[i].numel()).view(s.params[i].sizes());
       s.bucket_of[i] = s.buckets.size();
       if (options.gradient_as_bucket_view) {
         at::Tensor g0 = s.params[i].grad();
@@ -316,8 +357,24 @@ std::vector<std::vector<size_t>> GradientReducer::bucket_indices() const {
 
 std::vector<int64_t> GradientReducer::bucket_bytes() const {
   std::vector<int64_t> out;
-  for (const auto& b : state_->buckets) out.push_back(b.flat.numel() * static_cast<int64_t>(b.flat.element_size()));
+  for (size_t b = 0; b < state_->buckets.size(); ++b)
+    out.push_back(state_->bucket_numel[b] * static_cast<int64_t>(c10::elementSize(
+                                              c10::typeMetaToScalarType(state_->bucket_options[b].dtype()))));
   return out;
+}
+
+int64_t GradientReducer::resident_bucket_bytes() const {
+  std::vector<int64_t> bytes = bucket_bytes();
+  if (!state_->transient) {
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    return total;
+  }
+  // Launched-but-unfinished buckets, plus the one being filled, plus one that completes early.
+  std::sort(bytes.rbegin(), bytes.rend());
+  int64_t total = 0;
+  for (size_t k = 0; k < bytes.size() && k < State::kMaxInFlight + 2; ++k) total += bytes[k];
+  return total;
 }
 
 int64_t GradientReducer::buckets_launched_during_backward() const { return state_->launched_in_backward; }

@@ -254,17 +254,33 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
     throw DistError("booster: all_gather_into_tensor needs an output of numel " +
                     std::to_string(input.numel() * impl_->size) + " and the input's dtype, got numel " +
                     std::to_string(output.numel()));
-  // Emulation: allgather into chunk views of the flat output (Gloo copies into each view).
+  // Emulation: one broadcast per rank straight into that rank's chunk of the output. Gloo's
+  // allgather would first gather into a temporary flat output of the full size and then copy it
+  // into the chunks (c10d AsyncAllgatherWork): for ZeRO's parameter all-gather that temporary is
+  // the size of the whole model.
   auto flat = output.view({-1});
-  std::vector<at::Tensor> chunks;
-  for (int r = 0; r < impl_->size; ++r) chunks.push_back(flat.narrow(0, r * input.numel(), input.numel()));
-  // An input that overlaps the output (in-place all-gather) is copied first: the backend copies the
-  // input into chunk rank() and source and destination must not overlap.
-  auto in = input.reshape({-1});
-  const char* ob = static_cast<const char*>(output.data_ptr());
-  const char* ib = static_cast<const char*>(in.data_ptr());
-  if (ib < ob + output.nbytes() && ob < ib + in.nbytes()) in = in.clone();
-  return allgather(chunks, in);
+  const int64_t n = input.numel();
+  at::Tensor mine = flat.narrow(0, static_cast<int64_t>(impl_->rank) * n, n);
+  at::Tensor in = input.reshape({-1});
+  if (in.data_ptr() != mine.data_ptr()) {
+    // An input overlapping the output elsewhere is copied first (source and destination of a copy
+    // must not overlap).
+    const char* ob = static_cast<const char*>(output.data_ptr());
+    const char* ib = static_cast<const char*>(in.data_ptr());
+    if (ib < ob + output.nbytes() && ob < ib + in.nbytes()) in = in.clone();
+    mine.copy_(in);
+  }
+  auto works = std::make_shared<std::vector<Work>>();
+  for (int r = 0; r < impl_->size; ++r) {
+    at::Tensor chunk = flat.narrow(0, static_cast<int64_t>(r) * n, n);
+    works->push_back(broadcast(chunk, r));
+  }
+  auto impl = std::make_shared<Work::Impl>();
+  impl->what = describe("all_gather_into_tensor", input);
+  impl->finish = [works]() {
+    for (auto& w : *works) w.wait();
+  };
+  return Work(impl);
 }
 
 Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {

@@ -345,8 +345,7 @@ void ZeroOptimizer::sync_master_from_model() {
 
 MemoryReport ZeroOptimizer::memory_report() const {
   MemoryReport r;
-  int64_t buckets = 0;
-  for (int64_t b : reducer_->bucket_bytes()) buckets += b;
+  int64_t buckets = reducer_->resident_bucket_bytes();
   for (const auto& g : groups_) {
     if (!g->master_is_shard) r.master_weights += bytes_of(g->master);
     if (zero_.stage == 2) r.gradients += bytes_of(g->grad_shard);

@@ -51,8 +51,10 @@ class BOOSTER_API BucketReduction {
   // Waits for it (rethrows dist::DistError) and consumes the result.
   virtual void finish(size_t index, BucketView& bucket) = 0;
   // true: after finish() `flat` holds the averaged gradients and the reducer writes them back into
-  // param.grad() (DDP). false: param.grad() is released as soon as it was copied into its bucket
-  // and the strategy keeps what it needs in finish() (ZeRO-2).
+  // param.grad() (DDP); buckets persist. false: param.grad() is released as soon as it was copied
+  // into its bucket and the strategy keeps what it needs in finish() (ZeRO-2); buckets are then
+  // transient: allocated when their first gradient arrives, released after finish(), and finish()
+  // may run during backward (at most two buckets in flight).
   virtual bool writes_back() const = 0;
 };
 
@@ -102,6 +104,10 @@ class BOOSTER_API GradientReducer {
   // Bytes of each bucket's flat buffer (communication buffers; with gradient_as_bucket_view they are
   // also the gradients).
   std::vector<int64_t> bucket_bytes() const;
+  // Bytes of bucket memory held at most: all buckets for strategies that write back (they persist);
+  // for the others (ZeRO-2) the largest few, since at most two launched buckets are unfinished
+  // while the next one fills.
+  int64_t resident_bucket_bytes() const;
   // Number of allreduces launched from gradient hooks before backward finished, over the life of
   // the reducer (a measure of overlap; buckets launched by the end-of-backward callback not counted).
   int64_t buckets_launched_during_backward() const;

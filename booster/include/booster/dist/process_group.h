@@ -3,7 +3,8 @@
 // Backends: "gloo" (CPU, c10d::ProcessGroupGloo) and, when LibTorch has CUDA, "nccl". Rendezvous is
 // through c10d::TCPStore. Collectives Gloo lacks in LibTorch 1.13 are emulated here, in one place:
 //   - reduce_scatter_tensor: allreduce of a copy of the input, then this rank's chunk is copied out;
-//   - all_gather_into_tensor: allgather into views of the output's chunks;
+//   - all_gather_into_tensor: one broadcast per rank into that rank's chunk of the output (Gloo's
+//     allgather would stage a full-size temporary output);
 //   - ReduceOp::AVG: SUM, then division by size() when the work is waited for;
 //   - bfloat16 data: cast to float32 for the wire, cast back on wait.
 // The real collective is used where the backend has it (NCCL).
