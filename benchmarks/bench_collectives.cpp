@@ -179,10 +179,5 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(Args(argc, argv));
-  } catch (const std::exception& e) {
-    std::cerr << "bench_collectives: " << e.what() << "\n";
-    return 1;
-  }
+  return booster::bench::guarded_main("bench_collectives", [&] { return run(Args(argc, argv)); });
 }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -107,6 +109,16 @@ inline void write_file(const std::string& path, const std::string& text) {
   if (!f) throw std::runtime_error("cannot write " + path);
   f << text << "\n";
   if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+// A benchmark's main(): runs `body`, prints "<name>: <error>" and returns 1 when it throws.
+inline int guarded_main(const char* name, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return 1;
+  }
 }
 
 }  // namespace booster::bench

@@ -33,43 +33,11 @@
 #include <sys/resource.h>
 
 #include "booster/booster.h"
+#include "fashion_mnist/net.h"
 
 namespace {
 
-// conv(1->32,3,p1) BN ReLU pool, conv(32->64,3,p1) BN ReLU pool, fc(3136->128) ReLU dropout(0) fc(128->10):
-// examples/fashion_mnist's net with dropout p = 0 (deterministic).
-struct CnnImpl : torch::nn::Module {
-  CnnImpl()
-      : conv1(torch::nn::Conv2dOptions(1, 32, 3).padding(1)),
-        bn1(32),
-        conv2(torch::nn::Conv2dOptions(32, 64, 3).padding(1)),
-        bn2(64),
-        fc1(64 * 7 * 7, 128),
-        dropout(0.0),
-        fc2(128, 10) {
-    register_module("conv1", conv1);
-    register_module("bn1", bn1);
-    register_module("conv2", conv2);
-    register_module("bn2", bn2);
-    register_module("fc1", fc1);
-    register_module("dropout", dropout);
-    register_module("fc2", fc2);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
-    h = torch::max_pool2d(torch::relu(bn2(conv2(h))), 2);
-    h = dropout(torch::relu(fc1(h.flatten(1))));
-    return fc2(h);
-  }
-  torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
-  torch::nn::Conv2d conv2;
-  torch::nn::BatchNorm2d bn2;
-  torch::nn::Linear fc1;
-  torch::nn::Dropout dropout;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(Cnn);
+// The CNN is examples/fashion_mnist's net (fashion_mnist/net.h) with dropout p = 0 (deterministic).
 
 // 784 -> 4096 -> 4096 -> 10 with ReLU: 20.0M parameters (80 MB of fp32 gradients per step).
 struct MlpImpl : torch::nn::Module {
@@ -169,8 +137,8 @@ struct Args {
   double lr = 0.01, momentum = 0.9, bucket_cap_mb = 25.0;
 };
 
-template <class Net>
-int train(Net net, const Args& a) {
+template <class Model>
+int train(Model net, const Args& a) {
   auto world = booster::dist::world();
   const int rank = world->rank(), ws = world->size();
   init_parameters(*net, a.seed);
@@ -326,7 +294,7 @@ int main(int argc, char** argv) {
     lo.timeout_s = 300;
     booster::dist::launch(a.rank, a.world_size, a.host, a.port, "gloo", lo);
     at::set_num_threads(a.threads);
-    if (a.model == "cnn") return train(Cnn(), a);
+    if (a.model == "cnn") return train(Net(0.0), a);
     return train(Mlp(a.hidden), a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ddp: rank %d: %s\n", a.rank, e.what());

@@ -230,10 +230,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "bench_memory: " << e.what() << "\n";
-    return 1;
-  }
+  return booster::bench::guarded_main("bench_memory", [&] { return run(argc, argv); });
 }

@@ -17,45 +17,10 @@
 #include "booster/booster.h"
 #include "booster/data/dataset.h"
 #include "booster/logging.h"
+#include "net.h"
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Model: conv(1->32) BN ReLU pool, conv(32->64) BN ReLU pool, fc(3136->128) ReLU dropout fc(128->10)
-
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : conv1(torch::nn::Conv2dOptions(1, 32, 3).padding(1)),
-        bn1(32),
-        conv2(torch::nn::Conv2dOptions(32, 64, 3).padding(1)),
-        bn2(64),
-        fc1(64 * 7 * 7, 128),
-        dropout(0.25),
-        fc2(128, 10) {
-    register_module("conv1", conv1);
-    register_module("bn1", bn1);
-    register_module("conv2", conv2);
-    register_module("bn2", bn2);
-    register_module("fc1", fc1);
-    register_module("dropout", dropout);
-    register_module("fc2", fc2);
-  }
-  // x: float32 [B, 1, 28, 28] -> logits float32 [B, 10]
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
-    h = torch::max_pool2d(torch::relu(bn2(conv2(h))), 2);
-    h = dropout(torch::relu(fc1(h.flatten(1))));
-    return fc2(h);
-  }
-  torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
-  torch::nn::Conv2d conv2;
-  torch::nn::BatchNorm2d bn2;
-  torch::nn::Linear fc1;
-  torch::nn::Dropout dropout;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(Net);
 
 struct TrainOptions {
   int64_t epochs, batch_size, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
