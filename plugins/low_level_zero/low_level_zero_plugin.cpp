@@ -108,14 +108,8 @@ class LowLevelZeroPlugin : public Plugin {
     if (options_.precision == "bf16") model->to(at::kBFloat16);
 
     // Identical replicas at start, as DDP: verify names/shapes/dtypes, broadcast from rank 0.
+    sync_replicas(*world(), *model);
     auto params = named_parameters_of(*model, false);
-    auto buffers = named_buffers_of(*model);
-    auto all = params;
-    all.insert(all.end(), buffers.begin(), buffers.end());
-    verify_replicas(*world(), all);
-    std::vector<torch::Tensor> state;
-    for (auto& [n, t] : all) state.push_back(t);
-    broadcast_coalesced(*world(), state, 0);
 
     auto hooks = std::make_shared<ZeroModelHooks>(model);
     Configured c;

@@ -1,6 +1,6 @@
 // torch_ddp_plugin.cpp — the TorchDDP plugin: data parallelism with bucketed, overlapped gradient
 // averaging (PyTorch DistributedDataParallel semantics), built on the core's GradientReducer,
-// verify_replicas and broadcast_coalesced. Options and defaults are ColossalAI's TorchDDPPlugin.
+// sync_replicas and broadcast_coalesced. Options and defaults are ColossalAI's TorchDDPPlugin.
 #include <torch/torch.h>
 
 #include "booster/core/grad_reducer.h"
@@ -44,15 +44,8 @@ class DDPModelHooks : public ModelHooks {
   DDPModelHooks(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<dist::ProcessGroup> world,
                 const TorchDDPOptions& options)
       : model_(std::move(model)), world_(std::move(world)), options_(options) {
-    auto params = named_parameters_of(*model_, false);
-    auto buffers = named_buffers_of(*model_);
-    auto all = params;
-    all.insert(all.end(), buffers.begin(), buffers.end());
-    verify_replicas(*world_, all);
-    std::vector<torch::Tensor> state;
-    for (auto& [n, t] : all) state.push_back(t);
-    broadcast_coalesced(*world_, state, 0);
-    for (auto& [n, t] : buffers) buffers_.push_back(t);
+    sync_replicas(*world_, *model_);
+    for (auto& [n, t] : named_buffers_of(*model_)) buffers_.push_back(t);
 
     ReducerOptions ro;
     ro.bucket_cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(options.bucket_cap_mb * (1 << 20)));

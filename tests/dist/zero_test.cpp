@@ -31,20 +31,26 @@ std::vector<std::string> zero_sets(int stage, std::vector<std::string> more = {}
   return s;
 }
 
+// Single-process training of `net` with `opt` on the full batches: its parameters after `steps`.
+template <class Net>
+std::vector<torch::Tensor> train_single_process(Net& net, torch::optim::Optimizer& opt, const Batches& batches,
+                                                int64_t steps) {
+  for (int64_t s = 0; s < steps; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
 // The OddNet (two groups, padding, 1-element and frozen parameters) trained in one process.
 std::vector<torch::Tensor> reference_odd(int64_t steps, int64_t global_batch) {
   torch::manual_seed(7);
   OddNet net;
   auto opt = make_odd_optimizer(net);
-  auto batches = make_batches(steps, global_batch, 19);
-  for (int64_t s = 0; s < steps; ++s) {
-    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
-    opt->step();
-    opt->zero_grad();
-  }
-  std::vector<torch::Tensor> out;
-  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
-  return out;
+  return train_single_process(net, *opt, make_batches(steps, global_batch, 19), steps);
 }
 
 // The MLP with AdamW on global batches of 8 rows (the "resume" scenario's data) for `steps` steps.
@@ -52,15 +58,7 @@ std::vector<torch::Tensor> reference_resume(int64_t steps) {
   torch::manual_seed(7);
   MLP net;
   auto opt = make_optimizer("adamw", net->parameters());
-  auto batches = make_batches(steps, 8, 23);
-  for (int64_t s = 0; s < steps; ++s) {
-    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
-    opt->step();
-    opt->zero_grad();
-  }
-  std::vector<torch::Tensor> out;
-  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
-  return out;
+  return train_single_process(net, *opt, make_batches(steps, 8, 23), steps);
 }
 
 ProcessResult expect_ranks_ok(int world, const std::vector<std::string>& args) {
@@ -296,5 +294,17 @@ TEST(LowLevelZero, ParametersUnusedOnSomeRanksEqualDdpFindUnused) {
     for (int r = 0; r < 2; ++r)
       expect_close(load_tensors(dir.file("rank" + std::to_string(r) + ".pt")), want,
                    "unused parameters, stage " + std::to_string(stage) + ", rank " + std::to_string(r));
+  }
+}
+
+// Different models on the ranks: the same clear error as torch_ddp (core sync_replicas), on every rank.
+TEST(LowLevelZero, DifferentModelsOnRanksAreAClearError) {
+  TempDir dir;
+  std::vector<std::string> args{"scenario=mismatch", "out=" + dir.path(), "timeout=20"};
+  for (const auto& s : zero_sets(2)) args.push_back("set=" + s);
+  auto results = run_workers(2, args, 60);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 3) << results[r].output;
+    EXPECT_THAT(results[r].output, HasSubstr("differs between ranks"));
   }
 }

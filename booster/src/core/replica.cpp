@@ -92,4 +92,14 @@ std::vector<std::pair<std::string, torch::Tensor>> named_buffers_of(const torch:
   return out;
 }
 
+void sync_replicas(dist::ProcessGroup& group, const torch::nn::Module& module) {
+  auto all = named_parameters_of(module, false);
+  auto buffers = named_buffers_of(module);
+  all.insert(all.end(), buffers.begin(), buffers.end());
+  verify_replicas(group, all);
+  std::vector<torch::Tensor> tensors;
+  for (auto& [name, t] : all) tensors.push_back(t);
+  broadcast_coalesced(group, tensors, 0);
+}
+
 }  // namespace booster

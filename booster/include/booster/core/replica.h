@@ -27,6 +27,11 @@ BOOSTER_API void verify_replicas(dist::ProcessGroup& group,
 BOOSTER_API void broadcast_coalesced(dist::ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
                                      int root, int64_t bucket_bytes = 250LL << 20);
 
+// What every data-parallel plugin does at configure time: verify_replicas over the module's
+// parameters and buffers (names, dtypes, shapes), then broadcast_coalesced of all of them from rank 0.
+// Collective. Throws as verify_replicas.
+BOOSTER_API void sync_replicas(dist::ProcessGroup& group, const torch::nn::Module& module);
+
 // The module's parameters (and buffers) with their dotted names, in registration order.
 BOOSTER_API std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(const torch::nn::Module& m,
                                                                                    bool only_requires_grad);
