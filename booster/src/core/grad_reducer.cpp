@@ -180,9 +180,12 @@ struct GradientReducer::State {
     }
     if (options.find_unused_parameters) {
       // Which parameters were used anywhere: a parameter unused on every rank keeps its gradient.
-      used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
-      auto acc = used.accessor<int32_t, 1>();
-      for (size_t i = 0; i < params.size(); ++i) acc[i] = ready[i] ? 1 : 0;
+      // Only a strategy that writes gradients back needs it (one MAX allreduce per backward).
+      if (!transient) {
+        used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+        auto acc = used.accessor<int32_t, 1>();
+        for (size_t i = 0; i < params.size(); ++i) acc[i] = ready[i] ? 1 : 0;
+      }
       for (size_t i = 0; i < params.size(); ++i)
         if (!ready[i]) mark_ready(i);  // contributes zeros
     }

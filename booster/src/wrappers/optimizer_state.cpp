@@ -36,16 +36,16 @@ int64_t get_scalar(const ParamOptimState& s, const char* key) {
 
 ParamOptimState extract_param_state(const torch::optim::OptimizerParamState& st) {
   ParamOptimState s;
+  auto adam = [&s](const auto& a) {  // AdamParamState and AdamWParamState: same fields, unrelated types
+    s.scalars["step"] = a.step();
+    put(s, "exp_avg", a.exp_avg());
+    put(s, "exp_avg_sq", a.exp_avg_sq());
+    put(s, "max_exp_avg_sq", a.max_exp_avg_sq());
+  };
   if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) {
-    s.scalars["step"] = a->step();
-    put(s, "exp_avg", a->exp_avg());
-    put(s, "exp_avg_sq", a->exp_avg_sq());
-    put(s, "max_exp_avg_sq", a->max_exp_avg_sq());
+    adam(*a);
   } else if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&st)) {
-    s.scalars["step"] = a->step();
-    put(s, "exp_avg", a->exp_avg());
-    put(s, "exp_avg_sq", a->exp_avg_sq());
-    put(s, "max_exp_avg_sq", a->max_exp_avg_sq());
+    adam(*a);
   } else if (auto* g = dynamic_cast<const torch::optim::SGDParamState*>(&st)) {
     put(s, "momentum_buffer", g->momentum_buffer());
   } else if (auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&st)) {

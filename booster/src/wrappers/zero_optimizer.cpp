@@ -176,11 +176,11 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   ro.bucket_key = bucket_key;
   if (zero_.stage == 1) {
     // Gradients live in the buckets (no second full-size copy) unless the wire dtype differs.
-    bool same_dtype = true;
+    grads_are_buckets_ = true;
     for (const auto& [name, p] : trainable)
-      same_dtype = same_dtype && (zero_.communication_dtype == at::ScalarType::Undefined ||
-                                  zero_.communication_dtype == p.scalar_type());
-    ro.gradient_as_bucket_view = same_dtype;
+      grads_are_buckets_ = grads_are_buckets_ && (zero_.communication_dtype == at::ScalarType::Undefined ||
+                                                  zero_.communication_dtype == p.scalar_type());
+    ro.gradient_as_bucket_view = grads_are_buckets_;
   } else {
     ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world);
   }
@@ -351,12 +351,7 @@ MemoryReport ZeroOptimizer::memory_report() const {
     if (zero_.stage == 2) r.gradients += bytes_of(g->grad_shard);
   }
   if (zero_.stage == 1) {
-    bool views = true;
-    for (const auto& g : groups_)
-      for (const auto& p : g->params)
-        views = views && (zero_.communication_dtype == at::ScalarType::Undefined ||
-                          zero_.communication_dtype == p.scalar_type());
-    if (views) {
+    if (grads_are_buckets_) {
       r.gradients = buckets;  // the buckets are the gradients
     } else {
       for (const auto& g : groups_)

@@ -103,6 +103,7 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   std::vector<int64_t> param_local_;  // per parameters() index: index inside its group's layout
   std::unique_ptr<GradientReducer> reducer_;
   bool grads_prepared_ = false;
+  bool grads_are_buckets_ = false;  // stage 1 with the parameters' dtype on the wire: .grad() are bucket views
 };
 
 }  // namespace booster
