@@ -333,6 +333,25 @@ TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {
               ThrowsMessage<booster::PluginError>(HasSubstr("no_sync is not supported with stage = 2")));
 }
 
+TEST(Booster, LowLevelZeroBadOptimizersAreClearErrors) {
+  Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\n");
+  // A trainable parameter left out of the optimizer would never be synchronised.
+  torch::nn::Linear a(4, 2);
+  auto partial = std::make_shared<torch::optim::SGD>(std::vector<torch::Tensor>{a->weight}, torch::optim::SGDOptions(0.1));
+  EXPECT_THAT([&] { booster.boost(a, partial, mse); },
+              ThrowsMessage<booster::PluginError>(AllOf(HasSubstr("parameter bias requires grad but is not in the optimizer"),
+                                                        HasSubstr("requires_grad(false)"))));
+  // One flat buffer per group needs one dtype.
+  torch::nn::Linear b(4, 2);
+  b->bias.set_data(b->bias.detach().to(at::kDouble));
+  auto mixed = std::make_shared<torch::optim::SGD>(b->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_THAT([&] { booster.boost(b, mixed, mse); },
+              ThrowsMessage<booster::PluginError>(AllOf(HasSubstr("need one dtype"), HasSubstr("parameter group 0"),
+                                                        HasSubstr("separate parameter groups"))));
+  // Values are untouched by the failed boost.
+  EXPECT_EQ(b->bias.scalar_type(), at::kDouble);
+}
+
 TEST(Booster, LowLevelZeroCpuOffloadKeepsASeparateHostMasterSlice) {
   Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\ncpu_offload = true\n");
   torch::nn::Linear net(4, 2);
