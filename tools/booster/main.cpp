@@ -1,6 +1,7 @@
 // main.cpp — entry point of the `booster` command-line tool. Each feature is a CLI11 subcommand:
-// `booster run` (torchrun-like launcher, run.h); later ones (`booster ckpt ...`) are added here the
-// same way. Usage errors exit with 2, `--help` with 0; otherwise the subcommand's exit code.
+// `booster run` (torchrun-like launcher: run_args.h parses, supervisor.h runs) and `booster ckpt`
+// (execs booster-ckpt). Usage errors exit with 2, `--help` with 0; otherwise the subcommand's
+// exit code.
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -12,7 +13,8 @@
 #include <unistd.h>
 #include <string>
 
-#include "run.h"
+#include "run_args.h"
+#include "supervisor.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"booster: command-line tool of the Booster C++ distributed training SDK", "booster"};

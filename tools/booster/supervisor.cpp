@@ -1,12 +1,10 @@
-// run.cpp — `booster run`, the torchrun-like launcher (see run.h for the contract).
+// supervisor.cpp — `booster run`'s process supervision (see supervisor.h for the contract).
 //
 // One thread, one poll() loop over: a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP, all blocked) and
 // the read ends of every rank's stdout/stderr pipes. Ranks are started with fork + execve: the
 // launcher never loads LibTorch or OpenMP and has no other threads, so forking is safe, and the
 // child only makes async-signal-safe calls before execve.
-#include "run.h"
-
-#include <CLI/CLI.hpp>
+#include "supervisor.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,57 +27,6 @@
 extern char** environ;
 
 namespace booster::cli {
-
-CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
-  CLI::App* run = app.add_subcommand(
-      "run", "Launch a distributed job: start --nproc_per_node local ranks of a program (like torchrun)");
-  run->add_option("--nproc_per_node,--nproc-per-node", o.nproc_per_node,
-                  "Number of ranks (processes) to start on this node")
-      ->capture_default_str();
-  run->add_option("--nnodes", o.nnodes, "Number of nodes in the job (run one launcher per node)")
-      ->capture_default_str();
-  run->add_option("--node_rank,--node-rank", o.node_rank, "Index of this node, in [0, nnodes)")
-      ->capture_default_str();
-  run->add_option("--master_addr,--master-addr", o.master_addr,
-                  "Address of the node running rank 0 (MASTER_ADDR)")
-      ->capture_default_str();
-  run->add_option("--master_port,--master-port", o.master_port,
-                  "Rendezvous port on master_addr (MASTER_PORT)")
-      ->capture_default_str();
-  run->add_option("program", o.command,
-                  "Program to run (looked up in PATH if it has no '/'), then its arguments, passed "
-                  "through untouched");
-  // Once the program name is seen, every later argument (even "--rank 3" or "-h") is a positional
-  // belonging to the program: CLI11's positionals_at_end gives torchrun's "options stop at the
-  // script" behaviour, and unknown launcher options before the program are still reported.
-  run->positionals_at_end();
-  run->footer(
-      "\nEach rank gets RANK = node_rank * nproc_per_node + local_rank, LOCAL_RANK, WORLD_SIZE,\n"
-      "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, and OMP_NUM_THREADS=1 unless set.\n"
-      "Output lines are prefixed with \"[rank R]: \". SIGINT/SIGTERM/SIGHUP are forwarded to the ranks;\n"
-      "when one rank fails the others get SIGTERM, then SIGKILL after 5 s.\n"
-      "Exit codes: 0 all ranks exited 0; 1 a rank failed; 2 usage error; 127 program cannot be\n"
-      "executed; 128+N the launcher received signal N.\n"
-      "Example: booster run --nproc_per_node 4 ./train --config configs/ddp.toml");
-  return run;
-}
-
-std::string validate_run_options(const RunOptions& o) {
-  if (o.command.empty() || o.command[0].empty())
-    return "missing the program to run (usage: booster run [OPTIONS] PROGRAM [ARGS...])";
-  if (o.nproc_per_node < 1)
-    return "--nproc_per_node must be at least 1 (got " + std::to_string(o.nproc_per_node) + ")";
-  if (o.nnodes < 1) return "--nnodes must be at least 1 (got " + std::to_string(o.nnodes) + ")";
-  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
-    return "--node_rank must be in [0, nnodes) = [0, " + std::to_string(o.nnodes) + ") (got " +
-           std::to_string(o.node_rank) + ")";
-  if (o.master_port < 1 || o.master_port > 65535)
-    return "--master_port must be in [1, 65535] (got " + std::to_string(o.master_port) + ")";
-  if (o.master_addr.empty()) return "--master_addr must not be empty";
-  if (static_cast<long long>(o.nnodes) * o.nproc_per_node > 1000000000LL)
-    return "--nnodes * --nproc_per_node is too large";
-  return "";
-}
 
 namespace {
 

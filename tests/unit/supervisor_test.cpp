@@ -1,7 +1,7 @@
-// launcher_test.cpp — tests of `booster run` (tools/booster/run.cpp), the torchrun-like launcher:
+// supervisor_test.cpp — tests of `booster run`'s process supervision (tools/booster/supervisor.cpp):
 // environment contract, "[rank R]: " output prefixes, failure propagation, signal forwarding, and
 // that no rank (or helper process of a rank) outlives the launcher. Ranks are small /bin/sh
-// scripts; the tool is the binary at BOOSTER_CLI_PATH.
+// scripts; the tool is the binary at BOOSTER_CLI_PATH. The command line is tested in run_args_test.cpp.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -108,7 +108,7 @@ const char* kEchoEnv =
     "echo \"RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE "
     "GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT OMP=$OMP_NUM_THREADS\"";
 
-TEST(Launcher, AllRanksSucceedWithTorchrunEnvironment) {
+TEST(Supervisor, AllRanksSucceedWithTorchrunEnvironment) {
   int port = bt::free_port();
   // A RANK already in the environment must be overridden; OMP_NUM_THREADS defaults to 1.
   Launch l = booster({"run", "--nproc_per_node", "2", "--master_port", std::to_string(port), "/bin/sh", "-c",
@@ -126,7 +126,7 @@ TEST(Launcher, AllRanksSucceedWithTorchrunEnvironment) {
   EXPECT_EQ(lines_of(l.out).size(), 2u) << describe(l);
 }
 
-TEST(Launcher, DefaultsAndExistingOmpNumThreadsKept) {
+TEST(Supervisor, DefaultsAndExistingOmpNumThreadsKept) {
   Launch l = booster({"run", "/bin/sh", "-c", kEchoEnv}, {{"OMP_NUM_THREADS", "7"}});
   ASSERT_EQ(l.proc.exit_code, 0) << describe(l);
   EXPECT_TRUE(has_line(l.out, "[rank 0]: RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 "
@@ -134,7 +134,7 @@ TEST(Launcher, DefaultsAndExistingOmpNumThreadsKept) {
       << describe(l);
 }
 
-TEST(Launcher, SecondNodeOfTwoGetsGlobalRanks) {
+TEST(Supervisor, SecondNodeOfTwoGetsGlobalRanks) {
   Launch l = booster({"run", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "--master_addr",
                       "10.1.2.3", "--master_port", "23456", "/bin/sh", "-c", kEchoEnv});
   ASSERT_EQ(l.proc.exit_code, 0) << describe(l);
@@ -146,7 +146,7 @@ TEST(Launcher, SecondNodeOfTwoGetsGlobalRanks) {
       << describe(l);
 }
 
-TEST(Launcher, ProgramArgumentsPassThroughAndPathLookup) {
+TEST(Supervisor, ProgramArgumentsPassThroughAndPathLookup) {
   // "sh" has no '/', so it is looked up in PATH; options after it belong to the program.
   Launch l = booster({"run", "--nproc-per-node", "1", "sh", "-c", "echo \"args: $*\"", "sh", "--rank", "3",
                       "-h", "--nproc_per_node", "9", "--", "x"});
@@ -159,7 +159,7 @@ TEST(Launcher, ProgramArgumentsPassThroughAndPathLookup) {
   EXPECT_TRUE(has_line(m.out, "[rank 0]: ok")) << describe(m);
 }
 
-TEST(Launcher, StreamsArePrefixedSeparatelyAndPartialLineIsFlushed) {
+TEST(Supervisor, StreamsArePrefixedSeparatelyAndPartialLineIsFlushed) {
   Launch l = booster({"run", "--nproc_per_node", "2", "/bin/sh", "-c",
                       "echo \"out $RANK\"; echo \"err $RANK\" >&2; printf 'tail %s' \"$RANK\""});
   ASSERT_EQ(l.proc.exit_code, 0) << describe(l);
@@ -174,7 +174,7 @@ TEST(Launcher, StreamsArePrefixedSeparatelyAndPartialLineIsFlushed) {
   EXPECT_EQ(l.out.back(), '\n');
 }
 
-TEST(Launcher, LinesOfDifferentRanksNeverInterleave) {
+TEST(Supervisor, LinesOfDifferentRanksNeverInterleave) {
   // Each line is written in two pieces, so the launcher has to reassemble lines.
   const std::string long_text(200, 'x');
   Launch l = booster({"run", "--nproc_per_node", "4", "/bin/sh", "-c",
@@ -205,7 +205,7 @@ std::string failing_job_script(const std::string& fail) {
 
 const std::vector<std::string> kPidFiles = {"pid0", "pid1", "pid2", "child0", "child1", "child2"};
 
-TEST(Launcher, FailingRankStopsTheJob) {
+TEST(Supervisor, FailingRankStopsTheJob) {
   bt::TempDir dir;
   Launch l = booster({"run", "--nproc_per_node", "3", "/bin/sh", "-c", failing_job_script("exit 3")},
                      {{"D", dir.path()}});
@@ -221,7 +221,7 @@ TEST(Launcher, FailingRankStopsTheJob) {
   expect_all_dead(pids);
 }
 
-TEST(Launcher, RankKilledBySignalStopsTheJob) {
+TEST(Supervisor, RankKilledBySignalStopsTheJob) {
   bt::TempDir dir;
   Launch l = booster({"run", "--nproc_per_node", "3", "/bin/sh", "-c", failing_job_script("kill -9 $$")},
                      {{"D", dir.path()}});
@@ -235,7 +235,7 @@ TEST(Launcher, RankKilledBySignalStopsTheJob) {
   expect_all_dead(pids);
 }
 
-TEST(Launcher, RanksIgnoringSigtermAreKilledAfterGrace) {
+TEST(Supervisor, RanksIgnoringSigtermAreKilledAfterGrace) {
   bt::TempDir dir;
   // Rank 0 and its child ignore SIGTERM; they must get SIGKILL about 5 s after rank 1 fails.
   std::string script =
@@ -251,7 +251,7 @@ TEST(Launcher, RanksIgnoringSigtermAreKilledAfterGrace) {
   expect_all_dead(pids);
 }
 
-TEST(Launcher, SigtermIsForwardedToRanks) {
+TEST(Supervisor, SigtermIsForwardedToRanks) {
   bt::TempDir dir, io;
   std::string script =
       "trap 'echo got-TERM; exit 7' TERM\n"
@@ -272,7 +272,7 @@ TEST(Launcher, SigtermIsForwardedToRanks) {
   expect_all_dead(pids);
 }
 
-TEST(Launcher, RanksDieWhenLauncherIsKilled) {
+TEST(Supervisor, RanksDieWhenLauncherIsKilled) {
   // Become a subreaper for this test so the ranks, orphaned when the launcher dies, are re-parented
   // to us and can be reaped (some container inits never reap zombies).
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
@@ -304,7 +304,7 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
   }
 }
 
-TEST(Launcher, ProgramThatCannotBeExecuted) {
+TEST(Supervisor, ProgramThatCannotBeExecuted) {
   Launch l = booster({"run", "--nproc_per_node", "2", "no_such_program_booster_test"});
   EXPECT_EQ(l.proc.exit_code, 127) << describe(l);
   EXPECT_NE(l.err.find("no_such_program_booster_test"), std::string::npos) << describe(l);
@@ -316,43 +316,6 @@ TEST(Launcher, ProgramThatCannotBeExecuted) {
   Launch m = booster({"run", script});
   EXPECT_EQ(m.proc.exit_code, 127) << describe(m);
   EXPECT_NE(m.err.find(script), std::string::npos) << describe(m);
-}
-
-TEST(Launcher, BadUsage) {
-  struct Case {
-    std::vector<std::string> args;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
-      {{"run"}, "missing the program"},
-      {{"run", "--nproc_per_node", "2"}, "missing the program"},
-      {{"run", "--nproc_per_node", "0", "/bin/true"}, "--nproc_per_node"},
-      {{"run", "--nproc_per_node", "many", "/bin/true"}, "nproc_per_node"},
-      {{"run", "--nnodes", "2", "--node_rank", "2", "/bin/true"}, "--node_rank"},
-      {{"run", "--master_port", "70000", "/bin/true"}, "--master_port"},
-      {{"run", "--bogus", "/bin/true"}, "--bogus"},
-      {{}, "subcommand"},
-      {{"frobnicate"}, "unknown subcommand 'frobnicate'"},
-  };
-  for (const auto& c : cases) {
-    Launch l = booster(c.args);
-    std::string joined;
-    for (const auto& a : c.args) joined += a + " ";
-    EXPECT_NE(l.proc.exit_code, 0) << joined << describe(l);
-    EXPECT_EQ(l.proc.exit_code, 2) << joined << describe(l);
-    EXPECT_NE(l.err.find(c.message), std::string::npos) << joined << describe(l);
-  }
-}
-
-TEST(Launcher, HelpListsOptions) {
-  Launch top = booster({"--help"});
-  EXPECT_EQ(top.proc.exit_code, 0) << describe(top);
-  EXPECT_NE(top.out.find("run"), std::string::npos) << describe(top);
-
-  Launch run = booster({"run", "--help"});
-  EXPECT_EQ(run.proc.exit_code, 0) << describe(run);
-  for (const char* opt : {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port"})
-    EXPECT_NE(run.out.find(opt), std::string::npos) << opt << "\n" << describe(run);
 }
 
 }  // namespace

@@ -1,0 +1,46 @@
+// run_args.h — the command line of `booster run` (the torchrun-like launcher): its options, their
+// validation, and the launcher's exit codes. Parsing only; supervisor.h runs the job. No LibTorch
+// and no process control here, so the parser is unit-tested in-process (tests/unit/run_args_test.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace booster::cli {
+
+// Exit codes of `booster run` (the launcher itself, not the ranks).
+enum RunExitCode : int {
+  kRunOk = 0,            // every rank exited with code 0
+  kRunRankFailed = 1,    // a rank exited non-zero or was killed by a signal (torchrun also exits 1)
+  kRunUsageError = 2,    // bad command line (missing program, nproc < 1, node_rank >= nnodes, ...)
+  kRunCannotExec = 127,  // the program was not found or could not be executed
+  // 128 + N: the launcher received signal N (SIGINT -> 130, SIGTERM -> 143, SIGHUP -> 129),
+  // forwarded it to the ranks and stopped the job.
+};
+
+struct RunOptions {
+  int nproc_per_node = 1;                 // ranks started on this node
+  int nnodes = 1;                         // nodes in the job (one launcher per node)
+  int node_rank = 0;                      // this node's index in [0, nnodes)
+  std::string master_addr = "127.0.0.1";  // rendezvous host of rank 0 (MASTER_ADDR)
+  int master_port = 29500;                // rendezvous port (MASTER_PORT)
+  std::vector<std::string> command;       // program (looked up in PATH if it has no '/') + args
+  double kill_grace_seconds = 5.0;        // after SIGTERM, wait this long before SIGKILL
+};
+
+// Adds the `run` subcommand with its options to `app`, storing parsed values into `options`
+// (which must outlive parsing). Everything from the program name on, including "--"-style
+// arguments such as "--rank 3", is passed to the program untouched; a "--" right before the
+// program is accepted and dropped. Returns the subcommand.
+CLI::App* add_run_subcommand(CLI::App& app, RunOptions& options);
+
+// Returns "" if `options` describe a job that can be launched, else a one-line error message
+// (nproc_per_node < 1, nnodes < 1, node_rank outside [0, nnodes), port outside [1, 65535],
+// empty master_addr, no program).
+std::string validate_run_options(const RunOptions& options);
+
+}  // namespace booster::cli

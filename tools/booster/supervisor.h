@@ -1,0 +1,35 @@
+// supervisor.h — `booster run`'s process supervision: starts the local ranks of a distributed job
+// as fresh processes, prefixes their output with "[rank R]: ", forwards signals to them and brings
+// the whole job down as soon as one rank fails. No LibTorch here (see tools/CMakeLists.txt).
+#pragma once
+
+#include "run_args.h"
+
+namespace booster::cli {
+
+// Runs the job described by `options` and returns the launcher's exit code (RunExitCode in run_args.h).
+//
+// Each of the nproc_per_node local ranks is a fresh process (fork + execve of the program; the
+// launcher holds no threads or OpenMP runtime) with the torchrun environment contract:
+// RANK = node_rank * nproc_per_node + local_rank, LOCAL_RANK, WORLD_SIZE = nnodes * nproc_per_node,
+// LOCAL_WORLD_SIZE, GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT, and OMP_NUM_THREADS=1 unless
+// already set; the rest of the environment is inherited, stdin is /dev/null. Every rank runs in its
+// own process group (so its helper processes can be stopped with it) and gets SIGKILL if the
+// launcher dies (PR_SET_PDEATHSIG). The launcher is a child subreaper, so the ranks' orphaned
+// helpers are reaped by it rather than left as zombies.
+//
+// Each line a rank writes is copied to the launcher's stdout / stderr (same stream) prefixed with
+// "[rank R]: ", whole lines per write so lines of different ranks never interleave; a last line
+// without a newline is flushed (with a newline) when the rank's stream ends, and a line longer
+// than 1 MiB is split.
+//
+// SIGINT, SIGTERM and SIGHUP received by the launcher are forwarded to every rank's process group
+// (a second one escalates to SIGKILL). When a rank exits non-zero or is killed by a signal, one
+// line naming it goes to stderr ("booster run: rank 1 (pid 1234) exited with code 3; stopping the
+// other ranks"), every rank's process group gets SIGTERM and, after kill_grace_seconds, SIGKILL.
+// When all ranks exited 0, processes they left behind in their groups are stopped the same way.
+// Errors (program not found or not executable, fork/pipe failure) are reported on stderr with the
+// exit codes above; this function does not throw.
+int run_launcher(const RunOptions& options);
+
+}  // namespace booster::cli
