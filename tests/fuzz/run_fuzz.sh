@@ -33,9 +33,9 @@ bin="$out/safetensors_fuzz"
 echo "run_fuzz: building $bin"
 "$CXX" -std=c++17 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -DBOOSTER_SAFETENSORS_PARSER_ONLY -Wall -Wextra -Wno-unused-parameter \
+  -Wall -Wextra -Wno-unused-parameter \
   -I"$root/booster/include" \
-  "$here/safetensors_fuzz.cpp" "$root/booster/src/checkpoint/safetensors.cpp" \
+  "$here/safetensors_fuzz.cpp" "$root/booster/src/checkpoint/safetensors_header.cpp" \
   -o "$bin"
 
 # The fixtures of other implementations are good seeds too.

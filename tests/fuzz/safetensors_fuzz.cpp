@@ -1,7 +1,7 @@
 // safetensors_fuzz.cpp — libFuzzer target for the safetensors header parser.
 // Any input must either parse or throw CheckpointError; any other exception, a crash, a sanitizer
 // report, a leak or a huge allocation is a bug. Built by tests/fuzz/run_fuzz.sh (parser only, no
-// LibTorch code: -DBOOSTER_SAFETENSORS_PARSER_ONLY).
+// LibTorch code: safetensors_header.cpp alone).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

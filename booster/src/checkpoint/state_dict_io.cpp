@@ -1,11 +1,9 @@
 // state_dict_io.cpp — HuggingFace-layout checkpoint directories (see booster/checkpoint/state_dict_io.h).
 //
 // Saving: tied tensors are dropped (first name wins), the rest is split into shards with
-// huggingface_hub's rule, and every file (shards, index, extra files) is written into a fresh
-// `<dir>.tmp-<pid>-<n>` next to the target, fsynced, and swapped in with renameat2(RENAME_EXCHANGE)
-// (or renamed when the target does not exist yet), so `dir` always holds a complete checkpoint.
-// `.bin` files are streamed through the same Pickler + PyTorchStreamWriter pair that
-// torch::pickle_save uses (identical bytes, but straight to the file instead of a buffer).
+// huggingface_hub's rule, and every file (shards, index, extra files) is written inside one
+// io::atomic_write_directory, so `dir` always holds a complete checkpoint. The file formats are
+// safetensors.h and torch_pickle.h.
 //
 // Loading: a file, or a directory probed as transformers does (single safetensors, safetensors index,
 // single bin, bin index). An index is validated completely (file names, shard presence, and for
@@ -19,19 +17,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <ATen/core/Dict.h>
-#include <ATen/core/ivalue.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/import_read.h>
-#include <torch/csrc/jit/serialization/pickler.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -44,9 +33,8 @@
 #include <tuple>
 #include <utility>
 
-#ifndef RENAME_EXCHANGE
-#define RENAME_EXCHANGE (1 << 1)
-#endif
+#include "booster/checkpoint/torch_pickle.h"
+#include "booster/io/atomic_write.h"
 
 namespace booster::checkpoint {
 namespace {
@@ -75,6 +63,7 @@ bool is_plain_file_name(const std::string& name) {
   return name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
 }
 
+// An open descriptor, closed on destruction (reads only: writes go through booster/io).
 class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
@@ -84,255 +73,19 @@ class Fd {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
-  // Closes and reports the error of close (a late write error on some file systems).
-  int close() {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    return rc == 0 ? 0 : errno;
-  }
 
  private:
   int fd_;
 };
 
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, std::min<size_t>(size, size_t{1} << 30));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("cannot write", path, errno);
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-void fsync_close(Fd& fd, const std::string& path) {
-  if (::fsync(fd.get()) != 0) throw_errno("cannot fsync", path, errno);
-  if (int err = fd.close()) throw_errno("cannot close", path, err);
-}
-
-int create_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_errno("cannot create", path, errno);
-  return fd;
-}
-
-// Writes a new file (must not exist) and fsyncs it.
-void write_new_file(const std::string& path, const std::string& bytes) {
-  Fd fd(create_file(path));
-  write_all(fd.get(), bytes.data(), bytes.size(), path);
-  fsync_close(fd, path);
-}
-
-void fsync_directory(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw_errno("cannot open directory", path, errno);
-  Fd guard(fd);
-  if (::fsync(fd) != 0 && errno != EINVAL) throw_errno("cannot fsync directory", path, errno);
-}
-
-void remove_tree_quietly(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-}
-
-int rename_exchange(const std::string& a, const std::string& b) {
-  long rc = ::syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE);
-  return rc == 0 ? 0 : errno;
-}
-
-std::atomic<uint64_t> g_temp_counter{0};
-
-// The atomic directory write: `fill(tmp)` creates the files inside `tmp` (each fsynced), then the
-// directory is fsynced and put in place of `dir`.
-void atomic_write_directory_with(const std::string& dir_in, const std::function<void(const std::string&)>& fill) {
-  std::string dir = dir_in;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  fs::path target(dir);
-  const std::string leaf = target.filename().string();
-  if (dir.empty() || leaf.empty() || leaf == "." || leaf == "..")
-    throw CheckpointError("invalid checkpoint directory '" + dir_in + "'");
-
-  // Replace the directory a symlink points to, not the symlink.
-  struct stat st {};
-  bool exists = false;
-  if (::lstat(dir.c_str(), &st) == 0) {
-    if (S_ISLNK(st.st_mode)) {
-      std::error_code ec;
-      fs::path real = fs::canonical(target, ec);
-      if (ec) throw CheckpointError("cannot resolve symlink '" + dir + "': " + ec.message());
-      return atomic_write_directory_with(real.string(), fill);
-    }
-    if (!S_ISDIR(st.st_mode)) throw CheckpointError("cannot write checkpoint: '" + dir + "' exists and is not a directory");
-    exists = true;
-  } else if (errno != ENOENT) {
-    throw_errno("cannot stat", dir, errno);
-  }
-
-  fs::path parent_path = target.parent_path();
-  const std::string parent = parent_path.empty() ? std::string(".") : parent_path.string();
-  if (!exists) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec) throw CheckpointError("cannot create directory '" + parent + "': " + ec.message());
-  }
-
-  const std::string tmp = dir + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(g_temp_counter++);
-  if (::mkdir(tmp.c_str(), 0755) != 0) throw_errno("cannot create temporary directory", tmp, errno);
-
+// Runs an io:: step, reporting its failure as a CheckpointError (same message).
+template <class F>
+void checkpoint_io_step(F&& f) {
   try {
-    fill(tmp);
-    fsync_directory(tmp);
-    bool swapped = false;  // true: the old checkpoint is now at `tmp`
-    if (exists) {
-      int err = rename_exchange(tmp, dir);
-      if (err == 0) {
-        swapped = true;
-      } else if (err == EINVAL || err == ENOSYS || err == ENOTSUP || err == EOPNOTSUPP) {
-        // No RENAME_EXCHANGE on this file system: move the old one aside first (a crash between
-        // the two renames leaves `dir` missing and the old checkpoint at `<dir>.old-...`).
-        const std::string old = dir + ".old-" + std::to_string(::getpid()) + "-" + std::to_string(g_temp_counter++);
-        if (::rename(dir.c_str(), old.c_str()) != 0) throw_errno("cannot rename", dir, errno);
-        if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-          int e = errno;
-          ::rename(old.c_str(), dir.c_str());
-          throw_errno("cannot rename '" + tmp + "' to", dir, e);
-        }
-        fsync_directory(parent);
-        remove_tree_quietly(old);
-        return;
-      } else {
-        throw_errno("cannot replace", dir, err);
-      }
-    } else if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-      int err = errno;
-      if (err != ENOTEMPTY && err != EEXIST) throw_errno("cannot rename '" + tmp + "' to", dir, err);
-      // Someone created it meanwhile: swap with theirs.
-      err = rename_exchange(tmp, dir);
-      if (err != 0) throw_errno("cannot replace", dir, err);
-      swapped = true;
-    }
-    try {
-      fsync_directory(parent);
-    } catch (...) {
-      if (swapped) remove_tree_quietly(tmp);
-      throw;  // the new checkpoint is in place but its rename may not be durable
-    }
-    if (swapped) remove_tree_quietly(tmp);
-  } catch (...) {
-    remove_tree_quietly(tmp);
-    throw;
+    f();
+  } catch (const io::IoError& e) {
+    throw CheckpointError(e.what());
   }
-}
-
-// ---- .bin (torch.save zip) -------------------------------------------------------------------
-
-// A tensor the pickler writes as exactly its own bytes: CPU, contiguous, and owning its whole
-// storage from offset 0 (a view would otherwise drag its entire storage into the file).
-at::Tensor standalone(const at::Tensor& t) {
-  at::Tensor c = t.detach();
-  if (!c.device().is_cpu()) c = c.to(at::kCPU);
-  c = c.contiguous();
-  if (c.has_storage() &&
-      (c.storage_offset() != 0 || c.storage().nbytes() != static_cast<size_t>(c.numel()) * c.element_size()))
-    c = c.clone();
-  return c;
-}
-
-void write_bin_impl(const std::string& path, const StateDict& state) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : state) {
-    if (!tensor.defined()) throw CheckpointError(path + ": tensor '" + name + "' is undefined");
-    if (dict.contains(name)) throw CheckpointError(path + ": duplicate tensor name '" + name + "'");
-    dict.insert(name, standalone(tensor));
-  }
-
-  Fd fd(create_file(path));
-  int write_errno = 0;
-  try {
-    // What torch::pickle_save does, with the zip written straight to the file.
-    std::vector<char> pickle_data;
-    torch::jit::Pickler pickler(
-        [&](const char* buf, size_t size) { pickle_data.insert(pickle_data.end(), buf, buf + size); });
-    pickler.protocol();
-    pickler.pushIValue(c10::IValue(dict));
-    pickler.stop();
-    // After a write error the rest is discarded but reported as written: a short count would make
-    // the writer throw, and it throws again from its destructor (std::terminate in LibTorch 1.13).
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t len) -> size_t {
-      const char* p = static_cast<const char*>(bytes);
-      size_t left = write_errno != 0 ? 0 : len;
-      while (left > 0) {
-        ssize_t n = ::write(fd.get(), p, std::min<size_t>(left, size_t{1} << 30));
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          write_errno = errno;
-          break;
-        }
-        p += n;
-        left -= static_cast<size_t>(n);
-      }
-      return len;
-    });
-    torch::jit::writeArchiveAndTensors("data", pickle_data.data(), pickle_data.size(), pickler.tensorData(), writer);
-    writer.writeEndOfFile();
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    if (write_errno != 0) throw_errno("cannot write", path, write_errno);
-    throw CheckpointError("cannot write '" + path + "': " + e.what());
-  }
-  if (write_errno != 0) throw_errno("cannot write", path, write_errno);
-  fsync_close(fd, path);
-}
-
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-// True if the archive's pickle starts with a collections.OrderedDict (protocol 2: PROTO 2, GLOBAL).
-bool pickles_ordered_dict(const std::string& path) {
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    if (!reader.hasRecord("data.pkl")) return false;
-    auto [data, size] = reader.getRecord("data.pkl");
-    static const std::string prefix = std::string("\x80\x02", 2) + "ccollections\nOrderedDict\n";
-    return size >= prefix.size() && std::memcmp(data.get(), prefix.data(), prefix.size()) == 0;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-StateDict read_bin_impl(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw_errno("cannot open", path, errno);
-  if (!S_ISREG(st.st_mode)) throw CheckpointError("'" + path + "' is not a regular file");
-  c10::IValue value;
-  try {
-    // What torch::pickle_load does, reading from the file instead of a buffer in memory.
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    value = torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, c10::nullopt, reader);
-  } catch (const std::exception& e) {
-    if (pickles_ordered_dict(path))
-      throw CheckpointError("'" + path +
-                            "' holds a collections.OrderedDict (torch.save(model.state_dict())), which LibTorch's "
-                            "unpickler cannot rebuild; re-save it from Python as a plain dict: "
-                            "torch.save(dict(state_dict), path)");
-    throw CheckpointError("'" + path + "' is not a readable torch.save zip archive of a dict of tensors: " +
-                          first_line(e.what()));
-  }
-  if (!value.isGenericDict())
-    throw CheckpointError("'" + path + "' holds a " + value.tagKind() + ", expected a dict of str -> Tensor");
-  StateDict out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString())
-      throw CheckpointError("'" + path + "': a key is a " + item.key().tagKind() + ", expected str");
-    const std::string name = item.key().toStringRef();
-    if (!item.value().isTensor())
-      throw CheckpointError("'" + path + "': value of '" + name + "' is a " + item.value().tagKind() +
-                            ", expected a Tensor");
-    out.emplace_back(name, item.value().toTensor().detach());  // no autograd flags from the file
-  }
-  return out;
 }
 
 // ---- loading helpers ------------------------------------------------------------------------
@@ -353,7 +106,7 @@ bool is_bin_file(const std::string& path) {
 // One file of either format, all of it or only `only` (in file order).
 StateDict load_file(const std::string& path, const std::vector<std::string>* only) {
   if (!is_bin_file(path)) return load_safetensors(path, only);
-  StateDict all = read_bin_impl(path);
+  StateDict all = read_bin(path);
   if (!only) return all;
   std::set<std::string> wanted(only->begin(), only->end());
   StateDict out;
@@ -541,15 +294,13 @@ std::vector<std::vector<size_t>> split_into_shards(const std::vector<int64_t>& t
   return shards;
 }
 
-void write_bin(const std::string& path, const StateDict& state) { write_bin_impl(path, state); }
-
-StateDict read_bin(const std::string& path) { return read_bin_impl(path); }
-
 void atomic_write_directory(const std::string& dir, const std::map<std::string, std::string>& files) {
   for (const auto& [name, bytes] : files)
     if (!is_plain_file_name(name)) throw std::invalid_argument("atomic_write_directory: '" + name + "' is not a plain file name");
-  atomic_write_directory_with(dir, [&](const std::string& tmp) {
-    for (const auto& [name, bytes] : files) write_new_file(join(tmp, name), bytes);
+  checkpoint_io_step([&] {
+    io::atomic_write_directory(dir, [&](const std::string& tmp) {
+      for (const auto& [name, bytes] : files) io::write_new_file(join(tmp, name), bytes);
+    });
   });
 }
 
@@ -623,7 +374,7 @@ void save_state_dict(const std::string& dir, const StateDict& state, const SaveO
     if (generated.count(name))
       throw std::invalid_argument("save_state_dict: extra file '" + name + "' collides with a checkpoint file");
 
-  atomic_write_directory_with(dir, [&](const std::string& tmp) {
+  checkpoint_io_step([&] { io::atomic_write_directory(dir, [&](const std::string& tmp) {
     for (size_t s = 0; s < shards.size(); ++s) {
       StateDict part;
       part.reserve(shards[s].size());
@@ -632,11 +383,11 @@ void save_state_dict(const std::string& dir, const StateDict& state, const SaveO
       if (options.use_safetensors)
         write_safetensors(path, part);
       else
-        write_bin_impl(path, part);
+        write_bin(path, part);
     }
-    if (sharded) write_new_file(join(tmp, index_name), index_text);
-    for (const auto& [name, text] : extra_files) write_new_file(join(tmp, name), text);
-  });
+    if (sharded) io::write_new_file(join(tmp, index_name), index_text);
+    for (const auto& [name, text] : extra_files) io::write_new_file(join(tmp, name), text);
+  }); });
 }
 
 StateDict load_state_dict(const std::string& path, const std::string& base) {

@@ -2,9 +2,9 @@
 // (`model.safetensors` / `pytorch_model.bin`) or sharded (`model-00001-of-00003.safetensors` ... +
 // `model.safetensors.index.json`, `pytorch_model-00001-of-00003.bin` ... +
 // `pytorch_model.bin.index.json`), exactly as transformers / huggingface_hub write them. Writes are
-// atomic: everything goes into a temporary directory next to the target, files and directory are
-// fsynced, then the directory is renamed over the target (the previous checkpoint is replaced only
-// after the new one is complete).
+// atomic: a checkpoint directory is written with io::atomic_write_directory (the previous checkpoint
+// is replaced only after the new one is complete and fsynced). The per-file formats are
+// safetensors.h and torch_pickle.h (.bin).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "booster/checkpoint/safetensors.h"
+#include "booster/checkpoint/torch_pickle.h"
 #include "booster/export.h"
 
 namespace booster::checkpoint {
@@ -80,15 +81,9 @@ BOOSTER_API std::vector<CheckpointTensorInfo> list_checkpoint_tensors(const std:
 BOOSTER_API void for_each_checkpoint_shard(const std::string& path, const std::string& base,
                                            const std::function<void(const StateDict& shard)>& fn);
 
-// The torch pickle zip format of `torch.save(dict)`: written with torch::pickle_save of a
-// Dict[str, Tensor] (Python torch.load reads it), read with torch::pickle_load (reads Python's
-// torch.save of a plain dict of tensors). Throws CheckpointError naming the file.
-BOOSTER_API void write_bin(const std::string& path, const StateDict& state);
-BOOSTER_API StateDict read_bin(const std::string& path);
-
-// Writes `files` (name -> bytes) into a fresh temporary directory next to `dir`, fsyncs each file
-// and the directory, then replaces `dir` by rename (the old one is removed only after the rename).
-// The building block of every checkpoint write. Throws CheckpointError; on failure `dir` is intact.
+// Replaces directory `dir` atomically with one holding exactly `files` (name -> bytes), through
+// io::atomic_write_directory. Throws std::invalid_argument for a name that is not a plain file
+// name, CheckpointError for an I/O error (the io::IoError's message); on failure `dir` is intact.
 BOOSTER_API void atomic_write_directory(const std::string& dir, const std::map<std::string, std::string>& files);
 
 }  // namespace booster::checkpoint

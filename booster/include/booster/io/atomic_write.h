@@ -1,0 +1,76 @@
+// atomic_write.h — the one crash-safe writer of the SDK. Every file the SDK writes for later use
+// (checkpoints, the effective config, scheduler state, an example's progress marker) goes through
+// it, so a crash or SIGKILL at any moment leaves either the complete old content or the complete
+// new content under the target name, never a mix or a truncated file.
+//
+// The protocol (the POSIX recipe for durable replacement): write into a fresh temporary next to the
+// target (same directory, hence same file system), fsync it, rename it over the target, then fsync
+// the parent directory so the rename itself survives a power loss. A directory cannot be renamed
+// over a non-empty one, so directories are swapped with renameat2(RENAME_EXCHANGE) and the old one
+// is removed afterwards. Temporaries are named `<target>.tmp-<pid>-<n>`; a crash can leave one
+// behind (never under the target's name).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "booster/export.h"
+
+namespace booster::io {
+
+// An I/O failure: the message names the path, the operation and the errno text.
+class BOOSTER_API IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A file opened for writing with write(2). By default it must not exist yet (O_EXCL: writers fill
+// fresh temporaries); with `exclusive = false` an existing file is truncated (a format writer asked
+// to write to a path of the caller's choosing). `sync_and_close()` fsyncs and closes, reporting late
+// write errors; without it the destructor only closes (the caller is failing anyway).
+class BOOSTER_API OutputFile {
+ public:
+  // Throws IoError when the file cannot be created (or exists, when exclusive).
+  explicit OutputFile(std::string path, bool exclusive = true);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  // Writes all `size` bytes (retries short writes and EINTR). Throws IoError (errno text).
+  void write(const void* data, size_t size);
+  // fsync + close. Throws IoError; afterwards write() must not be called.
+  void sync_and_close();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Creates `path` (must not exist) holding `bytes`, fsynced. Throws IoError.
+BOOSTER_API void write_new_file(const std::string& path, std::string_view bytes);
+
+// fsync of a directory (makes renames and creations inside it durable). Throws IoError.
+BOOSTER_API void fsync_directory(const std::string& path);
+
+// Replaces the file `path` with `bytes` atomically (see the protocol above). Missing parent
+// directories are created. A symlink at `path` is replaced by a regular file, as rename(2) does.
+// Throws IoError when `path` is a directory, names no file (empty, trailing '/'), or any step fails;
+// then the previous content of `path` is intact and the temporary is removed.
+BOOSTER_API void atomic_write_file(const std::string& path, std::string_view bytes);
+
+// Replaces the directory `dir` atomically with one that `fill(tmp)` populates: `fill` creates files
+// inside the fresh, empty directory `tmp` (each fsynced, e.g. with write_new_file or OutputFile), then
+// `tmp` is fsynced and exchanged with `dir` (renamed when `dir` does not exist yet; its parents are
+// created). A symlink at `dir` is followed: the directory it points to is replaced. Where the file
+// system lacks RENAME_EXCHANGE the old directory is first moved to `<dir>.old-<pid>-<n>` (a crash
+// between the two renames leaves the complete old checkpoint there). Throws IoError when `dir` is
+// not a usable name or exists as a non-directory, or when a step fails; exceptions from `fill`
+// propagate unchanged. On any exception `tmp` is removed and `dir` is intact, except when only the
+// final fsync of the parent failed: then the new directory is in place but may not be durable.
+BOOSTER_API void atomic_write_directory(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
+
+}  // namespace booster::io

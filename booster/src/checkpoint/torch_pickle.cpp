@@ -1,0 +1,132 @@
+// torch_pickle.cpp — `.bin` files: torch.save's pickle zip (see booster/checkpoint/torch_pickle.h).
+#include "booster/checkpoint/torch_pickle.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "booster/io/atomic_write.h"
+
+namespace booster::checkpoint {
+namespace {
+
+// A tensor the pickler writes as exactly its own bytes: CPU, contiguous, and owning its whole
+// storage from offset 0 (a view would otherwise drag its entire storage into the file).
+at::Tensor standalone(const at::Tensor& t) {
+  at::Tensor c = t.detach();
+  if (!c.device().is_cpu()) c = c.to(at::kCPU);
+  c = c.contiguous();
+  if (c.has_storage() &&
+      (c.storage_offset() != 0 || c.storage().nbytes() != static_cast<size_t>(c.numel()) * c.element_size()))
+    c = c.clone();
+  return c;
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// True if the archive's pickle starts with a collections.OrderedDict (protocol 2: PROTO 2, GLOBAL).
+bool pickles_ordered_dict(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord("data.pkl")) return false;
+    auto [data, size] = reader.getRecord("data.pkl");
+    static const std::string prefix = std::string("\x80\x02", 2) + "ccollections\nOrderedDict\n";
+    return size >= prefix.size() && std::memcmp(data.get(), prefix.data(), prefix.size()) == 0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+void write_bin(const std::string& path, const StateDict& state) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : state) {
+    if (!tensor.defined()) throw CheckpointError(path + ": tensor '" + name + "' is undefined");
+    if (dict.contains(name)) throw CheckpointError(path + ": duplicate tensor name '" + name + "'");
+    dict.insert(name, standalone(tensor));
+  }
+  try {
+    io::OutputFile file(path);
+    std::string write_error;
+    try {
+      // What torch::pickle_save does, with the zip written straight to the file.
+      std::vector<char> pickle_data;
+      torch::jit::Pickler pickler(
+          [&](const char* buf, size_t size) { pickle_data.insert(pickle_data.end(), buf, buf + size); });
+      pickler.protocol();
+      pickler.pushIValue(c10::IValue(dict));
+      pickler.stop();
+      // After a write error the rest is discarded but reported as written: a short count would make
+      // the writer throw, and it throws again from its destructor (std::terminate in LibTorch 1.13).
+      caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t len) -> size_t {
+        if (write_error.empty()) {
+          try {
+            file.write(bytes, len);
+          } catch (const io::IoError& e) {
+            write_error = e.what();
+          }
+        }
+        return len;
+      });
+      torch::jit::writeArchiveAndTensors("data", pickle_data.data(), pickle_data.size(), pickler.tensorData(), writer);
+      writer.writeEndOfFile();
+    } catch (const io::IoError&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (!write_error.empty()) throw CheckpointError(write_error);
+      throw CheckpointError("cannot write '" + path + "': " + first_line(e.what()));
+    }
+    if (!write_error.empty()) throw CheckpointError(write_error);
+    file.sync_and_close();
+  } catch (const io::IoError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
+StateDict read_bin(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw CheckpointError("cannot open '" + path + "': " + std::string(std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw CheckpointError("'" + path + "' is not a regular file");
+  c10::IValue value;
+  try {
+    // What torch::pickle_load does, reading from the file instead of a buffer in memory.
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    value = torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, c10::nullopt, reader);
+  } catch (const std::exception& e) {
+    if (pickles_ordered_dict(path))
+      throw CheckpointError("'" + path +
+                            "' holds a collections.OrderedDict (torch.save(model.state_dict())), which LibTorch's "
+                            "unpickler cannot rebuild; re-save it from Python as a plain dict: "
+                            "torch.save(dict(state_dict), path)");
+    throw CheckpointError("'" + path + "' is not a readable torch.save zip archive of a dict of tensors: " +
+                          first_line(e.what()));
+  }
+  if (!value.isGenericDict())
+    throw CheckpointError("'" + path + "' holds a " + value.tagKind() + ", expected a dict of str -> Tensor");
+  StateDict out;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString())
+      throw CheckpointError("'" + path + "': a key is a " + item.key().tagKind() + ", expected str");
+    const std::string name = item.key().toStringRef();
+    if (!item.value().isTensor())
+      throw CheckpointError("'" + path + "': value of '" + name + "' is a " + item.value().tagKind() +
+                            ", expected a Tensor");
+    out.emplace_back(name, item.value().toTensor().detach());  // no autograd flags from the file
+  }
+  return out;
+}
+
+}  // namespace booster::checkpoint
