@@ -472,12 +472,3 @@ TEST(Config, SaveWritesAFileReadableByFromFile) {
   EXPECT_THAT(error_of([&] { c.save(dir.file("blocker/config.toml")); }),
               StartsWith("cannot write config file " + dir.file("blocker/config.toml") + ": "));
 }
-
-TEST(Config, EditDistance) {
-  EXPECT_EQ(booster::edit_distance("kitten", "sitting"), 3u);
-  EXPECT_EQ(booster::edit_distance("", "abc"), 3u);
-  EXPECT_EQ(booster::edit_distance("abc", ""), 3u);
-  EXPECT_EQ(booster::edit_distance("stage", "stage"), 0u);
-  EXPECT_EQ(booster::edit_distance("bucket_cap_m", "bucket_cap_mb"), 1u);
-  EXPECT_EQ(booster::edit_distance("ab", "ba"), 2u);  // plain Levenshtein: no transpositions
-}

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/did_you_mean.h"  // edit_distance, used by the hints
 #include "booster/export.h"
 
 namespace booster {
@@ -57,6 +58,10 @@ class BOOSTER_API Options {
   // A sub-table (e.g. [plugin.extra]); keys read from it count as read in this view too.
   Options table(const std::string& key) const;
 
+  // Where `key` of this table was set, for errors about its value that callers raise:
+  // "file:line:column" for the file, "--set section.key" for an override, "section.key" when absent.
+  std::string where(const std::string& key) const;
+
   // Marks keys as known without reading them (e.g. handled by someone else).
   void mark_known(const std::vector<std::string>& keys) const;
   // Throws ConfigError naming every key of this table that no getter read, with a
@@ -99,7 +104,8 @@ class BOOSTER_API Config {
 
   // The effective config (file + overrides) as TOML text.
   std::string to_toml() const;
-  // Writes to_toml() to `path` atomically (temp file + rename), creating parent directories.
+  // Writes to_toml() to `path` with io::atomic_write_file (crash-safe; parent directories are
+  // created). Throws ConfigError "cannot write config file <path>: <reason>".
   void save(const std::string& path) const;
   // Where the config came from: a file path, "<string>", or "" for an empty config.
   const std::string& source() const;
@@ -109,8 +115,5 @@ class BOOSTER_API Config {
  private:
   std::shared_ptr<Impl> impl_;
 };
-
-// Levenshtein edit distance (used for "did you mean" hints).
-BOOSTER_API size_t edit_distance(const std::string& a, const std::string& b);
 
 }  // namespace booster
