@@ -26,6 +26,9 @@ std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std
   std::string host = d.get_string("host", "127.0.0.1");
   int port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
   d.check_unknown();  // validated even when already launched: a typo is never silently accepted
+  if (backend == "nccl")  // the process-group adapter has Gloo only: LibTorch here is CPU-only
+    throw ConfigError(d.where("backend") + ": distributed.backend = \"nccl\" needs LibTorch built with CUDA; this "
+                      "LibTorch is CPU-only. Set backend = \"gloo\".");
   if (auto w = dist::world()) return w;
   // Config host/port/backend are the defaults the flags and launchers start from.
   std::vector<std::string> with_defaults{"--host", host, "--port", std::to_string(port), "--backend", backend};
@@ -33,6 +36,32 @@ std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std
   auto world = dist::launch_auto(with_defaults, lo);
   args = with_defaults;
   return world;
+}
+
+// A setting the plugin replaces may be set only to the plugin's own value (see
+// Plugin::shadowed_settings); `mine` holds the Booster's effective values of its own keys.
+static void check_shadowed_settings(const Config& config, const Plugin& plugin,
+                                    const std::map<std::string, std::string>& mine) {
+  for (const ShadowedSetting& s : plugin.shadowed_settings()) {
+    const size_t dot = s.key.find('.');
+    if (dot == std::string::npos) {  // a whole table
+      Options table = config.section(s.key);
+      const std::vector<std::string> keys = table.keys();
+      if (keys.empty()) continue;
+      throw ConfigError(table.where(keys.front()) + ": " + s.key + "." + keys.front() + " is set, but plugin " +
+                        plugin.name() + " replaces every [" + s.key + "] setting with " + s.replacement +
+                        "; set it there and remove [" + s.key + "]");
+    }
+    Options section = config.section(s.key.substr(0, dot));
+    const std::string key = s.key.substr(dot + 1);
+    if (!section.has(key)) continue;
+    auto it = mine.find(s.key);
+    if (!s.value.empty() && it != mine.end() && it->second == s.value) continue;  // the same setting
+    throw ConfigError(section.where(key) + ": " + s.key + (it != mine.end() ? " = " + it->second : "") +
+                      " is set, but plugin " + plugin.name() + " replaces it with " + s.replacement +
+                      (s.value.empty() ? "" : " (= " + s.value + ")") + "; set " + s.replacement +
+                      " instead and remove " + s.key);
+  }
 }
 
 struct Booster::Impl {
@@ -74,9 +103,10 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   std::string path = ctx.options.get_string("path", "");
   impl_->plugin = load_plugin(ctx, path);
 
-  if (impl_->plugin->control_precision() && impl_->mixed_precision != "fp32")
-    log::warn("booster: plugin " + plugin_name + " controls precision; booster.mixed_precision = \"" +
-              impl_->mixed_precision + "\" is ignored (set the plugin's precision option instead), as ColossalAI does");
+  check_shadowed_settings(config, *impl_->plugin,
+                          {{"booster.mixed_precision", shadowed_value(impl_->mixed_precision)},
+                           {"booster.max_norm", shadowed_value(impl_->max_norm)},
+                           {"booster.norm_type", shadowed_value(impl_->norm_type)}});
   auto precisions = impl_->plugin->supported_precisions();
   if (std::find(precisions.begin(), precisions.end(), impl_->mixed_precision) == precisions.end()) {
     std::string list;

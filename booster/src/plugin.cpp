@@ -1,6 +1,9 @@
 // plugin.cpp — Plugin's default implementations (throw "does not support"), ModelHooks, ScopeGuard.
 #include "booster/plugin.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "booster/data/dataloader.h"
 #include "booster/dist/process_group.h"
 
@@ -35,6 +38,25 @@ void ScopeGuard::release() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Helpers
+
+std::string shadowed_value(const std::string& text) { return text; }
+
+std::string shadowed_value(double number) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", number);
+  return buf;
+}
+
+int64_t mib_to_bytes(double mib) { return std::max<int64_t>(1, static_cast<int64_t>(mib * (1 << 20))); }
+
+ScopeGuard pause_grad_sync(ModelHooks& hooks) {
+  hooks.set_require_grad_sync(false);
+  ModelHooks* h = &hooks;
+  return ScopeGuard([h]() { h->set_require_grad_sync(true); });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Plugin defaults
 
 Plugin::Plugin(const PluginContext& ctx) : name_(ctx.name), world_(ctx.world) {
@@ -48,13 +70,19 @@ void Plugin::unsupported(const std::string& op) const {
 }
 
 std::vector<std::string> Plugin::supported_precisions() const { return {"fp32"}; }
-std::vector<std::string> Plugin::supported_devices() const { return {"cpu"}; }
+
+std::vector<ShadowedSetting> Plugin::shadowed_settings() const {
+  if (!control_precision()) return {};
+  return {{"booster.mixed_precision", "the precision option of plugin " + name_ + " (in [plugin])", ""},
+          {"mixed_precision", "the loss-scaler options of plugin " + name_ + " (in [plugin])", ""}};
+}
 
 Configured Plugin::configure(std::shared_ptr<torch::nn::Module>, std::shared_ptr<torch::optim::Optimizer>) {
   unsupported("configure (boost)");
 }
 
-ScopeGuard Plugin::no_sync(ModelHooks&, OptimizerWrapper*) {
+ScopeGuard Plugin::no_sync(ModelHooks& hooks, OptimizerWrapper*) {
+  if (support_no_sync()) return pause_grad_sync(hooks);
   unsupported("no_sync (gradient accumulation without synchronisation); use a plugin that does (e.g. torch_ddp) "
               "or call backward without the no_sync guard");
 }

@@ -49,7 +49,6 @@ static LowLevelZeroOptions parse_options(const Options& o) {
   t.overlap_communication = o.get_bool("overlap_communication", t.overlap_communication);
   t.cpu_offload = o.get_bool("cpu_offload", t.cpu_offload);
   t.master_weights = o.get_bool("master_weights", t.master_weights);
-  o.mark_known({"path"});
   // Reads the loss-scaler options (initial_scale, min_scale, growth_factor, backoff_factor,
   // growth_interval, hysteresis, max_scale) and checks the table for unknown keys.
   mixed_precision::DynamicGradScalerOptions scaler_defaults;
@@ -78,9 +77,9 @@ class ZeroModelHooks : public ModelHooks {
   std::map<std::string, int64_t> stats() const override {
     auto z = zero_.lock();
     if (!z) return {{"buckets", 0}};
-    return {{"buckets", static_cast<int64_t>(z->reducer().bucket_indices().size())},
-            {"buckets_launched_during_backward", z->reducer().buckets_launched_during_backward()},
-            {"stage", z->stage()}};
+    auto stats = z->reducer().stats();
+    stats["stage"] = z->stage();
+    return stats;
   }
   void attach(const std::shared_ptr<ZeroOptimizer>& z) { zero_ = z; }
 
@@ -97,9 +96,17 @@ class LowLevelZeroPlugin : public Plugin {
   explicit LowLevelZeroPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
-  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return true; }
+
+  // The plugin builds the optimizer wrapper, so precision, the loss scaler and clipping are its own
+  // options (ColossalAI's LowLevelZeroPlugin arguments).
+  std::vector<ShadowedSetting> shadowed_settings() const override {
+    return {{"booster.mixed_precision", "plugin.precision", shadowed_value(options_.precision)},
+            {"mixed_precision", "the plugin's loss-scaler options (plugin.initial_scale, plugin.growth_interval, ...)", ""},
+            {"booster.max_norm", "plugin.max_norm", shadowed_value(options_.max_norm)},
+            {"booster.norm_type", "plugin.norm_type", shadowed_value(options_.norm_type)}};
+  }
 
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
@@ -144,9 +151,7 @@ class LowLevelZeroPlugin : public Plugin {
                         "gradient shard, so unsynchronised local accumulation has nowhere to live). Use stage = 1, "
                         "or call backward on every micro-batch without no_sync: stage 2 accumulates the reduced "
                         "gradients into the shard until zero_grad().");
-    hooks.set_require_grad_sync(false);
-    ModelHooks* h = &hooks;
-    return ScopeGuard([h]() { h->set_require_grad_sync(true); });
+    return pause_grad_sync(hooks);
   }
 
   Criterion wrap_criterion(Criterion criterion) const override {

@@ -32,7 +32,6 @@ static TorchDDPOptions parse_options(const Options& o) {
   t.gradient_as_bucket_view = o.get_bool("gradient_as_bucket_view", t.gradient_as_bucket_view);
   t.static_graph = o.get_bool("static_graph", t.static_graph);
   t.check_reduction = o.get_bool("check_reduction", t.check_reduction);
-  o.mark_known({"path"});
   return t;
 }
 
@@ -48,8 +47,8 @@ class DDPModelHooks : public ModelHooks {
     for (auto& [n, t] : named_buffers_of(*model_)) buffers_.push_back(t);
 
     ReducerOptions ro;
-    ro.bucket_cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(options.bucket_cap_mb * (1 << 20)));
-    ro.first_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(options.first_bucket_mb * (1 << 20)));
+    ro.bucket_cap_bytes = mib_to_bytes(options.bucket_cap_mb);
+    ro.first_bucket_bytes = mib_to_bytes(options.first_bucket_mb);
     ro.find_unused_parameters = options.find_unused_parameters;
     ro.gradient_as_bucket_view = options.gradient_as_bucket_view;
     if (world_->size() > 1)
@@ -77,8 +76,7 @@ class DDPModelHooks : public ModelHooks {
 
   std::map<std::string, int64_t> stats() const override {
     if (!reducer_) return {{"buckets", 0}};
-    return {{"buckets", static_cast<int64_t>(reducer_->bucket_indices().size())},
-            {"buckets_launched_during_backward", reducer_->buckets_launched_during_backward()}};
+    return reducer_->stats();
   }
 
  private:
@@ -97,7 +95,6 @@ class TorchDDPPlugin : public Plugin {
   explicit TorchDDPPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
-  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
   bool support_no_sync() const override { return true; }
 
   Configured configure(std::shared_ptr<torch::nn::Module> model,
@@ -108,12 +105,6 @@ class TorchDDPPlugin : public Plugin {
     Configured c;
     c.hooks = hooks;
     return c;
-  }
-
-  ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper*) override {
-    hooks.set_require_grad_sync(false);
-    ModelHooks* h = &hooks;
-    return ScopeGuard([h]() { h->set_require_grad_sync(true); });
   }
 
  private:

@@ -296,6 +296,35 @@ TEST(Booster, LowLevelZeroDefaultFp16OnCpuIsAClearError) {
                                                HasSubstr("did you mean 'reduce_bucket_size_in_m'"))));
 }
 
+// A Booster-level setting that the plugin replaces is one setting: it may repeat the plugin's value,
+// and any other value is an error naming both keys (never silently ignored).
+TEST(Booster, SettingsAPluginReplacesAreOneSetting) {
+  const std::string zero = "[booster]\nplugin = \"low_level_zero\"\n";
+  EXPECT_THAT([&] { make_booster(zero + "max_norm = 1.0\n[plugin]\nprecision = \"fp32\"\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:3:1"), HasSubstr("booster.max_norm = 1 is set"),
+                                               HasSubstr("replaces it with plugin.max_norm (= 0)"),
+                                               HasSubstr("set plugin.max_norm instead and remove booster.max_norm"))));
+  EXPECT_THAT([&] { make_booster(zero + "norm_type = inf\n[plugin]\nprecision = \"fp32\"\n"); },
+              ThrowsMessage<ConfigError>(HasSubstr("booster.norm_type = inf is set")));
+  EXPECT_THAT([&] { make_booster(zero + "mixed_precision = \"bf16\"\n[plugin]\nprecision = \"fp32\"\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("booster.mixed_precision = bf16 is set"),
+                                               HasSubstr("plugin.precision (= fp32)"))));
+  EXPECT_THAT([&] { make_booster(zero + "[plugin]\nprecision = \"fp32\"\n[mixed_precision]\ninitial_scale = 1024\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:6:1"), HasSubstr("mixed_precision.initial_scale is set"),
+                                               HasSubstr("replaces every [mixed_precision] setting"))));
+  // The same value under both names is one setting.
+  EXPECT_NO_THROW(make_booster(zero + "mixed_precision = \"fp32\"\nmax_norm = 0.5\nnorm_type = 2\n"
+                                      "[plugin]\nprecision = \"fp32\"\nmax_norm = 0.5\n"));
+  // A plugin that does not replace them reads them itself.
+  EXPECT_NO_THROW(make_booster(kDdpToml + "max_norm = 1.0\nnorm_type = inf\nmixed_precision = \"bf16\"\n"));
+}
+
+TEST(Booster, NcclBackendIsRefusedWhenTheConfigIsRead) {
+  EXPECT_THAT([] { make_booster(kDdpToml + "[distributed]\nbackend = \"nccl\"\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:4:11"), HasSubstr("needs LibTorch built with CUDA"),
+                                               HasSubstr("backend = \"gloo\""))));
+}
+
 TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {
   Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\nstage = 2\n");
   at::manual_seed(3);

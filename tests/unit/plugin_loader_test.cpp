@@ -121,9 +121,7 @@ TEST(PluginLoader, LoadsByExplicitPath) {
   EXPECT_EQ(plugin->name(), "test_minimal");
   EXPECT_EQ(plugin->world(), world1());
   EXPECT_THAT(plugin->supported_precisions(), ElementsAre("fp32"));
-  EXPECT_THAT(plugin->supported_devices(), ElementsAre("cpu"));
   EXPECT_FALSE(plugin->control_precision());
-  EXPECT_FALSE(plugin->control_device());
   EXPECT_FALSE(plugin->control_checkpoint_io());
   EXPECT_FALSE(plugin->support_no_sync());
 }

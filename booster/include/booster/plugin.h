@@ -44,7 +44,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 2;  // 2: memory accounting, Plugin::wrap_criterion
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 3;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -102,11 +102,34 @@ class BOOSTER_API ScopeGuard {
   std::function<void()> on_exit_;
 };
 
+// A Booster-level setting that a plugin replaces (see Plugin::shadowed_settings).
+struct ShadowedSetting {
+  std::string key;          // "booster.max_norm" (one key) or "mixed_precision" (every key of a table)
+  std::string replacement;  // what to set instead, for the message: "plugin.max_norm"
+  // The plugin's effective value in shadowed_value() form; the shadowed key may be set to exactly
+  // this value (e.g. mixed_precision = "fp32" with plugin.precision = "fp32"). Empty: any value of
+  // the key conflicts (always so for a table).
+  std::string value;
+};
+
+// The comparable text of a setting's value: strings as they are, numbers as "%.17g" ("1", "0.05",
+// "inf"), booleans "true"/"false". Used on both sides of a ShadowedSetting comparison.
+BOOSTER_API std::string shadowed_value(const std::string& text);
+BOOSTER_API std::string shadowed_value(double number);
+
+// Plugin helpers shared by the in-tree plugins (and available to third-party ones).
+// MiB (2^20 bytes; fractions allowed, as bucket_cap_mb) to bytes, at least 1.
+BOOSTER_API int64_t mib_to_bytes(double mib);
+
 // What configure() returns: the hooks for the model and the (possibly replaced) optimizer wrapper.
 struct Configured {
   std::shared_ptr<ModelHooks> hooks;
   std::shared_ptr<OptimizerWrapper> optimizer;  // null when no optimizer was given
 };
+
+// Pauses the gradient synchronisation of `hooks` (set_require_grad_sync(false)) until the returned
+// guard ends: the body of no_sync for plugins whose hooks own the synchronisation.
+BOOSTER_API ScopeGuard pause_grad_sync(ModelHooks& hooks);
 
 // The plugin interface. Every operation has a default that throws PluginError
 // "plugin <name> does not support <op>", so a third-party plugin overrides only what it has.
@@ -120,19 +143,27 @@ class BOOSTER_API Plugin {
 
   // Precisions this plugin can train in ("fp32", "bf16", "fp16"). Default {"fp32"}.
   virtual std::vector<std::string> supported_precisions() const;
-  // Devices ("cpu", "cuda"). Default {"cpu"}.
-  virtual std::vector<std::string> supported_devices() const;
+  // true: the plugin casts the model and builds the optimizer wrapper for its own precision option;
+  // the Booster's mixed_precision setting is then one of its shadowed_settings().
   virtual bool control_precision() const { return false; }
-  virtual bool control_device() const { return false; }
   virtual bool control_checkpoint_io() const { return false; }
+  // true: no_sync() works (the default no_sync then pauses the hooks' gradient synchronisation).
   virtual bool support_no_sync() const { return false; }
+
+  // Booster-level settings that this plugin replaces with options of its own, so that one setting
+  // never has two names of which one is silently ignored. The Booster checks them after loading the
+  // plugin: a shadowed key that the config sets (file or --set) with a value other than `value` is
+  // a ConfigError naming both keys and telling the user to set `replacement` instead. Default: with
+  // control_precision(), [booster] mixed_precision and every key of [mixed_precision] (any value).
+  virtual std::vector<ShadowedSetting> shadowed_settings() const;
 
   // Wraps the model (and optimizer, may be null) for distributed training. Called once per boost().
   // Default throws PluginError.
   virtual Configured configure(std::shared_ptr<torch::nn::Module> model,
                                std::shared_ptr<torch::optim::Optimizer> optimizer);
   // Inside the returned guard gradients are not synchronised (gradient accumulation); they are on the
-  // first backward after it ends. Default throws PluginError ("does not support no_sync").
+  // first backward after it ends. Default: with support_no_sync(), pause_grad_sync(hooks); otherwise
+  // throws PluginError ("does not support no_sync").
   virtual ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper* optimizer);
   // The plugin's checkpoint IO (only when control_checkpoint_io()). Default throws PluginError.
   virtual std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io();

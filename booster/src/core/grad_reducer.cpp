@@ -382,4 +382,9 @@ int64_t GradientReducer::resident_bucket_bytes() const {
 
 int64_t GradientReducer::buckets_launched_during_backward() const { return state_->launched_in_backward; }
 
+std::map<std::string, int64_t> GradientReducer::stats() const {
+  return {{"buckets", static_cast<int64_t>(bucket_indices().size())},
+          {"buckets_launched_during_backward", buckets_launched_during_backward()}};
+}
+
 }  // namespace booster

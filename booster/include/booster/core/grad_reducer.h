@@ -20,6 +20,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -111,6 +112,9 @@ class BOOSTER_API GradientReducer {
   // Number of allreduces launched from gradient hooks before backward finished, over the life of
   // the reducer (a measure of overlap; buckets launched by the end-of-backward callback not counted).
   int64_t buckets_launched_during_backward() const;
+  // The counters plugins report through ModelHooks::stats(): {"buckets": bucket count,
+  // "buckets_launched_during_backward": as above}.
+  std::map<std::string, int64_t> stats() const;
 
   struct State;
 
