@@ -6,6 +6,8 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -87,6 +89,21 @@ void check_descriptor(const BoosterPluginDescriptor& d, const std::string& path)
   if (!d.create) throw PluginError("booster: plugin '" + name + "' (" + path + ") has no factory function");
 }
 
+// Any function of this library: dladdr on it names the file libbooster.so was loaded from.
+void locate_this_library() {}
+
+// <directory of libbooster.so>/BOOSTER_PLUGIN_SUBDIR, symlinks resolved; "" if dladdr fails.
+std::string install_plugin_dir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&locate_this_library), &info) == 0 || info.dli_fname == nullptr ||
+      info.dli_fname[0] == '\0')
+    return "";
+  std::error_code ec;
+  fs::path library = fs::canonical(info.dli_fname, ec);
+  if (ec) library = fs::absolute(info.dli_fname, ec);
+  return (library.parent_path() / BOOSTER_PLUGIN_SUBDIR).string();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -100,7 +117,8 @@ std::vector<std::string> plugin_search_dirs() {
     while (std::getline(ss, item, ':'))
       if (!item.empty()) dirs.push_back(item);
   }
-  dirs.push_back(BOOSTER_INSTALL_PLUGIN_DIR);
+  std::string install_dir = install_plugin_dir();
+  if (!install_dir.empty()) dirs.push_back(install_dir);
   boost::dll::fs::error_code ec;
   auto exe = boost::dll::program_location(ec);
   if (!ec) {

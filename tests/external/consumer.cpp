@@ -1,5 +1,7 @@
-// consumer — an out-of-tree trainer: boosts a model with a third-party plugin loaded by path and
-// with the installed torch_ddp plugin found through BOOSTER_PLUGIN_PATH; exits non-zero on mismatch.
+// consumer — an out-of-tree trainer: boosts a model with the third-party plugin (by the path given,
+// or by name from the install's plugin directory) and trains one step with the installed torch_ddp
+// plugin found by name, then saves that model to CHECKPOINT_DIR (for `booster ckpt inspect`).
+// Exits non-zero on any mismatch.
 #include <torch/torch.h>
 
 #include <booster/booster.h>
@@ -7,14 +9,16 @@
 #include <iostream>
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: consumer <path to booster_plugin_third_party.so>\n";
+  if (argc != 2 && argc != 3) {
+    std::cerr << "usage: consumer CHECKPOINT_DIR [path to booster_plugin_third_party.so]\n"
+                 "  without the path, the third_party plugin is loaded by name\n";
     return 2;
   }
+  const std::string checkpoint_dir = argv[1];
   try {
-    auto config = booster::Config::from_string(std::string("[booster]\nplugin = \"third_party\"\n[plugin]\npath = \"") +
-                                               argv[1] + "\"\n");
-    booster::Booster third(config);
+    std::string toml = "[booster]\nplugin = \"third_party\"\n";
+    if (argc == 3) toml += std::string("[plugin]\npath = \"") + argv[2] + "\"\n";
+    booster::Booster third(booster::Config::from_string(toml));
     auto net = torch::nn::Linear(4, 2);
     auto boosted = third.boost(net);
     auto x = torch::randn({3, 4});
@@ -29,7 +33,9 @@ int main(int argc, char** argv) {
     auto loss = b2.model.forward(x).sum();
     ddp.backward(loss, *b2.optimizer);
     b2.optimizer->step();
-    std::cout << "consumer ok: third_party and torch_ddp plugins loaded" << std::endl;
+    ddp.save_model(b2.model, checkpoint_dir);
+    std::cout << "consumer ok: third_party (" << (argc == 3 ? "by path" : "by name")
+              << ") and torch_ddp plugins loaded, model saved to " << checkpoint_dir << std::endl;
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "consumer: " << e.what() << std::endl;

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <link.h>
 #include <torch/version.h>
 
 #include <cstdlib>
@@ -56,6 +57,20 @@ PluginContext context(const std::string& name, const std::string& plugin_toml = 
 
 std::string exe_dir() { return fs::canonical("/proc/self/exe").parent_path().string(); }
 
+// The directory libbooster.so was loaded from (symlinks resolved), from the dynamic linker's list.
+std::string libbooster_dir() {
+  std::string found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        std::string name = info->dlpi_name ? info->dlpi_name : "";
+        if (fs::path(name).filename().string().rfind("libbooster.so", 0) != 0) return 0;
+        *static_cast<std::string*>(out) = fs::canonical(name).parent_path().string();
+        return 1;
+      },
+      &found);
+  return found;
+}
+
 std::vector<std::string> names_of(const std::vector<booster::PluginLibraryInfo>& infos) {
   std::vector<std::string> names;
   for (const auto& i : infos) names.push_back(i.name);
@@ -73,7 +88,10 @@ TEST(PluginLoader, SearchDirsOrder) {
   ASSERT_EQ(dirs.size(), 5u);
   EXPECT_EQ(dirs[0], "/opt/a");
   EXPECT_EQ(dirs[1], "/opt/b");
-  EXPECT_THAT(dirs[2], ::testing::EndsWith("/lib/booster/plugins"));  // the install's plugin dir
+  // The install's plugin dir: next to libbooster.so, wherever that was loaded from.
+  EXPECT_THAT(dirs[2], ::testing::EndsWith("/lib/booster/plugins"));
+  ASSERT_FALSE(libbooster_dir().empty());
+  EXPECT_EQ(fs::path(dirs[2]), fs::path(libbooster_dir()) / "booster" / "plugins");
   EXPECT_EQ(fs::path(dirs[3]), fs::path(exe_dir()));
   EXPECT_EQ(fs::path(dirs[4]), fs::path(exe_dir()) / "plugins");
 

@@ -8,10 +8,11 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include <unistd.h>
-#include <string>
 
 #include "run_args.h"
 #include "supervisor.h"
@@ -21,16 +22,25 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("\nRun 'booster SUBCOMMAND --help' for the options of a subcommand.");
 
-  // `booster ckpt ...` runs booster-ckpt (next to this executable): it links LibTorch, the launcher does not.
+  // `booster ckpt ...` execs booster-ckpt from this executable's own directory (never a PATH
+  // lookup, so the tools of one install or build tree stay together): it links LibTorch, the
+  // launcher does not. /proc/self/exe has symlinks resolved, so a symlinked `booster` works too.
   if (argc > 1 && std::string(argv[1]) == "ckpt") {
-    std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    std::string tool = std::filesystem::path(self).parent_path() / "booster-ckpt";
+    std::error_code ec;
+    std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      std::cerr << "booster: cannot find its own directory to run booster-ckpt for 'booster ckpt' "
+                << "(/proc/self/exe: " << ec.message() << "); run booster-ckpt directly\n";
+      return 127;
+    }
+    std::string tool = (self.parent_path() / "booster-ckpt").string();
     std::vector<char*> args{tool.data()};
     for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
     args.push_back(nullptr);
     execv(tool.c_str(), args.data());
-    std::cerr << "booster: cannot run " << tool << " for 'booster ckpt': " << std::strerror(errno) << "\n";
-    return 127;
+    std::cerr << "booster: cannot run " << tool << " for 'booster ckpt': " << std::strerror(errno)
+              << " (booster-ckpt belongs next to booster: reinstall, or build the booster_ckpt target)\n";
+    return 127;  // as a shell does for a command it cannot run
   }
   app.add_subcommand("ckpt", "Inspect or convert checkpoints (booster ckpt inspect|convert --help)");
 

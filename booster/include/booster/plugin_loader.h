@@ -1,9 +1,14 @@
 // plugin_loader.h — finds, checks and instantiates plugin libraries (Boost.DLL).
 //
 // Search order (DESIGN.md): an explicit `path` (file) from [plugin] path, then each directory of
-// $BOOSTER_PLUGIN_PATH (':'-separated), the install's plugin directory
-// (<prefix>/lib/booster/plugins), the directory of the running executable and its plugins/
-// subdirectory. The file for plugin <name> is `booster_plugin_<name>.so`.
+// $BOOSTER_PLUGIN_PATH (':'-separated), the install's plugin directory, the directory of the
+// running executable and its plugins/ subdirectory. The file for plugin <name> is
+// `booster_plugin_<name>.so`.
+//
+// The install's plugin directory is <directory of libbooster.so>/booster/plugins (symlinks
+// resolved), found at run time from the loaded library itself: an install moved to any prefix
+// finds its plugins without BOOSTER_PLUGIN_PATH. In a build tree that is <build>/lib/booster/plugins
+// (usually absent; the build puts plugins in <build>/bin/plugins, the executables' plugins/).
 #pragma once
 
 #include <memory>
