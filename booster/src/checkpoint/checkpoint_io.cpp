@@ -1,12 +1,6 @@
 // checkpoint_io.cpp — GeneralCheckpointIO: model, optimizer (by parameter name) and LR scheduler.
 #include "booster/checkpoint/checkpoint_io.h"
 
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
-
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -16,6 +10,7 @@
 
 #include "booster/dist/process_group.h"
 #include "booster/lr_scheduler.h"
+#include "booster/wrappers/optimizer_registry.h"
 #include "booster/wrappers/optimizer_state.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 
@@ -63,54 +58,30 @@ void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, F&& write)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Optimizer options (per parameter group) as JSON
+// Optimizer type name and options (per parameter group) as JSON, from the optimizer registry
+// (wrappers/optimizer_registry.h); its lookup errors become CheckpointError.
 
 std::string optimizer_type(torch::optim::Optimizer& o) {
   try {
-    return optimizer_type_name(o);
-  } catch (const std::invalid_argument&) {
-    throw CheckpointError("booster: cannot checkpoint this optimizer type (supported: SGD, Adam, AdamW, RMSprop, "
-                          "Adagrad)");
+    return optimizer_type_info(o).name();
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(std::string("booster: cannot checkpoint the optimizer: ") + e.what());
   }
 }
 
 json options_to_json(torch::optim::OptimizerOptions& o) {
-  json j;
-  if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
-    j = {{"lr", a->lr()}, {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}}, {"eps", a->eps()},
-         {"weight_decay", a->weight_decay()}, {"amsgrad", a->amsgrad()}};
-  } else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
-    j = {{"lr", a->lr()}, {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}}, {"eps", a->eps()},
-         {"weight_decay", a->weight_decay()}, {"amsgrad", a->amsgrad()}};
-  } else if (auto* g = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
-    j = {{"lr", g->lr()}, {"momentum", g->momentum()}, {"dampening", g->dampening()},
-         {"weight_decay", g->weight_decay()}, {"nesterov", g->nesterov()}};
-  } else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
-    j = {{"lr", r->lr()}, {"alpha", r->alpha()}, {"eps", r->eps()}, {"weight_decay", r->weight_decay()},
-         {"momentum", r->momentum()}, {"centered", r->centered()}};
-  } else if (auto* d = dynamic_cast<torch::optim::AdagradOptions*>(&o)) {
-    j = {{"lr", d->lr()}, {"lr_decay", d->lr_decay()}, {"weight_decay", d->weight_decay()},
-         {"initial_accumulator_value", d->initial_accumulator_value()}, {"eps", d->eps()}};
+  try {
+    return optimizer_type_info_for_options(o).options_to_json(o);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(std::string("booster: cannot checkpoint the optimizer's options: ") + e.what());
   }
-  return j;
 }
 
 void options_from_json(torch::optim::OptimizerOptions& o, const json& j) {
-  if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
-    a->lr(j.at("lr")).betas({j.at("betas")[0], j.at("betas")[1]}).eps(j.at("eps"));
-    a->weight_decay(j.at("weight_decay")).amsgrad(j.at("amsgrad"));
-  } else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
-    a->lr(j.at("lr")).betas({j.at("betas")[0], j.at("betas")[1]}).eps(j.at("eps"));
-    a->weight_decay(j.at("weight_decay")).amsgrad(j.at("amsgrad"));
-  } else if (auto* g = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
-    g->lr(j.at("lr")).momentum(j.at("momentum")).dampening(j.at("dampening"));
-    g->weight_decay(j.at("weight_decay")).nesterov(j.at("nesterov"));
-  } else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
-    r->lr(j.at("lr")).alpha(j.at("alpha")).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
-    r->momentum(j.at("momentum")).centered(j.at("centered"));
-  } else if (auto* d = dynamic_cast<torch::optim::AdagradOptions*>(&o)) {
-    d->lr(j.at("lr")).lr_decay(j.at("lr_decay")).weight_decay(j.at("weight_decay"));
-    d->initial_accumulator_value(j.at("initial_accumulator_value")).eps(j.at("eps"));
+  try {
+    optimizer_type_info_for_options(o).options_from_json(j, o);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(std::string("booster: cannot restore the optimizer's options: ") + e.what());
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "booster/dist/process_group.h"
 #include "booster/plugin.h"
+#include "booster/wrappers/optimizer_registry.h"
 
 namespace booster {
 
@@ -29,10 +30,11 @@ OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> opti
         // State the optimizer created eagerly (Adagrad's sum) moves to the master, in fp32.
         auto it = state.find(optimizer_state_key(p));
         if (it != state.end()) {
-          ParamOptimState s = extract_param_state(*it->second);
+          const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+          ParamOptimState s = info.extract_state(*it->second);
           for (auto& [k, t] : s.tensors) t = t.to(at::kFloat);
           state.erase(it);
-          state[optimizer_state_key(master)] = make_param_state(optimizer_type_name(*optimizer_), s);
+          state[optimizer_state_key(master)] = info.make_state(s);
         }
         p = master;  // the optimizer now updates the fp32 master copy
         master_params_[i] = p;
@@ -233,18 +235,18 @@ void OptimizerWrapper::load_state_dict(const OptimizerWrapperState& state) {
 // State by parameter, master sync, memory
 
 std::vector<ParamOptimState> OptimizerWrapper::gather_param_states() {
-  optimizer_type_name(*optimizer_);  // throws for an unknown type
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);  // throws for an unregistered type
   std::vector<ParamOptimState> out(master_params_.size());
   auto& state = optimizer_->state();
   for (size_t i = 0; i < master_params_.size(); ++i) {
     auto it = state.find(optimizer_state_key(master_params_[i]));
-    if (it != state.end()) out[i] = extract_param_state(*it->second);
+    if (it != state.end()) out[i] = info.extract_state(*it->second);
   }
   return out;
 }
 
 void OptimizerWrapper::load_param_states(const std::vector<ParamOptimState>& states) {
-  std::string type = optimizer_type_name(*optimizer_);
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
   if (states.size() != master_params_.size())
     throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
                                 std::to_string(master_params_.size()) + " parameters");
@@ -253,7 +255,7 @@ void OptimizerWrapper::load_param_states(const std::vector<ParamOptimState>& sta
     if (states[i].empty()) continue;
     ParamOptimState s = states[i];
     for (auto& [k, t] : s.tensors) t = t.to(master_params_[i].options(), false, /*copy=*/true).view_as(master_params_[i]);
-    fresh.emplace_back(optimizer_state_key(master_params_[i]), make_param_state(type, s));
+    fresh.emplace_back(optimizer_state_key(master_params_[i]), info.make_state(s));
   }
   optimizer_->state().clear();
   for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);

@@ -10,6 +10,7 @@
 
 #include "booster/core/grad_reducer.h"
 #include "booster/dist/process_group.h"
+#include "booster/wrappers/optimizer_registry.h"
 
 namespace booster {
 
@@ -96,7 +97,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
     throw std::invalid_argument("booster: ZeRO stage must be 1 or 2, got " + std::to_string(zero_.stage));
   if (zero_.reduce_bucket_elements < 1) throw std::invalid_argument("booster: reduce bucket size must be >= 1 element");
   if (!options_.group) throw std::invalid_argument("booster: ZeroOptimizer needs the data-parallel group (options.group)");
-  optimizer_type_name(*optimizer_);  // throws for optimizers whose state cannot be sliced
+  optimizer_type_info(*optimizer_);  // throws for optimizers whose state cannot be sliced (unregistered)
   const auto& world = options_.group;
   const int rank = world->rank(), n = world->size();
   // State the optimizer already has (Adagrad creates its sums eagerly) is re-cut into the slices.
@@ -284,13 +285,13 @@ void ZeroOptimizer::zero_grad() {
 // State in full shape (checkpoints)
 
 std::vector<ParamOptimState> ZeroOptimizer::gather_param_states() {
-  optimizer_type_name(*optimizer_);
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
   std::vector<ParamOptimState> out(model_params_.size());
   auto& state = optimizer_->state();
   for (auto& g : groups_) {
     auto it = state.find(optimizer_state_key(g->master));
     if (it == state.end()) continue;  // not stepped yet: the same on every rank
-    ParamOptimState slice = extract_param_state(*it->second);
+    ParamOptimState slice = info.extract_state(*it->second);
     for (auto& [key, t] : slice.tensors) {
       at::Tensor full = at::empty({g->layout.padded_numel}, t.options());
       at::Tensor part = t.reshape({-1}).contiguous();
@@ -305,7 +306,7 @@ std::vector<ParamOptimState> ZeroOptimizer::gather_param_states() {
 }
 
 void ZeroOptimizer::load_param_states(const std::vector<ParamOptimState>& states) {
-  std::string type = optimizer_type_name(*optimizer_);
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
   if (states.size() != model_params_.size())
     throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
                                 std::to_string(model_params_.size()) + " parameters");
@@ -331,7 +332,7 @@ void ZeroOptimizer::load_param_states(const std::vector<ParamOptimState>& states
       }
       slice.tensors[key] = full.narrow(0, g->layout.shard_begin(rank), g->layout.shard_numel).clone();
     }
-    fresh.emplace_back(optimizer_state_key(g->master), make_param_state(type, slice));
+    fresh.emplace_back(optimizer_state_key(g->master), info.make_state(slice));
   }
   optimizer_->state().clear();
   for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);
