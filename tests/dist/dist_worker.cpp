@@ -1,7 +1,8 @@
 // dist_worker — one rank of a multi-process test. Started N times by booster_dist_tests with the
 // torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Arguments are key=value:
 //   scenario=train|unused|buffers|mismatch|overflow|zero_groups|resume|memory  out=DIR  steps=K  batch=B (per rank, per micro-batch)
-//   accum=A (micro-batches per step; the first A-1 inside no_sync)  optimizer=sgd|adamw
+//   accum=A (micro-batches per step; the first A-1 inside no_sync)
+//   optimizer=sgd|adam|adamw|rmsprop|adagrad|debiased_momentum (the last is user-registered)
 //   timeout=S  set=plugin.key=value (repeatable, config overrides)
 // Results: DIR/rank<r>.pt (torch::save of the named tensors), DIR/rank<r>.txt (stats, key value).
 #include <torch/torch.h>
@@ -15,6 +16,7 @@
 #include "booster/core/replica.h"
 #include "booster/mixed_precision/grad_scaler.h"
 #include "booster/wrappers/zero_optimizer.h"
+#include "common/debiased_momentum.h"
 #include "dist/dist_common.h"
 
 using namespace booster::testing;
@@ -55,6 +57,12 @@ struct InjectingZero : booster::ZeroOptimizer {
   }
 };
 
+// dist_common.h's optimizers, and DebiasedMomentum (registered in main(), as a user would).
+std::shared_ptr<torch::optim::Optimizer> make_any_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
+  if (kind == "debiased_momentum") return make_debiased_momentum(std::move(params));
+  return make_optimizer(kind, std::move(params));
+}
+
 void write_stats(const std::string& path, const std::map<std::string, int64_t>& stats) {
   std::ofstream out(path);
   for (auto& [k, v] : stats) out << k << " " << v << "\n";
@@ -78,7 +86,7 @@ int run() {
       torch::NoGradGuard g;
       for (auto& p : net->parameters()) p.uniform_(-1, 1);
     }
-    auto opt = make_optimizer(arg("optimizer", "sgd"), net->parameters());
+    auto opt = make_any_optimizer(arg("optimizer", "sgd"), net->parameters());
     auto boosted = booster.boost(net, opt);
     auto batches = make_batches(steps, b * ws * accum, 11);
     std::vector<torch::Tensor> norms;  // last_grad_norm after each step (clipping via booster.max_norm)
@@ -175,7 +183,7 @@ int run() {
     int64_t start = iarg("start", 0), stop = iarg("stop", steps), global = iarg("global", 8);
     torch::manual_seed(7);
     MLP net;
-    auto opt = make_optimizer(arg("optimizer", "adamw"), net->parameters());
+    auto opt = make_any_optimizer(arg("optimizer", "adamw"), net->parameters());
     auto boosted = booster.boost(net, opt);
     if (!arg("load", "").empty()) {
       booster.load_model(boosted.model, arg("load", "") + "/model");
@@ -276,6 +284,7 @@ int main(int argc, char** argv) {
     else args[a.substr(0, eq)] = a.substr(eq + 1);
   }
   try {
+    ensure_debiased_momentum_registered();
     return run();
   } catch (const std::exception& e) {
     std::cerr << "dist_worker: error: " << e.what() << std::endl;

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "common/debiased_momentum.h"
 #include "common/test_util.h"
 #include "dist/dist_common.h"
 #include "dist/dist_test_util.h"
@@ -141,6 +142,45 @@ TEST(LowLevelZero, GroupsPaddingTinyAndFrozenParametersEqualSingleProcess) {
                      "stage " + std::to_string(stage) + ", " + std::to_string(world) + " ranks, rank " + std::to_string(r));
     }
   }
+}
+
+// A user-registered optimizer (DebiasedMomentum, tests/common/debiased_momentum.h; dist_worker
+// registers it in main()) is sharded like the built-ins: ZeRO-1 and ZeRO-2 on 2 ranks equal
+// single-process LibTorch, and its gathered, name-keyed state checkpoints from ZeRO-1 into ZeRO-2
+// and into DDP, continuing as the uninterrupted run.
+TEST(LowLevelZero, UserRegisteredOptimizerEqualsSingleProcessAndResumesAcrossPlugins) {
+  const std::string kOpt = "optimizer=debiased_momentum";
+  for (int stage : {1, 2}) {
+    TempDir dir;
+    std::vector<std::string> args{"scenario=train", "out=" + dir.path(), "steps=4", "batch=4", kOpt};
+    for (const auto& s : zero_sets(stage)) args.push_back("set=" + s);
+    expect_ranks_ok(2, args);
+    torch::manual_seed(7);
+    MLP net;
+    auto opt = make_debiased_momentum(net->parameters());
+    auto want = train_single_process(net, *opt, make_batches(4, 8, 11), 4);
+    for (int r = 0; r < 2; ++r)
+      expect_close(load_tensors(dir.file("rank" + std::to_string(r) + ".pt")), want,
+                   "DebiasedMomentum, stage " + std::to_string(stage) + ", rank " + std::to_string(r));
+  }
+  TempDir dir;
+  for (const char* d : {"a", "b", "c"}) std::filesystem::create_directories(dir.file(d));
+  std::string ckpt = dir.file("zero1");
+  auto with = [&](std::vector<std::string> extra, const std::vector<std::string>& sets) {
+    extra.insert(extra.begin(), {"scenario=resume", "steps=6", "global=8", kOpt});
+    for (const auto& s : sets) extra.push_back("set=" + s);
+    return extra;
+  };
+  expect_ranks_ok(2, with({"out=" + dir.file("a"), "start=0", "stop=3", "save=" + ckpt}, zero_sets(1)));
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_debiased_momentum(net->parameters());
+  auto want = train_single_process(net, *opt, make_batches(6, 8, 23), 6);
+  expect_ranks_ok(2, with({"out=" + dir.file("b"), "start=3", "stop=6", "load=" + ckpt}, zero_sets(2)));
+  for (int r = 0; r < 2; ++r)
+    expect_close(load_tensors(dir.file("b/rank" + std::to_string(r) + ".pt")), want, "DebiasedMomentum zero1(2) -> zero2(2)");
+  expect_ranks_ok(1, with({"out=" + dir.file("c"), "start=3", "stop=6", "load=" + ckpt}, {}));
+  expect_close(load_tensors(dir.file("c/rank0.pt")), want, "DebiasedMomentum zero1(2) -> ddp(1)");
 }
 
 // ---------------------------------------------------------------------------------------------
