@@ -16,6 +16,7 @@
 
 #include "booster/booster.h"
 #include "booster/data/dataset.h"
+#include "booster/io/atomic_write.h"
 #include "booster/logging.h"
 #include "net.h"
 
@@ -208,7 +209,9 @@ int run(int argc, char** argv) {
       booster.save_model(model, opt.checkpoint_dir + "/model");
       booster.save_optimizer(*boosted_opt, opt.checkpoint_dir + "/optimizer");
       if (lr_scheduler) booster.save_lr_scheduler(*lr_scheduler, opt.checkpoint_dir + "/lr_scheduler.json");
-      if (world->rank() == 0) std::ofstream(opt.checkpoint_dir + "/epoch.txt") << epoch << "\n";
+      // The progress marker goes last and is crash-safe: it names an epoch only once that epoch's
+      // model, optimizer and scheduler are all on disk.
+      if (world->rank() == 0) booster::io::atomic_write_file(opt.checkpoint_dir + "/epoch.txt", std::to_string(epoch) + "\n");
       world->barrier();
     }
     if (csv.is_open()) {

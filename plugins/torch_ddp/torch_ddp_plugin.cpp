@@ -6,6 +6,7 @@
 #include "booster/core/grad_reducer.h"
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
+#include "booster/logging.h"
 #include "booster/plugin.h"
 
 namespace booster::plugins {
@@ -32,6 +33,9 @@ static TorchDDPOptions parse_options(const Options& o) {
   t.gradient_as_bucket_view = o.get_bool("gradient_as_bucket_view", t.gradient_as_bucket_view);
   t.static_graph = o.get_bool("static_graph", t.static_graph);
   t.check_reduction = o.get_bool("check_reduction", t.check_reduction);
+  if (t.check_reduction)
+    log::warn("torch_ddp: check_reduction = true has no effect (deprecated in PyTorch DDP, where it does nothing "
+              "either); unused parameters are found with find_unused_parameters = true");
   return t;
 }
 

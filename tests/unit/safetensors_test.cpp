@@ -1,5 +1,5 @@
 // safetensors_test.cpp — booster/checkpoint/safetensors.h: files written by other implementations
-// (../shared/fixtures/safetensors, see its README), bit-exact round trips of every dtype and layout,
+// (tests/fixtures/safetensors, see its README), bit-exact round trips of every dtype and layout,
 // and one crafted file per rejection rule of the reader.
 
 #include "booster/checkpoint/safetensors.h"
@@ -39,18 +39,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The vectors are copied unchanged into tests/fixtures/safetensors (from ../shared/fixtures) so a
-// clean clone has them; the shared copy is the fallback.
-fs::path fixture_dir() {
-  fs::path in_repo = fs::path(BOOSTER_SOURCE_DIR) / "tests/fixtures/safetensors";
-  if (fs::exists(in_repo)) return in_repo;
-  return fs::path(BOOSTER_SOURCE_DIR).parent_path() / "shared/fixtures/safetensors";
-}
+// Files written by other implementations, committed with the tests (a missing one fails the test).
+fs::path fixture_dir() { return fs::path(BOOSTER_SOURCE_DIR) / "tests/fixtures/safetensors"; }
 
-#define REQUIRE_FIXTURES()                                                            \
-  do {                                                                                \
-    if (!fs::is_directory(fixture_dir())) GTEST_SKIP() << fixture_dir() << " absent"; \
-  } while (0)
+#define REQUIRE_FIXTURES() ASSERT_TRUE(fs::is_directory(fixture_dir())) << fixture_dir() << " is missing"
 
 std::string fixture(const std::string& name) { return (fixture_dir() / name).string(); }
 

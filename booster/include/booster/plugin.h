@@ -1,5 +1,5 @@
 // plugin.h — the plugin interface (ColossalAI's Plugin, in C++), the extern "C" descriptor every
-// plugin .so exports, and the run-time loader (Boost.DLL).
+// plugin .so exports, and the BOOSTER_PLUGIN export macro. The loader is plugin_loader.h.
 //
 // A plugin is a MODULE library `booster_plugin_<name>.so` that contains
 //     BOOSTER_PLUGIN("<name>", "<version>", MyPluginClass)
@@ -7,7 +7,8 @@
 // `const booster::PluginContext&`. The loader checks the descriptor (ABI version, LibTorch
 // major.minor, _GLIBCXX_USE_CXX11_ABI) before it calls the factory. Libraries are loaded
 // RTLD_LOCAL and never unloaded (a libtorch-linked library is NODELETE anyway).
-// Design after the ggml backend registry and the Boost.DLL tutorial (see ../shared/STYLE.md).
+// Design after the ggml backend registry (descriptor with an API version, checked before use) and
+// the Boost.DLL plugin tutorial (a small abstract interface; the factory returns a shared_ptr).
 #pragma once
 
 #include <torch/nn/module.h>

@@ -1,5 +1,5 @@
 // checkpoint_io.h — saving and loading the boosted objects (model, optimizer, LR scheduler) in the
-// HuggingFace-compatible layout of state_dict_io.h. The default CheckpointIO (GeneralCheckpointIO)
+// HuggingFace-compatible layout of state_dict_io.h. This class is the default CheckpointIO: it
 // serves every plugin whose model is replicated on each rank; a plugin with control_checkpoint_io()
 // supplies its own (e.g. to gather shards).
 //

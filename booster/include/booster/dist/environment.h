@@ -49,8 +49,9 @@ BOOSTER_API DistEnv env_from_slurm(const std::string& host, int port);
 // OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK (+ _LOCAL_SIZE optional).
 BOOSTER_API DistEnv env_from_openmpi(const std::string& host, int port);
 
-// Parses and removes --host --port --rank --world_size --backend (also "--flag=value") from args;
-// returns nullopt-like env with rank -1 when --rank is absent. Throws EnvError on a bad value.
+// Parses and removes --host --port --rank --world_size --backend (also "--flag=value") from args.
+// has_rank is false when --rank is absent (not an explicit launch; env then holds only the host,
+// port and backend given). Throws EnvError on a bad value.
 struct FlagsResult {
   bool has_rank = false;  // --rank given: an explicit launch
   DistEnv env;
