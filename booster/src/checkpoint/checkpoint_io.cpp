@@ -1,4 +1,4 @@
-// checkpoint_io.cpp — GeneralCheckpointIO: model, optimizer (by parameter name) and LR scheduler.
+// checkpoint_io.cpp — the default CheckpointIO: model, optimizer (by parameter name) and LR scheduler.
 #include "booster/checkpoint/checkpoint_io.h"
 
 #include <nlohmann/json.hpp>
@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "booster/dist/process_group.h"
+#include "booster/io/atomic_write.h"
 #include "booster/lr_scheduler.h"
 #include "booster/wrappers/optimizer_registry.h"
 #include "booster/wrappers/optimizer_state.h"
@@ -303,19 +304,7 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
 
 void CheckpointIO::save_lr_scheduler(LRScheduler& scheduler, const std::string& path) {
   std::string text = scheduler.to_json();
-  write_on_rank0(world_, [&] {
-    fs::path p(path);
-    fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-    fs::create_directories(dir);
-    fs::path tmp = dir / (p.filename().string() + ".tmp-" + std::to_string(::getpid()));
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out << text;
-      out.flush();
-      if (!out) throw CheckpointError("booster: cannot write " + tmp.string());
-    }
-    fs::rename(tmp, p);
-  });
+  write_on_rank0(world_, [&] { io::atomic_write_file(path, text); });
 }
 
 void CheckpointIO::load_lr_scheduler(LRScheduler& scheduler, const std::string& path) {

@@ -61,7 +61,9 @@ class BOOSTER_API CheckpointIO {
   // before changing anything; then restores state, group options and the wrapper's scaler state.
   virtual void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
 
-  // `path` is a file (lr_scheduler.json), written atomically.
+  // `path` is a file (lr_scheduler.json) holding LRScheduler::to_json(), written by rank 0 with
+  // io::atomic_write_file; when that fails every rank throws CheckpointError (the write's message).
+  // load throws CheckpointError when the file is missing or unreadable.
   virtual void save_lr_scheduler(LRScheduler& scheduler, const std::string& path);
   virtual void load_lr_scheduler(LRScheduler& scheduler, const std::string& path);
 
