@@ -1,9 +1,35 @@
 #!/usr/bin/env bash
 # Installs the Debian packages (scripts/install_deps.sh), then configures and builds Booster C++
-# into build/ (Release, Ninja, ccache in .ccache/). Extra arguments go to cmake's configure step.
+# into build/ (Release, Ninja, ccache in .ccache/).
+#
+#   bash scripts/build.sh [--target TARGET]... [CMAKE_CONFIGURE_ARGS...]
+#
+# Without --target it builds everything, the test suite included (scripts/test.sh); with one or
+# more, only those targets and what they depend on (scripts/run_example.sh). Every other argument
+# goes to cmake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+targets=()
+configure_args=()
+while (($#)); do
+  case "$1" in
+    --target)
+      if (($# < 2)); then
+        echo "build.sh: --target needs a target name, e.g. --target booster_cli" >&2
+        exit 2
+      fi
+      targets+=("$2")
+      shift 2
+      ;;
+    --target=*) targets+=("${1#--target=}"); shift ;;
+    *) configure_args+=("$1"); shift ;;
+  esac
+done
 bash scripts/install_deps.sh
 export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${configure_args[@]}"
+if ((${#targets[@]})); then
+  cmake --build build --target "${targets[@]}"
+else
+  cmake --build build
+fi
