@@ -9,6 +9,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
