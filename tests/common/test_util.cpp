@@ -55,6 +55,16 @@ int free_port() {
   return port;
 }
 
+int spawn_test_child(const std::string& test, std::map<std::string, std::string> env, const std::string& output_file) {
+  for (const char* v : {"GTEST_OUTPUT", "GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "GTEST_SHARD_STATUS_FILE", "GTEST_REPEAT"})
+    env[v] = "\x01unset";
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) throw std::runtime_error("spawn_test_child: cannot read /proc/self/exe");
+  self[n] = '\0';
+  return spawn_process({self, "--gtest_also_run_disabled_tests", "--gtest_filter=" + test}, env, output_file);
+}
+
 int spawn_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                   const std::string& output_file) {
   std::map<std::string, std::string> merged;

@@ -37,6 +37,10 @@ struct ProcessResult {
 // "\x01unset" removes the variable), returns its pid; output goes to `output_file` if non-empty.
 int spawn_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                   const std::string& output_file);
+// Starts this test binary again running only `test` ("Suite.DISABLED_Name": the body of a child
+// process, e.g. one that writes until it is killed), with `env` added and the parent's gtest
+// output, sharding and repeat variables removed; output goes to `output_file`. Returns its pid.
+int spawn_test_child(const std::string& test, std::map<std::string, std::string> env, const std::string& output_file);
 // Waits for pid up to timeout_s, then SIGKILLs its process group; fills exit_code/term_signal.
 ProcessResult wait_process(int pid, double timeout_s);
 // spawn + wait, capturing output.

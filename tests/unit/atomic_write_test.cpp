@@ -179,8 +179,6 @@ TEST(AtomicWrite, DISABLED_KillChildWriteLoop) {
   }
 }
 
-std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
-
 class KillDuringWrite : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(KillDuringWrite, LeavesOldOrNew) {
@@ -194,17 +192,11 @@ TEST_P(KillDuringWrite, LeavesOldOrNew) {
   for (int delay_ms : {0, 1, 2, 4, 7, 11, 16, 25, 40, 60}) {
     SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
     std::remove(progress.c_str());
-    const int pid = bt::spawn_process(
-        {self_exe(), "--gtest_also_run_disabled_tests", "--gtest_filter=AtomicWrite.DISABLED_KillChildWriteLoop"},
-        {{"BOOSTER_ATOMIC_KILL_TARGET", target},
-         {"BOOSTER_ATOMIC_KILL_KIND", kind},
-         {"BOOSTER_ATOMIC_KILL_START", std::to_string(last + 1)},
-         {"GTEST_OUTPUT", "\x01unset"},
-         {"GTEST_SHARD_INDEX", "\x01unset"},
-         {"GTEST_TOTAL_SHARDS", "\x01unset"},
-         {"GTEST_SHARD_STATUS_FILE", "\x01unset"},
-         {"GTEST_REPEAT", "\x01unset"}},
-        tmp.file("child.log"));
+    const int pid = bt::spawn_test_child("AtomicWrite.DISABLED_KillChildWriteLoop",
+                                         {{"BOOSTER_ATOMIC_KILL_TARGET", target},
+                                          {"BOOSTER_ATOMIC_KILL_KIND", kind},
+                                          {"BOOSTER_ATOMIC_KILL_START", std::to_string(last + 1)}},
+                                         tmp.file("child.log"));
     int64_t done = -1;  // wait until the child has completed a write, then kill it inside a later one
     const auto t0 = std::chrono::steady_clock::now();
     while (done < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60) && bt::process_alive(pid)) {

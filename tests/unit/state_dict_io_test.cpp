@@ -719,11 +719,6 @@ TEST(StateDictIO, DISABLED_KillChildSaveLoop) {
   }
 }
 
-std::string self_exe() {
-  std::error_code ec;
-  return fs::read_symlink("/proc/self/exe", ec).string();
-}
-
 TEST(StateDictIO, KillDuringSaveLeavesOldOrNew) {
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");
@@ -735,17 +730,10 @@ TEST(StateDictIO, KillDuringSaveLeavesOldOrNew) {
   for (int delay_ms : {0, 1, 3, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300}) {
     SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
     std::remove(progress.c_str());
-    const int pid = bt::spawn_process(
-        {self_exe(), "--gtest_also_run_disabled_tests", "--gtest_filter=StateDictIO.DISABLED_KillChildSaveLoop"},
-        {{"BOOSTER_CKPT_KILL_CHILD", dir},
-         {"BOOSTER_CKPT_KILL_START", std::to_string(last + 1)},
-         // The child must run its one test and leave the parent's gtest reports alone.
-         {"GTEST_OUTPUT", "\x01unset"},
-         {"GTEST_SHARD_INDEX", "\x01unset"},
-         {"GTEST_TOTAL_SHARDS", "\x01unset"},
-         {"GTEST_SHARD_STATUS_FILE", "\x01unset"},
-         {"GTEST_REPEAT", "\x01unset"}},
-        tmp.file("child.log"));
+    const int pid = bt::spawn_test_child("StateDictIO.DISABLED_KillChildSaveLoop",
+                                         {{"BOOSTER_CKPT_KILL_CHILD", dir},
+                                          {"BOOSTER_CKPT_KILL_START", std::to_string(last + 1)}},
+                                         tmp.file("child.log"));
     // Wait until the child has completed a save, then kill it somewhere inside the next ones.
     int64_t done = -1;
     const auto t0 = std::chrono::steady_clock::now();
