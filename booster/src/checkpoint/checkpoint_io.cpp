@@ -70,17 +70,17 @@ std::string optimizer_type(torch::optim::Optimizer& o) {
   }
 }
 
-json options_to_json(torch::optim::OptimizerOptions& o) {
+json options_to_json(const torch::optim::Optimizer& opt, torch::optim::OptimizerOptions& o) {
   try {
-    return optimizer_type_info_for_options(o).options_to_json(o);
+    return optimizer_type_info(opt).options_to_json(o);
   } catch (const std::invalid_argument& e) {
     throw CheckpointError(std::string("booster: cannot checkpoint the optimizer's options: ") + e.what());
   }
 }
 
-void options_from_json(torch::optim::OptimizerOptions& o, const json& j) {
+void options_from_json(const torch::optim::Optimizer& opt, torch::optim::OptimizerOptions& o, const json& j) {
   try {
-    optimizer_type_info_for_options(o).options_from_json(j, o);
+    optimizer_type_info(opt).options_from_json(j, o);
   } catch (const std::invalid_argument& e) {
     throw CheckpointError(std::string("booster: cannot restore the optimizer's options: ") + e.what());
   }
@@ -184,7 +184,7 @@ void CheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& 
   const auto& sizes = wrapper.param_group_sizes();
   for (size_t g = 0; g < sizes.size(); ++g) {
     json jg;
-    jg["options"] = options_to_json(opt.param_groups()[g].options());
+    jg["options"] = options_to_json(opt, opt.param_groups()[g].options());
     jg["params"] = json::array();
     for (size_t j = 0; j < sizes[g]; ++j, ++i) {
       const std::string& name = names.at(i);
@@ -295,7 +295,7 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
   // Commit.
   wrapper.load_param_states(new_states);
   const json& groups = doc.at("param_groups");
-  for (size_t g = 0; g < groups.size(); ++g) options_from_json(opt.param_groups()[g].options(), groups[g].at("options"));
+  for (size_t g = 0; g < groups.size(); ++g) options_from_json(opt, opt.param_groups()[g].options(), groups[g].at("options"));
   wrapper.load_state_dict(ws);
 }
 

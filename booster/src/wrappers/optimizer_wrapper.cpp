@@ -53,7 +53,7 @@ OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> opti
   if (!optimizer_) throw std::invalid_argument("booster: OptimizerWrapper needs an optimizer");
   if (dynamic_cast<torch::optim::LBFGS*>(optimizer_.get()))
     throw std::invalid_argument("booster: LBFGS is not supported (its step needs a closure); use SGD, Adam, "
-                                "AdamW, RMSprop or Adagrad");
+                                "AdamW, RMSprop, Adagrad or an optimizer registered with booster::register_optimizer");
   if (options_.max_norm < 0) throw std::invalid_argument("booster: max_norm must be >= 0 (0 = no clipping)");
   if (!(options_.norm_type > 0)) throw std::invalid_argument("booster: norm_type must be > 0 (2.0 or inf)");
   for (auto& group : optimizer_->param_groups()) {

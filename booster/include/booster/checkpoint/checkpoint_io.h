@@ -54,8 +54,9 @@ class BOOSTER_API CheckpointIO {
   virtual void load_model(torch::nn::Module& model, const std::string& path, bool strict = true);
 
   // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper).
-  // Throws CheckpointError for an optimizer type whose state it does not know (supported: SGD,
-  // Adam, AdamW, RMSprop, Adagrad) or a wrapper without parameter names (not made by boost()).
+  // Throws CheckpointError for an optimizer type that is not registered (wrappers/
+  // optimizer_registry.h: LibTorch's SGD, Adam, AdamW, RMSprop, Adagrad and any user registration)
+  // or a wrapper without parameter names (not made by boost()).
   virtual void save_optimizer(OptimizerWrapper& optimizer, const std::string& path, const SaveOptions& options);
   // Validates the files against the optimizer (same type, same parameter names per group, shapes)
   // before changing anything; then restores state, group options and the wrapper's scaler state.
