@@ -185,6 +185,7 @@ std::shared_ptr<Plugin> load_plugin(const PluginContext& ctx, const std::string&
   }
   std::shared_ptr<Plugin> plugin = lib.descriptor->create(ctx);
   if (!plugin) throw PluginError("booster: plugin '" + ctx.name + "' factory returned null");
+  ctx.options.mark_known({"path"});  // the loader's own key, never the plugin's
   ctx.options.check_unknown();
   return plugin;
 }

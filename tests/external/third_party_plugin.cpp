@@ -19,7 +19,7 @@ class CountingHooks : public booster::ModelHooks {
 
 class ThirdPartyPlugin : public booster::Plugin {
  public:
-  explicit ThirdPartyPlugin(const booster::PluginContext& ctx) : Plugin(ctx) { ctx.options.mark_known({"path"}); }
+  explicit ThirdPartyPlugin(const booster::PluginContext& ctx) : Plugin(ctx) {}
   bool support_no_sync() const override { return true; }
   booster::Configured configure(std::shared_ptr<torch::nn::Module> model,
                                 std::shared_ptr<torch::optim::Optimizer>) override {

@@ -17,9 +17,7 @@ class MinimalHooks : public booster::ModelHooks {
 class MinimalPlugin : public booster::Plugin {
  public:
   explicit MinimalPlugin(const booster::PluginContext& ctx)
-      : Plugin(ctx), scale_(ctx.options.get_double("scale", 1.0, 0.0, 10.0)) {
-    ctx.options.mark_known({"path"});
-  }
+      : Plugin(ctx), scale_(ctx.options.get_double("scale", 1.0, 0.0, 10.0)) {}
   booster::Configured configure(std::shared_ptr<torch::nn::Module> model,
                                 std::shared_ptr<torch::optim::Optimizer>) override {
     return {std::make_shared<MinimalHooks>(model), nullptr};

@@ -19,17 +19,23 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Group = std::shared_ptr<booster::dist::ProcessGroup>;
 
-// Different weights per seed; a BatchNorm for buffers; one frozen parameter.
+// Different values per seed (from a formula: the global RNG is shared by the rank threads); a
+// BatchNorm for buffers; one frozen parameter.
 struct Net : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
   at::Tensor frozen;
   explicit Net(uint64_t seed, int64_t width = 4) {
-    torch::manual_seed(seed);
     fc = register_module("fc", torch::nn::Linear(3, width));
     bn = register_module("bn", torch::nn::BatchNorm1d(width));
-    frozen = register_parameter("frozen", torch::randn({2}), /*requires_grad=*/false);
-    bn->running_mean.normal_();
+    frozen = register_parameter("frozen", at::zeros({2}), /*requires_grad=*/false);
+    at::NoGradGuard no_grad;
+    double k = 1;
+    auto fill = [&](at::Tensor t) {
+      t.copy_(at::sin(at::arange(t.numel(), at::kFloat) * k++ + static_cast<double>(seed)).reshape(t.sizes()).to(t.dtype()));
+    };
+    for (auto& p : parameters()) fill(p);
+    fill(bn->running_mean);
   }
 };
 
