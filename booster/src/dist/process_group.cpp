@@ -1,4 +1,5 @@
-// process_group.cpp — the c10d adapter: rendezvous, collectives, and the emulations Gloo lacks.
+// process_group.cpp — the c10d adapter: rendezvous, sub-groups, collectives, and the emulations
+// Gloo lacks.
 #include "booster/dist/process_group.h"
 
 #include <ATen/ATen.h>
@@ -7,9 +8,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
+#include <utility>
 
 namespace booster::dist {
 
@@ -46,8 +50,9 @@ void Work::wait() {
 // ProcessGroup::Impl
 
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<c10d::Store> store;  // the world's store; sub-groups share it
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  // devices shared by sub-groups
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null for a sub-group of one rank (local collectives)
   int rank = 0;
   int size = 1;
   std::string backend;
@@ -55,6 +60,12 @@ struct ProcessGroup::Impl {
   // What the backend does natively (NCCL would); Gloo in LibTorch 1.13 has neither, so emulated.
   bool native_avg = false;
   bool native_bf16 = false;
+  // Store keys of the sub-groups made from this group start with key_prefix + "/"; each
+  // new_group/split call takes the next id, on every rank, so the prefixes agree across ranks.
+  std::string key_prefix = "booster_groups";
+  int64_t next_child_id = 0;
+  std::vector<int> ranks_in_parent;
+  std::vector<int> global_ranks;
 };
 
 namespace {
@@ -90,6 +101,56 @@ Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, s
   return Work(impl);
 }
 
+std::string list_text(const std::vector<int>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out + "]";
+}
+
+// FNV-1a over the ranks: what new_group compares across ranks instead of the lists themselves.
+int64_t hash_ranks(const std::vector<int>& ranks) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(ranks.size());
+  for (int r : ranks) mix(static_cast<uint32_t>(r));
+  return static_cast<int64_t>(h);
+}
+
+// The sub-group of `parent` whose rank r is parent rank members[r]; the calling rank is a member.
+// Only members call this; they connect through the shared store under `key_prefix`.
+std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, const std::vector<int>& members,
+                                            const std::string& key_prefix) {
+  auto impl = std::make_unique<ProcessGroup::Impl>();
+  impl->store = parent.store;
+  impl->gloo_options = parent.gloo_options;
+  impl->rank = static_cast<int>(std::find(members.begin(), members.end(), parent.rank) - members.begin());
+  impl->size = static_cast<int>(members.size());
+  impl->backend = parent.backend;
+  impl->timeout_s = parent.timeout_s;
+  impl->native_avg = parent.native_avg;
+  impl->native_bf16 = parent.native_bf16;
+  impl->key_prefix = key_prefix;
+  impl->ranks_in_parent = members;
+  for (int m : members) impl->global_ranks.push_back(parent.global_ranks[m]);
+  if (impl->size > 1) {
+    try {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key_prefix, parent.store);
+      impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, impl->rank, impl->size, parent.gloo_options);
+    } catch (const std::exception& e) {
+      throw DistError("booster: connecting the sub-group of world ranks " + list_text(impl->global_ranks) +
+                      " as its rank " + std::to_string(impl->rank) + " failed within " +
+                      std::to_string(parent.timeout_s) + " s: " + e.what() +
+                      "\n(every rank of the parent group must make the same new_group/split calls in the same order)");
+    }
+  }
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -121,6 +182,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
   impl->size = o.world_size;
   impl->backend = o.backend;
   impl->timeout_s = o.timeout_s;
+  impl->ranks_in_parent.resize(o.world_size);
+  std::iota(impl->ranks_in_parent.begin(), impl->ranks_in_parent.end(), 0);
+  impl->global_ranks = impl->ranks_in_parent;
 
   try {
     if (o.world_size == 1) {
@@ -148,6 +212,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
     else
       gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     gloo_opts->threads = 2;
+    impl->gloo_options = gloo_opts;
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("booster_world/", impl->store);
     impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o.rank, o.world_size, gloo_opts);
   } catch (const std::exception& e) {
@@ -206,7 +271,7 @@ Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
   std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::AllreduceOptions ao;
   ao.reduceOp = to_c10d(op);
-  auto w = impl_->pg->allreduce(wire, ao);
+  auto w = impl_->pg ? impl_->pg->allreduce(wire, ao) : c10::intrusive_ptr<c10d::Work>();
   bool avg = op == ReduceOp::AVG && !impl_->native_avg;
   int size = impl_->size;
   at::Tensor out = tensor;
@@ -224,7 +289,7 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
-  auto w = impl_->pg->broadcast(wire, bo);
+  auto w = impl_->pg ? impl_->pg->broadcast(wire, bo) : c10::intrusive_ptr<c10d::Work>();
   at::Tensor out = tensor;
   return make_work(w, [out, wire, cast]() mutable { if (cast) out.copy_(wire[0]); }, describe("broadcast", tensor));
 }
@@ -241,7 +306,11 @@ Work ProcessGroup::allgather(std::vector<at::Tensor>& outputs, const at::Tensor&
   std::vector<at::Tensor> in{cast ? input.to(at::kFloat) : input};
   std::vector<std::vector<at::Tensor>> out(1);
   for (auto& o : outputs) out[0].push_back(cast ? at::empty(o.sizes(), o.options().dtype(at::kFloat)) : o);
-  auto w = impl_->pg->allgather(out, in);
+  c10::intrusive_ptr<c10d::Work> w;
+  if (impl_->pg)
+    w = impl_->pg->allgather(out, in);
+  else
+    out[0][0].copy_(in[0]);
   auto targets = outputs;
   return make_work(w, [targets, out, in, cast]() mutable {
     if (cast) for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(out[0][i]);
@@ -319,7 +388,7 @@ Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
   ro.reduceOp = to_c10d(op);
   ro.rootRank = root;
   ro.rootTensor = 0;
-  auto w = impl_->pg->reduce(wire, ro);
+  auto w = impl_->pg ? impl_->pg->reduce(wire, ro) : c10::intrusive_ptr<c10d::Work>();
   bool avg = op == ReduceOp::AVG && !impl_->native_avg;
   bool is_root = impl_->rank == root;
   int size = impl_->size;
@@ -332,6 +401,7 @@ Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
 }
 
 void ProcessGroup::barrier() {
+  if (!impl_->pg) return;
   try {
     impl_->pg->barrier()->wait();
   } catch (const std::exception& e) {
@@ -369,6 +439,74 @@ std::string ProcessGroup::broadcast_string(const std::string& value, int root) {
   if (impl_->rank == root && n > 0) std::memcpy(bytes.data_ptr(), value.data(), n);
   broadcast(bytes, root).wait();
   return std::string(static_cast<const char*>(bytes.data_ptr()), n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sub-groups
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  const std::string call = "booster: new_group(" + list_text(ranks) + ")";
+  if (ranks.empty())
+    throw std::invalid_argument(call + ": needs at least one rank of [0, " + std::to_string(impl_->size) + ")");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> outside, repeated;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= impl_->size) outside.push_back(sorted[i]);
+    if (i > 0 && sorted[i] == sorted[i - 1] && (repeated.empty() || repeated.back() != sorted[i]))
+      repeated.push_back(sorted[i]);
+  }
+  if (!outside.empty())
+    throw std::invalid_argument(call + ": rank(s) " + list_text(outside) + " outside this group's [0, " +
+                                std::to_string(impl_->size) + ")");
+  if (!repeated.empty())
+    throw std::invalid_argument(call + ": rank(s) " + list_text(repeated) + " listed more than once");
+
+  const int64_t id = impl_->next_child_id++;
+  if (impl_->size > 1) {
+    auto hashes = all_gather_int64({hash_ranks(sorted)});
+    for (int r = 1; r < impl_->size; ++r) {
+      if (hashes[r][0] == hashes[0][0]) continue;
+      // Every rank saw the mismatch, so all take part in these two broadcasts and all throw.
+      std::string first = broadcast_string(list_text(ranks), 0);
+      std::string other = broadcast_string(list_text(ranks), r);
+      throw DistError("booster: new_group call " + std::to_string(id) +
+                      " of this group got different rank lists: rank 0 passed " + first + ", rank " +
+                      std::to_string(r) + " passed " + other +
+                      " (every rank of the group must call new_group with the same list, in the same order of calls)");
+    }
+  }
+  if (!std::binary_search(sorted.begin(), sorted.end(), impl_->rank)) return nullptr;
+  return make_subgroup(*impl_, sorted, impl_->key_prefix + "/g" + std::to_string(id));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
+  const int64_t id = impl_->next_child_id++;
+  std::vector<std::vector<int64_t>> all{{color, key}};
+  if (impl_->size > 1) all = all_gather_int64({color, key});
+  if (color < 0) return nullptr;
+  std::vector<std::pair<int64_t, int>> order;  // (key, rank) of the ranks with this color
+  for (int r = 0; r < impl_->size; ++r)
+    if (all[r][0] == color) order.emplace_back(all[r][1], r);
+  std::sort(order.begin(), order.end());
+  std::vector<int> members;
+  for (const auto& kr : order) members.push_back(kr.second);
+  return make_subgroup(*impl_, members, impl_->key_prefix + "/s" + std::to_string(id) + "." + std::to_string(color));
+}
+
+const std::vector<int>& ProcessGroup::ranks_in_parent() const { return impl_->ranks_in_parent; }
+const std::vector<int>& ProcessGroup::global_ranks() const { return impl_->global_ranks; }
+
+int ProcessGroup::global_rank(int group_rank) const {
+  if (group_rank < 0 || group_rank >= impl_->size)
+    throw std::invalid_argument("booster: global_rank(" + std::to_string(group_rank) + "): outside this group's [0, " +
+                                std::to_string(impl_->size) + ")");
+  return impl_->global_ranks[group_rank];
+}
+
+int ProcessGroup::group_rank(int global_rank) const {
+  auto it = std::find(impl_->global_ranks.begin(), impl_->global_ranks.end(), global_rank);
+  return it == impl_->global_ranks.end() ? -1 : static_cast<int>(it - impl_->global_ranks.begin());
 }
 
 }  // namespace booster::dist

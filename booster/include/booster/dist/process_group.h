@@ -12,6 +12,12 @@
 // All collectives are asynchronous: they return a Work that must be waited for before the output
 // is read (wait() also runs the emulation's finishing step). Every rank must call the same
 // collectives in the same order with tensors of the same numel and dtype (as in c10d).
+//
+// Sub-groups (new_group, split) are ProcessGroups too: every collective and emulation above works
+// on them, and "rank" in their collectives (roots, chunk order) is the rank inside the sub-group.
+// They connect through the world's store under a key prefix of their own (no new store or store
+// port) and share the world's Gloo device; a sub-group of one rank has no backend at all (its
+// collectives are local copies).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -102,6 +108,33 @@ class BOOSTER_API ProcessGroup {
   double allreduce_scalar(double value, ReduceOp op);
   // Blocking broadcast of a byte string from root (length first, then bytes).
   std::string broadcast_string(const std::string& value, int root);
+
+  // ---- Sub-groups
+
+  // torch.distributed.new_group: the group of this group's ranks listed in `ranks` (ranks of this
+  // group, any order). Collective over this WHOLE group: every rank calls it with the same list,
+  // and every rank makes its new_group/split calls in the same order, members or not. Returns
+  // nullptr on ranks not in the list. In the new group, rank r is the r-th smallest listed rank.
+  // Throws std::invalid_argument, before any communication, for an empty list or one with ranks
+  // outside [0, size()) or repeated (naming them); DistError when the ranks passed different lists
+  // (detected by comparing a hash of the list: one all-gather of an int64; the message names rank
+  // 0's list and the first differing rank's) or when the members cannot connect within timeout_s().
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+  // MPI_Comm_split: the ranks of this group that pass the same color form one group, ordered by
+  // (key, rank in this group); a negative color returns nullptr (MPI_UNDEFINED). Collective over
+  // this whole group like new_group (one all-gather of two int64 values); ranks may pass
+  // different colors and keys. Throws DistError when the members cannot connect.
+  std::shared_ptr<ProcessGroup> split(int color, int key);
+
+  // ranks_in_parent()[r]: the rank, in the group this one was made from, of this group's rank r
+  // (0..size()-1 for a rendezvous group). global_ranks()[r]: the same in the rendezvous (world)
+  // group. global_rank(r) is global_ranks()[r] (std::invalid_argument outside [0, size())),
+  // group_rank(g) its inverse, -1 when world rank g is not a member (the names and meaning of
+  // torch.distributed.get_global_rank / get_group_rank).
+  const std::vector<int>& ranks_in_parent() const;
+  const std::vector<int>& global_ranks() const;
+  int global_rank(int group_rank) const;
+  int group_rank(int global_rank) const;
 
   struct Impl;
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
