@@ -1,0 +1,128 @@
+// flat_param_test.cpp — FlatParameter (booster/core/flat_param.h) on 2 and 4 ranks as threads:
+// the shard layout with padding, the storage really freed when sharded and restored by the
+// all-gather, gradients unchanged when storage is freed after forward and refilled before backward,
+// and reduce_gradients giving each rank its shard of the averaged gradient.
+#include "booster/core/flat_param.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/thread_ranks.h"
+
+namespace {
+
+using booster::FlatParameter;
+using Group = std::shared_ptr<booster::dist::ProcessGroup>;
+
+// A two-layer block with values from a formula (the global RNG is shared by the rank threads);
+// 5*3 + 5 + 2*5 = 30 elements (padded to 32 on 4 ranks).
+struct Block {
+  at::Tensor w1 = (at::sin(at::arange(15, at::kFloat)) * 0.5).reshape({5, 3}).requires_grad_();
+  at::Tensor b1 = (at::cos(at::arange(5, at::kFloat)) * 0.1).requires_grad_();
+  at::Tensor w2 = (at::sin(at::arange(10, at::kFloat) * 0.7)).reshape({2, 5}).requires_grad_();
+  std::vector<std::pair<std::string, at::Tensor>> named() { return {{"w1", w1}, {"b1", b1}, {"w2", w2}}; }
+  at::Tensor loss(int rank) {
+    at::Tensor x = at::linspace(-1, 1, 12).reshape({4, 3}) * (rank + 1);
+    return at::tanh(at::linear(x, w1, b1)).matmul(w2.t()).pow(2).sum();
+  }
+};
+
+// The block's flattened values / gradients, padded to `padded` elements.
+at::Tensor flat_of(const std::vector<at::Tensor>& ts, int64_t padded) {
+  std::vector<at::Tensor> parts;
+  for (const auto& t : ts) parts.push_back(t.detach().reshape({-1}));
+  at::Tensor flat = at::cat(parts);
+  return at::cat({flat, at::zeros({padded - flat.numel()})});
+}
+
+TEST(FlatParameter, ShardsWithPaddingAndFreesTheFullStorage) {
+  const auto errors = booster::testing::run_thread_ranks(4, [](const Group& g) {
+    Block b;
+    const at::Tensor want = flat_of({b.w1, b.b1, b.w2}, 32);  // w1, b1, w2, padding
+    FlatParameter fp(b.named(), g);
+    EXPECT_EQ(fp.layout().numel, 30);
+    EXPECT_EQ(fp.layout().padded_numel, 32);
+    EXPECT_EQ(fp.layout().shard_numel, 8);
+    EXPECT_EQ(fp.state(), FlatParameter::State::kSharded);
+    EXPECT_EQ(fp.unsharded_storage_bytes(), 0);
+    EXPECT_TRUE(at::equal(fp.local_shard(), want.narrow(0, 8 * g->rank(), 8)));
+    fp.unshard();
+    EXPECT_EQ(fp.unsharded_storage_bytes(), 32 * 4);
+    Block fresh;
+    EXPECT_TRUE(at::equal(b.w1, fresh.w1));  // every view sees the gathered values
+    EXPECT_TRUE(at::equal(b.b1, fresh.b1));
+    EXPECT_TRUE(at::equal(b.w2, fresh.w2));
+    EXPECT_TRUE(b.w1.requires_grad());
+    fp.reshard();
+    EXPECT_EQ(fp.unsharded_storage_bytes(), 0);
+    // An update of the shard is what the next unshard gathers.
+    fp.local_shard().add_(1.0);
+    fp.unshard();
+    EXPECT_TRUE(at::equal(b.w1, fresh.w1 + 1));
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(4, ""));
+}
+
+TEST(FlatParameter, FreeingAfterForwardAndRefillingBeforeBackwardKeepsGradients) {
+  Block ref;
+  ref.loss(0).backward();
+  const auto errors = booster::testing::run_thread_ranks(2, [&](const Group& g) {
+    Block b;
+    FlatParameter fp(b.named(), g);
+    fp.unshard();
+    at::Tensor loss = b.loss(0);  // autograd saves views of the flat storage
+    fp.reshard();                 // freed between forward and backward, as FSDP does
+    EXPECT_EQ(fp.unsharded_storage_bytes(), 0);
+    fp.unshard();
+    loss.backward();
+    EXPECT_TRUE(at::equal(b.w1.grad(), ref.w1.grad()));
+    EXPECT_TRUE(at::equal(b.b1.grad(), ref.b1.grad()));
+    EXPECT_TRUE(at::equal(b.w2.grad(), ref.w2.grad()));
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+}
+
+TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
+  // The mean over ranks of the flattened gradients, computed without any group.
+  std::vector<at::Tensor> per_rank;
+  for (int r = 0; r < 4; ++r) {
+    Block b;
+    b.loss(r).backward();
+    per_rank.push_back(flat_of({b.w1.grad(), b.b1.grad(), b.w2.grad()}, 32));
+  }
+  const at::Tensor mean = at::stack(per_rank).mean(0);
+  const auto errors = booster::testing::run_thread_ranks(4, [&](const Group& g) {
+    Block b;
+    FlatParameter fp(b.named(), g);
+    EXPECT_THROW(fp.reduce_gradients(), std::logic_error);  // sharded: nothing to reduce
+    for (int step = 1; step <= 2; ++step) {                   // the shard's gradient accumulates
+      fp.unshard();
+      b.loss(g->rank()).backward();
+      fp.reduce_gradients();
+      EXPECT_FALSE(b.w1.grad().defined()) << "parameter gradients are released";
+      fp.reshard();
+      const at::Tensor want = mean.narrow(0, 8 * g->rank(), 8) * step;
+      EXPECT_TRUE(at::allclose(fp.local_grad(), want, 1e-6, 1e-6))
+          << "step " << step << " max |diff| " << (fp.local_grad() - want).abs().max().item<double>();
+    }
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(4, ""));
+}
+
+TEST(FlatParameter, RejectsBadParameterLists) {
+  const auto errors = booster::testing::run_thread_ranks(1, [](const Group& g) {
+    at::Tensor a = at::ones({2}).requires_grad_();
+    EXPECT_THROW(FlatParameter({}, g), std::invalid_argument);
+    EXPECT_THROW(FlatParameter({{"a", a}, {"tied", a}}, g), std::invalid_argument);
+    EXPECT_THROW(FlatParameter({{"a", a}, {"d", at::ones({2}, at::kDouble)}}, g), std::invalid_argument);
+    EXPECT_THROW(FlatParameter({{"a", a}}, nullptr), std::invalid_argument);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(1, ""));
+}
+
+}  // namespace
