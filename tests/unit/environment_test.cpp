@@ -364,10 +364,8 @@ TEST(Environment, WorldOfOneCollectives) {
   EXPECT_EQ(pg->broadcast_string("", 0), "");
 }
 
-// Disabled: library bug. ProcessGroup::allreduce(std::vector) hands the vector to c10d, whose Gloo
-// backend reduces the tensors of the vector into each other (the old several-devices-per-process
-// meaning), so {1,1,1} and {7,7,7} both become {8,8,8} even on a world of one. process_group.h
-// promises an in-place allreduce of each tensor. Enable once the adapter reduces them separately.
+// ProcessGroup::allreduce(std::vector) reduces each tensor on its own (process_group.h), not the
+// tensors of the vector into each other as c10d's Gloo backend would (its several-devices meaning).
 TEST(Environment, AllreduceOfSeveralTensorsReducesEachAlone) {
   auto pg = world1();
   std::vector<at::Tensor> many{at::ones({3}, at::kDouble), at::full({3}, 7, at::kDouble)};
