@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "booster/dist/process_group.h"
 #include "booster/io/atomic_write.h"
+#include "booster/logging.h"
 #include "booster/lr_scheduler.h"
 #include "booster/wrappers/optimizer_registry.h"
 #include "booster/wrappers/optimizer_state.h"
@@ -59,6 +61,75 @@ void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, F&& write)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Dtype conversion on load (the rule is load_model's, checkpoint_io.h).
+
+std::string dtype_str(at::ScalarType t) { return c10::toString(t); }
+
+// Whether a checkpoint tensor of dtype `from` loads into a tensor of dtype `to`: torch.can_cast.
+bool loadable_as(at::ScalarType from, at::ScalarType to) { return from == to || c10::canCast(from, to); }
+
+// A floating -> integer pair, which load_model converts only for whole numbers in range.
+bool float_into_integer(at::ScalarType from, at::ScalarType to) {
+  return at::isFloatingType(from) && at::isIntegralType(to, /*includeBool=*/false);
+}
+
+// "" when every value of the floating tensor `t` is a whole number that the integer dtype `to` holds;
+// else the first value that is not ("2.75 is not a whole number").
+std::string whole_number_problem(const at::Tensor& t, at::ScalarType to) {
+  at::Tensor d = t.to(at::kDouble).reshape({-1});
+  const int bits = 8 * static_cast<int>(c10::elementSize(to));
+  const bool is_unsigned = to == at::kByte;
+  const double lo = is_unsigned ? 0.0 : -std::ldexp(1.0, bits - 1);
+  const double hi = std::ldexp(1.0, is_unsigned ? bits : bits - 1);  // exclusive
+  at::Tensor bad = d.isfinite().logical_not() | d.ne(d.trunc()) | d.lt(lo) | d.ge(hi);
+  at::Tensor where = bad.nonzero();
+  if (where.numel() == 0) return "";
+  double v = d[where[0][0]].item<double>();
+  std::ostringstream os;
+  os << v << (std::isfinite(v) && v == std::trunc(v) ? " is out of " + dtype_str(to) + "'s range" : " is not a whole number");
+  return os.str();
+}
+
+// "dtype Float in the checkpoint, Long in the model (refused: ...)" for a pair that does not load;
+// `what` names the receiving side ("the model", "the optimizer"); `detail` the offending value.
+std::string refused_dtype(at::ScalarType from, at::ScalarType to, const std::string& what,
+                          const std::string& detail = "") {
+  std::string why = at::isComplexType(from) ? "the imaginary part would be dropped"
+                    : to == at::kBool       ? "values would collapse to true/false"
+                                            : "floating-point values would be truncated";
+  if (!detail.empty()) why += ": " + detail;
+  return "dtype " + dtype_str(from) + " in the checkpoint, " + dtype_str(to) + " in " + what + " (refused: " + why +
+         "; give " + what + "'s tensor a dtype that holds these values, or convert the checkpoint)";
+}
+
+// Counts tensors converted per (checkpoint dtype, receiving dtype) pair; report() logs one line.
+class ConversionLog {
+ public:
+  void add(at::ScalarType from, at::ScalarType to) {
+    if (from != to) ++counts_[{from, to}];
+  }
+  // Rank 0, when anything was converted: "booster: <call> <path>: converted 8 tensors BFloat16 ->
+  // Float (the model's dtype)".
+  void report(const std::string& call, const std::string& path, const std::string& noun,
+              const std::string& whose) const {
+    if (counts_.empty()) return;
+    std::string line = "booster: " + call + " " + path + ": converted";
+    std::set<at::ScalarType> targets;
+    bool first = true;
+    for (const auto& [pair, n] : counts_) {
+      line += std::string(first ? " " : ", ") + std::to_string(n) + " " + noun + (n == 1 ? "" : "s") + " " +
+              dtype_str(pair.first) + " -> " + dtype_str(pair.second);
+      targets.insert(pair.second);
+      first = false;
+    }
+    log::info(line + " (" + whose + (targets.size() == 1 ? " dtype)" : " dtypes)"));
+  }
+
+ private:
+  std::map<std::pair<at::ScalarType, at::ScalarType>, int64_t> counts_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer type name and options (per parameter group) as JSON, from the optimizer registry
 // (wrappers/optimizer_registry.h); its lookup errors become CheckpointError.
 
@@ -84,6 +155,26 @@ void options_from_json(const torch::optim::Optimizer& opt, torch::optim::Optimiz
   } catch (const std::invalid_argument& e) {
     throw CheckpointError(std::string("booster: cannot restore the optimizer's options: ") + e.what());
   }
+}
+
+// The dtype the wrapped optimizer keeps each parameter's state in (aligned with the wrapper's
+// parameters()): the dtype of the tensor it updates for that parameter, read from its param groups.
+// A group holding one tensor per parameter (the parameters or their master copies) gives each its
+// own; a group holding fewer tensors of one dtype (a sharded wrapper's master slice) gives that dtype
+// to all its parameters. Undefined where neither applies (the state then keeps its dtype and the
+// wrapper's load_param_states converts it).
+std::vector<at::ScalarType> optimizer_state_dtypes(OptimizerWrapper& wrapper) {
+  std::vector<at::ScalarType> out;
+  auto& groups = wrapper.optimizer().param_groups();
+  const auto& sizes = wrapper.param_group_sizes();
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    const auto& held = g < groups.size() ? groups[g].params() : std::vector<at::Tensor>{};
+    at::ScalarType common = held.empty() ? at::ScalarType::Undefined : held.front().scalar_type();
+    for (const auto& t : held)
+      if (t.scalar_type() != common) common = at::ScalarType::Undefined;
+    for (size_t j = 0; j < sizes[g]; ++j) out.push_back(held.size() == sizes[g] ? held[j].scalar_type() : common);
+  }
+  return out;
 }
 
 }  // namespace
@@ -115,6 +206,7 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
   std::vector<std::string> missing, mismatched;
   std::set<std::string> used;
   std::set<const void*> storages_loaded;
+  std::map<std::string, at::ScalarType> whole_numbers;  // floating -> integer: checked on the values below
   for (auto& [name, t] : expected) {
     auto it = file.find(name);
     if (it == file.end()) continue;
@@ -124,10 +216,22 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
     if (t.sizes() != at::IntArrayRef(info.shape))
       mismatched.push_back(name + ": shape " + shape_str(info.shape) + " in the checkpoint, " +
                            shape_str(t.sizes()) + " in the model");
-    else if (info.dtype != t.scalar_type())
-      mismatched.push_back(name + ": dtype " + std::string(c10::toString(info.dtype)) + " in the checkpoint, " +
-                           std::string(c10::toString(t.scalar_type())) + " in the model");
+    else if (float_into_integer(info.dtype, t.scalar_type()))
+      whole_numbers[name] = t.scalar_type();
+    else if (!loadable_as(info.dtype, t.scalar_type()))
+      mismatched.push_back(name + ": " + refused_dtype(info.dtype, t.scalar_type(), "the model"));
   }
+  // Reads only the floating tensors bound for integer ones (one shard at a time).
+  if (!whole_numbers.empty())
+    for_each_checkpoint_shard(path, "model", [&](const StateDict& shard) {
+      for (const auto& [name, tensor] : shard) {
+        auto it = whole_numbers.find(name);
+        if (it == whole_numbers.end()) continue;
+        std::string problem = whole_number_problem(tensor, it->second);
+        if (!problem.empty())
+          mismatched.push_back(name + ": " + refused_dtype(tensor.scalar_type(), it->second, "the model", problem));
+      }
+    });
   for (auto& [name, t] : expected) {
     // A tied tensor written once (HF) is restored through the name that was written.
     if (!file.count(name) && !storages_loaded.count(t.storage().unsafeGetStorageImpl())) missing.push_back(name);
@@ -154,16 +258,24 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
 
   std::map<std::string, at::Tensor> targets(expected.begin(), expected.end());
   torch::NoGradGuard no_grad;
+  ConversionLog conversions;
   for_each_checkpoint_shard(path, "model", [&](const StateDict& shard) {
     for (const auto& [name, tensor] : shard) {
       auto it = targets.find(name);
       if (it == targets.end()) continue;
-      if (tensor.sizes() != it->second.sizes())  // the files changed since they were validated
-        throw CheckpointError("booster: " + path + ": " + name + " changed while loading (shape " +
-                              shape_str(tensor.sizes()) + ", validated as " + shape_str(it->second.sizes()) + ")");
-      it->second.copy_(tensor);
+      at::Tensor& target = it->second;
+      bool dtype_ok = whole_numbers.count(name) ? float_into_integer(tensor.scalar_type(), target.scalar_type())
+                                                : loadable_as(tensor.scalar_type(), target.scalar_type());
+      if (tensor.sizes() != target.sizes() || !dtype_ok)
+        throw CheckpointError("booster: " + path + ": " + name + " changed on disk while loading (the file now holds " +
+                              dtype_str(tensor.scalar_type()) + " " + shape_str(tensor.sizes()) + ", the model " +
+                              dtype_str(target.scalar_type()) + " " + shape_str(target.sizes()) +
+                              "); load again once the checkpoint is no longer being written");
+      target.copy_(tensor);  // casts element by element into the model's dtype
+      conversions.add(tensor.scalar_type(), target.scalar_type());
     }
   });
+  conversions.report("load_model", path, "tensor", "the model's");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,15 +363,20 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
                      fs::exists(fs::path(path) / "optimizer.bin") || fs::exists(fs::path(path) / "optimizer.bin.index.json");
   if (has_tensors) loaded = load_state_dict(path, "optimizer");
   std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
+  loaded.clear();  // by_name holds the tensors; a converted one replaces its original there
 
-  // Build every new state first (validating shapes), then swap in: nothing changes on error.
+  // Build every new state first (validating shapes and dtypes, converting), then swap in: nothing
+  // changes on error.
   std::vector<at::Tensor> params = wrapper.parameters();
+  const std::vector<at::ScalarType> state_dtypes = optimizer_state_dtypes(wrapper);
   std::vector<ParamOptimState> new_states(params.size());
   std::set<std::string> used;
+  ConversionLog conversions;
   const json& scalars = doc.value("scalars", json::object());
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = names.at(i);
     const at::Tensor& p = params[i];
+    const at::ScalarType dtype = state_dtypes.at(i);
     ParamOptimState& s = new_states[i];
     std::string prefix = name + ".";
     for (auto it = by_name.lower_bound(prefix); it != by_name.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
@@ -268,6 +385,13 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
       if (it->second.sizes() != p.sizes())
         throw CheckpointError("booster: " + path + ": " + it->first + " has shape " + shape_str(it->second.sizes()) +
                               " but parameter " + name + " has " + shape_str(p.sizes()));
+      if (dtype != at::ScalarType::Undefined && it->second.scalar_type() != dtype) {
+        if (!loadable_as(it->second.scalar_type(), dtype))
+          throw CheckpointError("booster: " + path + ": " + it->first + ": " +
+                                refused_dtype(it->second.scalar_type(), dtype, "the optimizer"));
+        conversions.add(it->second.scalar_type(), dtype);
+        it->second = it->second.to(dtype);
+      }
       s.tensors[key] = it->second;
       used.insert(it->first);
     }
@@ -297,6 +421,7 @@ void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& 
   const json& groups = doc.at("param_groups");
   for (size_t g = 0; g < groups.size(); ++g) options_from_json(opt, opt.param_groups()[g].options(), groups[g].at("options"));
   wrapper.load_state_dict(ws);
+  conversions.report("load_optimizer", path, "state tensor", "the optimizer's");
 }
 
 // ---------------------------------------------------------------------------------------------

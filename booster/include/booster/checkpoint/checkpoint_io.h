@@ -47,10 +47,28 @@ class BOOSTER_API CheckpointIO {
 
   // Parameters and buffers by dotted name (`features.0.weight`) into directory `path`.
   virtual void save_model(torch::nn::Module& model, const std::string& path, const ModelSaveOptions& options);
-  // Loads into the model. strict: missing or unexpected keys and shape or dtype mismatches are all
-  // reported together in one CheckpointError before any parameter is modified. Names absent from the
-  // file whose tensor shares storage with a loaded name (tied weights written once) are satisfied.
-  // Non-strict: loads what matches, ignores the rest (shape/dtype mismatches are still errors).
+  // Loads into the model. strict: missing or unexpected keys, shape mismatches and refused dtypes
+  // (below) are all reported together in one CheckpointError before any parameter is modified. Names
+  // absent from the file whose tensor shares storage with a loaded name (tied weights written once)
+  // are satisfied. Non-strict: loads what matches, ignores the rest (shape mismatches and refused
+  // dtypes are still errors).
+  //
+  // Dtypes: a tensor loads into the model's tensor in the model's dtype, as torch's
+  // Module.load_state_dict (copy_) and HF from_pretrained do, so a checkpoint moves between
+  // precisions (a bf16 ZeRO model's weights into an fp32 DDP model, and back). The rule is
+  // torch.can_cast (c10::canCast), the one PyTorch applies to in-place arithmetic, plus one case:
+  //   converted: floating <-> floating (rounded to nearest even when narrowing, fp32 -> bf16),
+  //              integer <-> integer (narrowing wraps values out of range, as copy_ does),
+  //              integer or bool -> floating, bool -> integer, anything real -> complex;
+  //   floating -> integer: converted only when every value is a whole number in the integer
+  //              dtype's range (LibTorch's Module::to(kBFloat16) also casts integer buffers such as
+  //              BatchNorm's num_batches_tracked, so bf16 checkpoints hold them as floats); any
+  //              other value would be truncated and is refused, naming the first such value. These
+  //              tensors are read once more, before anything changes, to check the values;
+  //   refused:   non-bool -> bool, complex -> real.
+  // A refused tensor is named in the error with both dtypes. Conversion happens per tensor while
+  // copying (no second copy of a shard). Rank 0 logs one line per load when tensors were converted:
+  // "converted 8 tensors BFloat16 -> Float (the model's dtype)".
   virtual void load_model(torch::nn::Module& model, const std::string& path, bool strict = true);
 
   // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper).
@@ -58,8 +76,13 @@ class BOOSTER_API CheckpointIO {
   // optimizer_registry.h: LibTorch's SGD, Adam, AdamW, RMSprop, Adagrad and any user registration)
   // or a wrapper without parameter names (not made by boost()).
   virtual void save_optimizer(OptimizerWrapper& optimizer, const std::string& path, const SaveOptions& options);
-  // Validates the files against the optimizer (same type, same parameter names per group, shapes)
-  // before changing anything; then restores state, group options and the wrapper's scaler state.
+  // Validates the files against the optimizer (same type, same parameter names per group, shapes,
+  // dtypes) before changing anything; then restores state, group options and the wrapper's scaler
+  // state. Each state tensor is converted to the dtype of the tensor the wrapped optimizer updates
+  // for its parameter (the fp32 master copy or ZeRO master slice when there is one, else the
+  // parameter), under torch.can_cast (floating -> integer refused), and rank 0 logs the conversions
+  // in one line. With master weights (the default) state is fp32 in every plugin and precision, so
+  // only a run without master weights (bf16 or fp16 state) converts.
   virtual void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
 
   // `path` is a file (lr_scheduler.json) holding LRScheduler::to_json(), written by rank 0 with
