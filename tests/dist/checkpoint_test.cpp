@@ -1,7 +1,12 @@
 // checkpoint_test.cpp — save and resume through the booster with the Fashion-MNIST example on real
 // data (a 1024-sample subset so the test is quick): an interrupted + resumed run equals an
 // uninterrupted one bit for bit (tolerance 0: same world size, same data order, per-epoch seeds),
-// and a 2-rank checkpoint continues on 1 and 4 ranks.
+// and a 2-rank checkpoint continues on 1 and 4 ranks. And across precisions with dist_worker's MLP
+// ("resume" scenario): a ZeRO-2 bf16 checkpoint, with or without master weights, continues under DDP
+// fp32 (equal, to fp32 tolerance, to the same checkpoint loaded and trained in this process), and a
+// DDP fp32 checkpoint under ZeRO-2
+// bf16 (the loaded weights are exactly the bf16 rounding of the saved ones; training then stays
+// within bf16 tolerance of the uninterrupted fp32 run).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,8 +14,13 @@
 
 #include <torch/torch.h>
 
+#include "booster/checkpoint/checkpoint_io.h"
 #include "booster/checkpoint/safetensors.h"
+#include "booster/dist/process_group.h"
+#include "booster/wrappers/optimizer_wrapper.h"
 #include "common/test_util.h"
+#include "dist/dist_common.h"
+#include "dist/dist_test_util.h"
 
 using namespace booster::testing;
 using ::testing::HasSubstr;
@@ -74,4 +84,157 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunAndContinuesOnOtherWorldSizes) 
     auto before = booster::checkpoint::load_safetensors(b + "/model/model.safetensors");
     EXPECT_FALSE(torch::equal(m[0].second, before[0].second)) << "epoch 3 should have changed the weights";
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Across precisions: the model's weights load in the receiving model's dtype
+
+namespace {
+
+// ZeRO-2 with bf16 weights and fp32 master slices (examples/configs/zero2.toml's precision), with
+// small buckets so that buckets span both ranks' shards.
+const std::vector<std::string> kZero2Bf16{"booster.plugin=\"low_level_zero\"", "plugin.stage=2",
+                                          "plugin.precision=\"bf16\"", "plugin.reduce_bucket_size_in_m=0.0003"};
+
+// dist_worker's "resume" scenario: AdamW on the MLP, global batches of 8 rows, steps [start, stop).
+std::vector<ProcessResult> resume_run(int world, const std::string& out, int64_t start, int64_t stop,
+                                      const std::string& io_arg, const std::vector<std::string>& sets) {
+  std::filesystem::create_directories(out);
+  std::vector<std::string> args{"scenario=resume", "steps=6", "global=8", "optimizer=adamw", "out=" + out,
+                                "start=" + std::to_string(start), "stop=" + std::to_string(stop), io_arg};
+  for (const auto& s : sets) args.push_back("set=" + s);
+  auto results = run_workers(world, args);
+  expect_all_ok(results);
+  return results;
+}
+
+std::vector<torch::Tensor> parameters_of(MLP& net) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+size_t occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+// A ZeRO-2 bf16 checkpoint (`zero_sets`) continues under DDP fp32 on 1 rank: equal, to fp32 tolerance,
+// to the same checkpoint loaded into the fp32 MLP in this process and trained on the same batches.
+// `state_log` is the optimizer's conversion line expected in rank 0's output ("" = none).
+void check_zero2_bf16_to_ddp_fp32(const std::vector<std::string>& zero_sets, at::ScalarType state_dtype,
+                                  const std::string& state_log) {
+  TempDir dir;
+  const std::string ckpt = dir.file("zero2_bf16");
+  resume_run(2, dir.file("a"), 0, 3, "save=" + ckpt, zero_sets);
+  // What ZeRO-2 bf16 writes: the model's weights in bf16, the optimizer state in its master dtype.
+  auto model_file = booster::checkpoint::load_safetensors(ckpt + "/model/model.safetensors");
+  ASSERT_EQ(model_file.size(), 8u);
+  for (const auto& [name, t] : model_file) EXPECT_EQ(t.scalar_type(), at::kBFloat16) << name;
+  for (const auto& [name, t] : booster::checkpoint::load_safetensors(ckpt + "/optimizer/optimizer.safetensors"))
+    EXPECT_EQ(t.scalar_type(), state_dtype) << name;
+
+  auto results = resume_run(1, dir.file("b"), 3, 6, "load=" + ckpt, {});
+  EXPECT_EQ(occurrences(results[0].output, "converted 8 tensors BFloat16 -> Float (the model's dtype)"), 1u)
+      << results[0].output;
+  if (state_log.empty()) EXPECT_EQ(occurrences(results[0].output, "state tensor"), 0u) << results[0].output;
+  else EXPECT_EQ(occurrences(results[0].output, state_log), 1u) << results[0].output;
+
+  // Reference. Right after loading, the weights are exactly the bf16 values widened.
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("adamw", net->parameters());
+  booster::OptimizerWrapper wrapper(opt, nullptr);
+  std::vector<std::string> names;
+  for (const auto& item : net->named_parameters()) names.push_back(item.key());
+  wrapper.set_parameter_names(names);
+  booster::checkpoint::CheckpointIO io(booster::dist::ProcessGroup::rendezvous({}));
+  io.load_model(*net, ckpt + "/model");
+  io.load_optimizer(wrapper, ckpt + "/optimizer");
+  auto loaded = load_tensors(dir.file("b/rank0_loaded.pt"));
+  ASSERT_EQ(loaded.size(), model_file.size());
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    EXPECT_EQ(names[i], model_file[i].first);
+    EXPECT_TRUE(torch::equal(loaded[i], model_file[i].second.to(at::kFloat))) << names[i];
+    EXPECT_TRUE(torch::equal(net->parameters()[i], loaded[i])) << names[i];
+  }
+  auto batches = make_batches(6, 8, 23);
+  for (int64_t s = 3; s < 6; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  auto resumed = load_tensors(dir.file("b/rank0.pt"));
+  expect_close(resumed, parameters_of(net), "zero2 bf16 (2 ranks) -> ddp fp32 (1 rank) vs in-process load");
+  for (size_t i = 0; i < resumed.size(); ++i) EXPECT_FALSE(torch::equal(resumed[i], loaded[i])) << "step changed nothing";
+}
+
+}  // namespace
+
+// With master weights (zero2.toml): bf16 weights converted, fp32 optimizer state as is.
+TEST(Checkpoint, Zero2Bf16CheckpointContinuesUnderDdpFp32) {
+  check_zero2_bf16_to_ddp_fp32(kZero2Bf16, at::kFloat, "");
+}
+
+// Without master weights the optimizer state is bf16 too and is widened on load.
+TEST(Checkpoint, Zero2Bf16WithoutMasterWeightsContinuesUnderDdpFp32) {
+  auto sets = kZero2Bf16;
+  sets.push_back("plugin.master_weights=false");
+  check_zero2_bf16_to_ddp_fp32(sets, at::kBFloat16,
+                               "converted 16 state tensors BFloat16 -> Float (the optimizer's dtype)");
+}
+
+TEST(Checkpoint, DdpFp32CheckpointContinuesUnderZero2Bf16) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ddp_fp32");
+  resume_run(2, dir.file("a"), 0, 3, "save=" + ckpt, {});
+  auto model_file = booster::checkpoint::load_safetensors(ckpt + "/model/model.safetensors");
+  ASSERT_EQ(model_file.size(), 8u);
+  auto results = resume_run(2, dir.file("b"), 3, 6, "load=" + ckpt, kZero2Bf16);
+  EXPECT_EQ(occurrences(results[0].output, "converted 8 tensors Float -> BFloat16 (the model's dtype)"), 1u)
+      << results[0].output;
+  EXPECT_EQ(occurrences(results[1].output, "converted"), 0u) << results[1].output;  // rank 0 logs
+  EXPECT_EQ(occurrences(results[0].output, "state tensor"), 0u) << results[0].output;  // fp32 masters: no conversion
+
+  // Right after loading, every rank's bf16 weights are exactly the bf16 rounding of the fp32 ones.
+  for (int r = 0; r < 2; ++r) {
+    auto loaded = load_tensors(dir.file("b/rank" + std::to_string(r) + "_loaded.pt"));
+    ASSERT_EQ(loaded.size(), model_file.size());
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      EXPECT_EQ(loaded[i].scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(torch::equal(loaded[i], model_file[i].second.to(at::kBFloat16))) << model_file[i].first;
+    }
+  }
+  // Training proceeds: the ranks agree bit for bit, and after 3 bf16 steps the weights are within
+  // bf16 tolerance of the uninterrupted fp32 run (6 steps in this process). bf16 keeps 8 significant
+  // bits, so one rounding is up to 2^-8 = 0.4% relative; the tolerance, |bf16 - fp32| <= 2e-3 +
+  // 1/64 |fp32| per element, allows the rounding at load and at each step plus bf16 forward and
+  // gradients (measured: max |diff| 1.5e-3).
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("adamw", net->parameters());
+  auto batches = make_batches(6, 8, 23);
+  for (int64_t s = 0; s < 6; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  auto want = parameters_of(net);
+  auto r0 = load_tensors(dir.file("b/rank0.pt")), r1 = load_tensors(dir.file("b/rank1.pt"));
+  auto loaded = load_tensors(dir.file("b/rank0_loaded.pt"));
+  ASSERT_EQ(r0.size(), want.size());
+  const double rtol = 1.0 / 64, atol = 2e-3;
+  double max_diff = 0, used = 0;  // used: the largest |diff| / (atol + rtol |fp32|), 1 = at the tolerance
+  for (size_t i = 0; i < r0.size(); ++i) {
+    EXPECT_TRUE(torch::equal(r0[i], r1[i])) << "ranks differ in tensor " << i;
+    EXPECT_FALSE(torch::equal(r0[i], loaded[i])) << "step changed nothing in tensor " << i;
+    auto diff = (r0[i].to(at::kFloat) - want[i]).abs();
+    EXPECT_TRUE(torch::allclose(r0[i].to(at::kFloat), want[i], rtol, atol))
+        << "tensor " << i << " max |diff| " << diff.max().item<double>();
+    max_diff = std::max(max_diff, diff.max().item<double>());
+    used = std::max(used, (diff / (atol + rtol * want[i].abs())).max().item<double>());
+  }
+  std::cout << "[ compare  ] ddp fp32 (2 ranks) -> zero2 bf16 (2 ranks) vs uninterrupted fp32: max |diff| = "
+            << max_diff << ", " << used << " of the tolerance" << std::endl;
 }

@@ -179,7 +179,9 @@ int run() {
   } else if (scenario == "resume") {
     // Steps [start, stop) of a run of the MLP on global batches of `global` rows (each rank takes
     // global / world_size rows), after loading model + optimizer from load=DIR when given; saves
-    // them into save=DIR when given. Any plugin / world size: the trajectory is the same.
+    // them into save=DIR when given (and writes the parameters right after loading into
+    // DIR/rank<r>_loaded.pt). Any plugin / world size: the trajectory is the same. Any precision:
+    // the loss is computed in fp32 (a bf16 model's output is cast).
     int64_t start = iarg("start", 0), stop = iarg("stop", steps), global = iarg("global", 8);
     torch::manual_seed(7);
     MLP net;
@@ -188,12 +190,13 @@ int run() {
     if (!arg("load", "").empty()) {
       booster.load_model(boosted.model, arg("load", "") + "/model");
       booster.load_optimizer(*boosted.optimizer, arg("load", "") + "/optimizer");
+      save_named(prefix + "_loaded.pt", booster::named_parameters_of(*net, false));
     }
     auto batches = make_batches(stop, global, 23);
     int64_t rows = global / ws;
     for (int64_t s = start; s < stop; ++s) {
       auto x = batches.inputs[s].narrow(0, rank * rows, rows), y = batches.targets[s].narrow(0, rank * rows, rows);
-      booster.backward(torch::mse_loss(boosted.model.forward(x), y), *boosted.optimizer);
+      booster.backward(torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y), *boosted.optimizer);
       boosted.optimizer->step();
       boosted.optimizer->zero_grad();
     }

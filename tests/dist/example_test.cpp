@@ -165,3 +165,36 @@ TEST(Example, ZeroConfigsReachTheDdpAccuracyBand) {
   EXPECT_NEAR(zero2, ddp, 0.03);
   EXPECT_THAT(read_file(dir.file("zero2/config.toml")), HasSubstr("low_level_zero"));
 }
+
+// Switching strategy is a config edit, also for a checkpoint: one epoch of zero2.toml (bf16 weights)
+// with checkpoint_dir, then ddp.toml (fp32) with resume_from continues at epoch 2, converting the 12
+// parameters and 4 BatchNorm running statistics to fp32 on load, and the 2 num_batches_tracked
+// counters (cast to bf16 with the module, whole numbers) back to int64.
+TEST(Example, Zero2Bf16CheckpointResumesUnderDdpFp32) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  std::string configs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
+  auto run = [&](const std::string& config, const std::string& out, std::vector<std::string> sets) {
+    std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                  std::to_string(free_port()), kExample, "--config", configs + config,
+                                  "--output_dir", out};
+    for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
+                          "train.lr_scheduler.warmup_steps=2"})
+      sets.push_back(s);
+    for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+    return run_process(argv, {}, 180);
+  };
+  std::string zero_ckpt = dir.file("zero2_ckpt"), ddp_ckpt = dir.file("ddp_ckpt");
+  auto zero = run("zero2.toml", dir.file("zero2"),
+                  {"train.checkpoint_dir=\"" + zero_ckpt + "\"", "train.stop_after_epoch=1"});
+  ASSERT_EQ(zero.exit_code, 0) << zero.output;
+  EXPECT_EQ(read_file(zero_ckpt + "/epoch.txt"), "1\n");
+  auto ddp = run("ddp.toml", dir.file("ddp"),
+                 {"train.resume_from=\"" + zero_ckpt + "\"", "train.checkpoint_dir=\"" + ddp_ckpt + "\""});
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  EXPECT_THAT(ddp.output, HasSubstr("resumed from " + zero_ckpt + " after epoch 1"));
+  EXPECT_THAT(ddp.output, HasSubstr("converted 2 tensors BFloat16 -> Long, 16 tensors BFloat16 -> Float "
+                                         "(the model's dtypes)"));
+  EXPECT_EQ(read_file(ddp_ckpt + "/epoch.txt"), "2\n");
+  EXPECT_THAT(read_file(dir.file("ddp/metrics.csv")), HasSubstr("\n2,"));
+}
