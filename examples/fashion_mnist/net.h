@@ -4,8 +4,13 @@
 
 #include <torch/torch.h>
 
+#include "booster/nn/unit.h"
+
 // ---------------------------------------------------------------------------------------------
 // Model: conv(1->32) BN ReLU pool, conv(32->64) BN ReLU pool, fc(3136->128) ReLU dropout fc(128->10)
+// The conv and linear layers are shard units (booster::nn::Unit) for plugins that shard parameters
+// per unit; the BatchNorm parameters form the root unit. Under DDP and ZeRO-1/2 a Unit is a
+// pass-through, and parameter names (so checkpoints) are those of the plain layers.
 
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(double dropout_p = 0.25)
@@ -31,12 +36,12 @@ struct NetImpl : torch::nn::Module {
     h = dropout(torch::relu(fc1(h.flatten(1))));
     return fc2(h);
   }
-  torch::nn::Conv2d conv1;
+  booster::nn::Unit<torch::nn::Conv2d> conv1;
   torch::nn::BatchNorm2d bn1;
-  torch::nn::Conv2d conv2;
+  booster::nn::Unit<torch::nn::Conv2d> conv2;
   torch::nn::BatchNorm2d bn2;
-  torch::nn::Linear fc1;
+  booster::nn::Unit<torch::nn::Linear> fc1;
   torch::nn::Dropout dropout;
-  torch::nn::Linear fc2;
+  booster::nn::Unit<torch::nn::Linear> fc2;
 };
 TORCH_MODULE(Net);
