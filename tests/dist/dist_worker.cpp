@@ -15,6 +15,7 @@
 #include "booster/booster.h"
 #include "booster/core/replica.h"
 #include "booster/mixed_precision/grad_scaler.h"
+#include "booster/nn/unit.h"
 #include "booster/wrappers/zero_optimizer.h"
 #include "common/debiased_momentum.h"
 #include "dist/dist_common.h"
@@ -210,8 +211,11 @@ int run() {
     // after one step (actual tensors).
     int64_t width = iarg("width", 512);
     torch::manual_seed(7);
-    auto net = torch::nn::Sequential(torch::nn::Linear(kIn, width), torch::nn::Tanh(), torch::nn::Linear(width, width),
-                                     torch::nn::Tanh(), torch::nn::Linear(width, kOut));
+    // The layers are shard units (booster::nn::Unit): pass-through under DDP and ZeRO, same sizes.
+    using booster::nn::Unit;
+    auto net = torch::nn::Sequential(Unit<torch::nn::Linear>(kIn, width), torch::nn::Tanh(),
+                                     Unit<torch::nn::Linear>(width, width), torch::nn::Tanh(),
+                                     Unit<torch::nn::Linear>(width, kOut));
     auto opt = make_optimizer("adamw", net->parameters());
     auto boosted = booster.boost(net, opt);
     auto planned = booster.memory_report(boosted.model, boosted.optimizer.get());

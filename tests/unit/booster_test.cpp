@@ -1,6 +1,7 @@
 // booster_test.cpp — Booster on a world of one: config checks, boost(), torch_ddp, OptimizerWrapper, dataloaders.
 
 #include "booster/booster.h"
+#include "booster/nn/unit.h"
 #include "booster/wrappers/zero_optimizer.h"
 
 #include <torch/optim/adamw.h>
@@ -216,7 +217,8 @@ TEST(Booster, TorchDdpTrainingEqualsPlainLibTorch) {
   Booster booster = make_booster(kDdpToml);
   EXPECT_EQ(booster.plugin().name(), "torch_ddp");
   at::manual_seed(3);
-  torch::nn::Linear net(5, 3), ref(5, 3);
+  booster::nn::Unit<torch::nn::Linear> net(5, 3);  // a shard unit: a pass-through here
+  torch::nn::Linear ref(5, 3);
   copy_parameters(*net, *ref);
   const auto options = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3);
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), options);
@@ -328,7 +330,8 @@ TEST(Booster, NcclBackendIsRefusedWhenTheConfigIsRead) {
 TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {
   Booster booster = make_booster(kZeroToml + "[plugin]\nprecision = \"fp32\"\nstage = 2\n");
   at::manual_seed(3);
-  torch::nn::Linear net(5, 3), ref(5, 3);
+  booster::nn::Unit<torch::nn::Linear> net(5, 3);  // a shard unit: a pass-through here
+  torch::nn::Linear ref(5, 3);
   copy_parameters(*net, *ref);
   const auto options = torch::optim::AdamWOptions(0.01).weight_decay(0.01);
   auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), options);
