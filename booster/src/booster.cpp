@@ -114,7 +114,8 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
     throw PluginError("booster: plugin " + plugin_name + " does not support mixed_precision = \"" +
                       impl_->mixed_precision + "\" (it supports: " + list + ")");
   }
-  log::info("booster: plugin " + plugin_name + ", precision " + impl_->mixed_precision + ", world size " +
+  const std::string precision = impl_->plugin->control_precision() ? "set by the plugin" : impl_->mixed_precision;
+  log::info("booster: plugin " + plugin_name + ", precision " + precision + ", world size " +
             std::to_string(world->size()) + " (" + world->backend() + ")");
 }
 

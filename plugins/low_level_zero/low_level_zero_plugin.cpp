@@ -112,7 +112,7 @@ class LowLevelZeroPlugin : public Plugin {
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
     // Precision: bf16/fp16 weights (ColossalAI casts the module); fp32 master slices below.
     options_.mixed->prepare_model(*model);  // device checks (fp16 needs CUDA and casts to half)
-    if (options_.precision == "bf16") model->to(at::kBFloat16);
+    if (options_.precision == "bf16") mixed_precision::cast_floating_point(*model, at::kBFloat16);
 
     // Identical replicas at start, as DDP: verify names/shapes/dtypes, broadcast from rank 0.
     sync_replicas(*world(), *model);

@@ -6,22 +6,26 @@
 
 #include <vector>
 
+#include "booster/nn/unit.h"
+
 namespace booster::testing {
 
 constexpr int64_t kIn = 16, kOut = 4;
 
-// A 4-layer MLP: with a tiny bucket cap every parameter gets its own bucket.
+// A 4-layer MLP whose layers are shard units (pass-through under DDP and ZeRO-1/2, names
+// unchanged): with a tiny bucket cap every parameter gets its own bucket.
 struct MLPImpl : torch::nn::Module {
+  using Layer = booster::nn::Unit<torch::nn::Linear>;
   MLPImpl() {
-    l1 = register_module("l1", torch::nn::Linear(kIn, 32));
-    l2 = register_module("l2", torch::nn::Linear(32, 32));
-    l3 = register_module("l3", torch::nn::Linear(32, 32));
-    l4 = register_module("l4", torch::nn::Linear(32, kOut));
+    l1 = register_module("l1", Layer(kIn, 32));
+    l2 = register_module("l2", Layer(32, 32));
+    l3 = register_module("l3", Layer(32, 32));
+    l4 = register_module("l4", Layer(32, kOut));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return l4(torch::tanh(l3(torch::tanh(l2(torch::tanh(l1(x)))))));
   }
-  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, l4{nullptr};
+  Layer l1{nullptr}, l2{nullptr}, l3{nullptr}, l4{nullptr};
 };
 TORCH_MODULE(MLP);
 

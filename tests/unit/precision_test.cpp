@@ -222,3 +222,18 @@ TEST(OptimizerWrapper, RejectsLbfgsAndBadOptions) {
   bad.max_norm = -1;
   EXPECT_THROW(OptimizerWrapper(sgd, nullptr, bad), std::invalid_argument);
 }
+
+TEST(Precision, CastFloatingPointKeepsIntegerBuffersAndIdentity) {
+  torch::nn::BatchNorm1d bn(3);
+  torch::nn::Linear fc(3, 2);
+  const at::Tensor weight = fc->weight;  // the same tensor before and after
+  booster::mixed_precision::cast_floating_point(*bn, at::kBFloat16);
+  booster::mixed_precision::cast_floating_point(*fc, at::kBFloat16);
+  EXPECT_EQ(bn->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(bn->running_mean.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(bn->num_batches_tracked.scalar_type(), at::kLong) << "a counter stays an integer";
+  EXPECT_EQ(fc->named_parameters()["weight"].unsafeGetTensorImpl(), weight.unsafeGetTensorImpl());
+  EXPECT_EQ(weight.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(weight.requires_grad());
+  EXPECT_THROW(booster::mixed_precision::cast_floating_point(*fc, at::kInt), std::invalid_argument);
+}

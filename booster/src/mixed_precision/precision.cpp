@@ -3,6 +3,9 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "booster/mixed_precision/grad_scaler.h"
 
 namespace booster::mixed_precision {
@@ -118,7 +121,7 @@ class FP16 : public MixedPrecision {
                           "LibTorch 1.13 has no fp16 GEMM/conv/layernorm kernels on CPU. Use mixed_precision = "
                           "\"bf16\" on CPU.");
     }
-    model.to(at::kHalf);
+    cast_floating_point(model, at::kHalf);
   }
   // Ops autocast lists as fp32-only (softmax, norms, losses) run in fp32 on CUDA.
   std::shared_ptr<ModelHooks> wrap_hooks(std::shared_ptr<ModelHooks> inner) const override {
@@ -150,6 +153,17 @@ std::shared_ptr<MixedPrecision> make_mixed_precision(const std::string& name, co
   if (name == "bf16") return std::make_shared<BF16>();
   if (name == "fp16") return std::make_shared<FP16>(scaler);
   throw ConfigError("booster: unknown mixed_precision \"" + name + "\"; use \"fp32\", \"bf16\" or \"fp16\"");
+}
+
+void cast_floating_point(torch::nn::Module& module, at::ScalarType dtype) {
+  if (!at::isFloatingType(dtype))
+    throw std::invalid_argument(std::string("booster: cast_floating_point: ") + c10::toString(dtype) +
+                                " is not a floating-point type");
+  at::NoGradGuard no_grad;
+  for (auto& t : module.parameters())
+    if (t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
+  for (auto& t : module.buffers())
+    if (t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
 }
 
 }  // namespace booster::mixed_precision

@@ -45,6 +45,13 @@ BOOSTER_API std::shared_ptr<MixedPrecision> make_mixed_precision(
     const std::string& name, const Options& section,
     const mixed_precision::DynamicGradScalerOptions& scaler_defaults = {});
 
+// Casts the module's floating-point parameters and buffers to `dtype` in place (Tensor::set_data:
+// identities, names and requires_grad kept); integer and bool tensors (BatchNorm's
+// num_batches_tracked) keep their dtype. This is Python's Module.to(dtype); LibTorch's C++
+// Module::to(dtype) casts integer buffers too, which would make a step counter a bf16 that stops
+// counting at 256. `dtype` must be a floating-point type (std::invalid_argument otherwise).
+BOOSTER_API void cast_floating_point(torch::nn::Module& module, at::ScalarType dtype);
+
 // RAII: CPU autocast to `dtype` on this thread while alive (restores the previous state).
 class BOOSTER_API CpuAutocastGuard {
  public:
