@@ -13,6 +13,7 @@
 #include "booster/logging.h"
 #include "booster/lr_scheduler.h"
 #include "booster/wrappers/optimizer_wrapper.h"
+#include "common/small_net.h"
 #include "common/test_util.h"
 
 using namespace booster;
@@ -28,15 +29,7 @@ std::shared_ptr<dist::ProcessGroup> world_of_one() {
   return pg;
 }
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    a = register_module("a", torch::nn::Linear(6, 5));
-    b = register_module("b", torch::nn::Linear(5, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return b(torch::tanh(a(x))); }
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-TORCH_MODULE(Net);
+using booster::testing::Net;
 
 std::shared_ptr<torch::optim::Optimizer> make_opt(const std::string& kind, std::vector<torch::Tensor> p) {
   using namespace torch::optim;

@@ -1,5 +1,5 @@
-// config_test.cpp — booster::Config / booster::Options: parsing errors with file:line:column, typed
-// getters and their errors, unknown-key detection, --set overrides, to_toml / save round trips.
+// config_test.cpp — booster::Config: parsing errors with file:line:column, unknown sections,
+// --set overrides, to_toml / save round trips. The Options views are options_test.cpp.
 
 #include "booster/config.h"
 
@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/config_fixtures.h"
 #include "common/test_util.h"
 
 using booster::Config;
@@ -19,34 +20,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-namespace {
-
-// The message of the ConfigError that `fn` throws ("" and a test failure if it does not throw).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
-
-const char* const kDdp =
-    "[booster]\n"
-    "plugin = \"torch_ddp\"\n"
-    "\n"
-    "[plugin]\n"
-    "bucket_cap_mb = 25\n"
-    "broadcast_buffers = true\n"
-    "max_norm = 1.5\n"
-    "placement_policy = \"static\"\n"
-    "\n"
-    "[plugin.extra]\n"
-    "k = 1\n";
-
-}  // namespace
+using namespace booster::testing::config_fixtures;
 
 // ---- parsing
 

@@ -17,6 +17,7 @@
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "booster/wrappers/zero_optimizer.h"
 #include "common/debiased_momentum.h"
+#include "common/small_net.h"
 #include "common/test_util.h"
 
 using namespace booster;
@@ -43,15 +44,7 @@ std::set<std::string> json_keys(const nlohmann::json& j) {
   return keys;
 }
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    a = register_module("a", torch::nn::Linear(6, 5));
-    b = register_module("b", torch::nn::Linear(5, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return b(torch::tanh(a(x))); }
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-TORCH_MODULE(Net);
+using booster::testing::Net;
 
 // DebiasedMomentum with two parameter groups of different options, wrapped as boost() would.
 struct Trainer {

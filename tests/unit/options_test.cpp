@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config_fixtures.h"
+
 using booster::Config;
 using booster::ConfigError;
 using booster::Options;
@@ -17,34 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-namespace {
-
-// The message of the ConfigError that `fn` throws ("" and a test failure if it does not throw).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
-
-const char* const kDdp =
-    "[booster]\n"
-    "plugin = \"torch_ddp\"\n"
-    "\n"
-    "[plugin]\n"
-    "bucket_cap_mb = 25\n"
-    "broadcast_buffers = true\n"
-    "max_norm = 1.5\n"
-    "placement_policy = \"static\"\n"
-    "\n"
-    "[plugin.extra]\n"
-    "k = 1\n";
-
-}  // namespace
+using namespace booster::testing::config_fixtures;
 
 TEST(Options, GettersReturnValuesAndDefaults) {
   Config c = Config::from_string(kDdp, "configs/ddp.toml");
