@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "booster/data/dataloader.h"
 #include "booster/dist/process_group.h"
@@ -44,7 +45,10 @@ std::string shadowed_value(const std::string& text) { return text; }
 
 std::string shadowed_value(double number) {
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", number);
+  for (int precision = 1; precision <= 17; ++precision) {  // the shortest text that reads back exactly
+    std::snprintf(buf, sizeof buf, "%.*g", precision, number);
+    if (std::strtod(buf, nullptr) == number) break;
+  }
   return buf;
 }
 
@@ -91,7 +95,9 @@ std::shared_ptr<checkpoint::CheckpointIO> Plugin::checkpoint_io() { unsupported(
 
 std::shared_ptr<data::DataLoader> Plugin::prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                              const data::DataLoaderOptions& options) {
-  return std::make_shared<data::DataLoader>(std::move(dataset), options, world_->size(), world_->rank());
+  const std::shared_ptr<dist::ProcessGroup> dp = data_parallel_group();
+  if (!dp) throw PluginError("booster: plugin " + name_ + " returned no data-parallel group");
+  return std::make_shared<data::DataLoader>(std::move(dataset), options, dp->size(), dp->rank());
 }
 
 }  // namespace booster

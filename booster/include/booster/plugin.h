@@ -113,8 +113,9 @@ struct ShadowedSetting {
   std::string value;
 };
 
-// The comparable text of a setting's value: strings as they are, numbers as "%.17g" ("1", "0.05",
-// "inf"), booleans "true"/"false". Used on both sides of a ShadowedSetting comparison.
+// The comparable text of a setting's value: strings as they are, numbers as the shortest "%g" text
+// that reads back as the same double ("1", "0.05", "inf"; equal text <=> equal value). Used on both
+// sides of a ShadowedSetting comparison.
 BOOSTER_API std::string shadowed_value(const std::string& text);
 BOOSTER_API std::string shadowed_value(double number);
 
@@ -171,8 +172,12 @@ class BOOSTER_API Plugin {
   // With control_precision(): wraps the criterion for the plugin's precision (e.g. float32 loss on
   // bf16 logits). Default: unchanged.
   virtual Criterion wrap_criterion(Criterion criterion) const { return criterion; }
+  // The data-parallel group: ranks in it see different data, ranks outside it (a tensor- or
+  // pipeline-parallel peer, a HYBRID_SHARD replica... as the plugin's dist::ProcessMesh lays them
+  // out) see the same. Default: the world (pure data parallelism). Never null.
+  virtual std::shared_ptr<dist::ProcessGroup> data_parallel_group() const { return world_; }
   // A data loader whose sampler gives this rank a disjoint shard (see data/dataloader.h). Default:
-  // data-parallel over the whole world (rank = world rank), which every data-parallel plugin wants.
+  // DistributedSampler over data_parallel_group(): num_replicas = its size, rank = this rank in it.
   virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                                const data::DataLoaderOptions& options);
 
