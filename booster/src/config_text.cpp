@@ -1,6 +1,8 @@
 // config_text.cpp — text helpers of the config module (see config_text.h).
 #include "config_text.h"
 
+#include "number_text.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -96,11 +98,7 @@ std::string format_double(double v) {
     std::snprintf(buf, sizeof buf, "%.1f", v);
     return buf;
   }
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
+  std::string s = text::shortest_double(v);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
 }

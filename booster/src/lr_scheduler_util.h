@@ -12,22 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "number_text.h"
+
 namespace booster::lr_detail {
 
 // Python's math.pi (3.141592653589793 is its repr, which round-trips).
 inline constexpr double kPi = 3.141592653589793;
 
-inline std::string num(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  // Prefer the shortest form that round-trips.
-  for (int p = 1; p <= 17; ++p) {
-    char shorter[40];
-    std::snprintf(shorter, sizeof shorter, "%.*g", p, v);
-    if (std::strtod(shorter, nullptr) == v) return shorter;
-  }
-  return buf;
-}
+inline std::string num(double v) { return text::shortest_double(v); }
 
 [[noreturn]] inline void invalid(const std::string& msg) { throw std::invalid_argument(msg); }
 

@@ -2,11 +2,10 @@
 #include "booster/plugin.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 #include "booster/data/dataloader.h"
 #include "booster/dist/process_group.h"
+#include "number_text.h"
 
 namespace booster {
 
@@ -43,14 +42,7 @@ void ScopeGuard::release() {
 
 std::string shadowed_value(const std::string& text) { return text; }
 
-std::string shadowed_value(double number) {
-  char buf[40];
-  for (int precision = 1; precision <= 17; ++precision) {  // the shortest text that reads back exactly
-    std::snprintf(buf, sizeof buf, "%.*g", precision, number);
-    if (std::strtod(buf, nullptr) == number) break;
-  }
-  return buf;
-}
+std::string shadowed_value(double number) { return text::shortest_double(number); }
 
 int64_t mib_to_bytes(double mib) { return std::max<int64_t>(1, static_cast<int64_t>(mib * (1 << 20))); }
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "booster/io/atomic_write.h"
-#include "safetensors_detail.h"
+#include "checkpoint_detail.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors.cpp copies tensor bytes as they are: little-endian hosts only");
@@ -200,7 +200,7 @@ void write_safetensors(const std::string& path, const StateDict& tensors,
                    std::to_string(SAFETENSORS_MAX_HEADER_BYTES));
   }
 
-  try {
+  as_checkpoint_error([&] {
     io::OutputFile out(path, /*exclusive=*/false);
     uint8_t len[8];
     uint64_t n = text.size();
@@ -219,9 +219,7 @@ void write_safetensors(const std::string& path, const StateDict& tensors,
       out.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
     }
     out.sync_and_close();
-  } catch (const io::IoError& e) {
-    throw CheckpointError(e.what());
-  }
+  });
 }
 
 }  // namespace booster::checkpoint

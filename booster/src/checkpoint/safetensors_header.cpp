@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "safetensors_detail.h"
+#include "checkpoint_detail.h"
 
 
 namespace booster::checkpoint {

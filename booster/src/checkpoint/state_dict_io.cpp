@@ -35,17 +35,15 @@
 
 #include "booster/checkpoint/torch_pickle.h"
 #include "booster/io/atomic_write.h"
+#include "checkpoint_detail.h"
 
 namespace booster::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string errno_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message pointer (which may or may not be buf).
-  return std::string(strerror_r(err, buf, sizeof(buf)));
-}
+using detail::as_checkpoint_error;
+using detail::errno_text;
+using detail::Fd;
 
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path, int err) {
   throw CheckpointError(what + " '" + path + "': " + errno_text(err));
@@ -61,31 +59,6 @@ std::string join(const std::string& dir, const std::string& name) { return dir +
 bool is_plain_file_name(const std::string& name) {
   if (name.empty() || name == "." || name == "..") return false;
   return name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
-}
-
-// An open descriptor, closed on destruction (reads only: writes go through booster/io).
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// Runs an io:: step, reporting its failure as a CheckpointError (same message).
-template <class F>
-void checkpoint_io_step(F&& f) {
-  try {
-    f();
-  } catch (const io::IoError& e) {
-    throw CheckpointError(e.what());
-  }
 }
 
 // ---- loading helpers ------------------------------------------------------------------------
@@ -297,7 +270,7 @@ std::vector<std::vector<size_t>> split_into_shards(const std::vector<int64_t>& t
 void atomic_write_directory(const std::string& dir, const std::map<std::string, std::string>& files) {
   for (const auto& [name, bytes] : files)
     if (!is_plain_file_name(name)) throw std::invalid_argument("atomic_write_directory: '" + name + "' is not a plain file name");
-  checkpoint_io_step([&] {
+  as_checkpoint_error([&] {
     io::atomic_write_directory(dir, [&](const std::string& tmp) {
       for (const auto& [name, bytes] : files) io::write_new_file(join(tmp, name), bytes);
     });
@@ -374,7 +347,7 @@ void save_state_dict(const std::string& dir, const StateDict& state, const SaveO
     if (generated.count(name))
       throw std::invalid_argument("save_state_dict: extra file '" + name + "' collides with a checkpoint file");
 
-  checkpoint_io_step([&] { io::atomic_write_directory(dir, [&](const std::string& tmp) {
+  as_checkpoint_error([&] { io::atomic_write_directory(dir, [&](const std::string& tmp) {
     for (size_t s = 0; s < shards.size(); ++s) {
       StateDict part;
       part.reserve(shards[s].size());

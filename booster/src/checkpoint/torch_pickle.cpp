@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "booster/io/atomic_write.h"
+#include "checkpoint_detail.h"
 
 namespace booster::checkpoint {
 namespace {
@@ -57,7 +58,7 @@ void write_bin(const std::string& path, const StateDict& state) {
     if (dict.contains(name)) throw CheckpointError(path + ": duplicate tensor name '" + name + "'");
     dict.insert(name, standalone(tensor));
   }
-  try {
+  detail::as_checkpoint_error([&] {
     io::OutputFile file(path);
     std::string write_error;
     try {
@@ -90,9 +91,7 @@ void write_bin(const std::string& path, const StateDict& state) {
     }
     if (!write_error.empty()) throw CheckpointError(write_error);
     file.sync_and_close();
-  } catch (const io::IoError& e) {
-    throw CheckpointError(e.what());
-  }
+  });
 }
 
 StateDict read_bin(const std::string& path) {

@@ -1,5 +1,6 @@
-// safetensors_detail.h — helpers shared by the safetensors header parser (safetensors_header.cpp,
-// which the fuzzer compiles alone) and the reader/writer (safetensors.cpp). Private to libbooster.
+// checkpoint_detail.h — helpers shared by the checkpoint file formats (private to libbooster): the
+// safetensors header parser (safetensors_header.cpp, which the fuzzer compiles alone), the
+// safetensors reader/writer, the torch pickle format and the HF layout.
 #pragma once
 
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "booster/checkpoint/safetensors.h"
+#include "booster/io/atomic_write.h"
 
 namespace booster::checkpoint::detail {
 
@@ -40,6 +42,17 @@ class Fd {
  private:
   int fd_;
 };
+
+// Runs f (a step of booster/io), reporting an io::IoError as a CheckpointError with the same
+// message; everything else propagates unchanged.
+template <class F>
+void as_checkpoint_error(F&& f) {
+  try {
+    f();
+  } catch (const io::IoError& e) {
+    throw CheckpointError(e.what());
+  }
+}
 
 // Opens a regular file for reading; returns the descriptor and sets *size. Throws CheckpointError.
 Fd open_for_reading(const std::string& path, uint64_t* size);
