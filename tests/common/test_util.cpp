@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -63,6 +64,27 @@ int spawn_test_child(const std::string& test, std::map<std::string, std::string>
   if (n <= 0) throw std::runtime_error("spawn_test_child: cannot read /proc/self/exe");
   self[n] = '\0';
   return spawn_process({self, "--gtest_also_run_disabled_tests", "--gtest_filter=" + test}, env, output_file);
+}
+
+KilledChild kill_test_child_while_writing(const std::string& test, std::map<std::string, std::string> env,
+                                          const std::string& progress, const std::string& log_file, int delay_ms) {
+  std::remove(progress.c_str());
+  const int pid = spawn_test_child(test, std::move(env), log_file);
+  KilledChild k;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (k.first_recorded < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60) &&
+         process_alive(pid)) {
+    const std::string text = read_file(progress);
+    if (!text.empty()) k.first_recorded = std::atoll(text.c_str());
+    if (k.first_recorded < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  ::kill(pid, SIGKILL);
+  k.result = wait_process(pid, 30);
+  k.log = read_file(log_file);
+  const std::string after_kill = read_file(progress);
+  if (!after_kill.empty()) k.recorded = std::atoll(after_kill.c_str());
+  return k;
 }
 
 int spawn_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,

@@ -2,6 +2,7 @@
 // running child processes (fresh processes via posix_spawn, never fork-after-OpenMP).
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -41,6 +42,20 @@ int spawn_process(const std::vector<std::string>& argv, const std::map<std::stri
 // process, e.g. one that writes until it is killed), with `env` added and the parent's gtest
 // output, sharding and repeat variables removed; output goes to `output_file`. Returns its pid.
 int spawn_test_child(const std::string& test, std::map<std::string, std::string> env, const std::string& output_file);
+// The SIGKILL harness of the crash-safety tests. The child (`test`, via spawn_test_child) writes
+// versions in a loop and records the last completed one in the text file `progress` after each.
+// This starts it, waits (up to 60 s) until it has recorded a version, sleeps delay_ms so the kill
+// lands inside a later write, SIGKILLs it and waits for it. first_recorded: the version seen
+// before the kill (-1: none); recorded: the dead child's record (-1 when the kill came while the
+// record was being rewritten). Read after the kill, so no write completes in between.
+struct KilledChild {
+  int64_t first_recorded = -1;
+  int64_t recorded = -1;
+  ProcessResult result;
+  std::string log;
+};
+KilledChild kill_test_child_while_writing(const std::string& test, std::map<std::string, std::string> env,
+                                          const std::string& progress, const std::string& log_file, int delay_ms);
 // Waits for pid up to timeout_s, then SIGKILLs its process group; fills exit_code/term_signal.
 ProcessResult wait_process(int pid, double timeout_s);
 // spawn + wait, capturing output.

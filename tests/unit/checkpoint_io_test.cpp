@@ -41,27 +41,12 @@ std::shared_ptr<torch::optim::Optimizer> make_opt(const std::string& kind, std::
 }
 
 // A model + its optimizer wrapper with parameter names, as Booster::boost makes them.
-struct Trainer {
-  Net net;
-  std::shared_ptr<torch::optim::Optimizer> opt;
-  std::unique_ptr<OptimizerWrapper> wrapper;
+struct Trainer : booster::testing::NetTrainer {
   explicit Trainer(const std::string& kind) {
     torch::manual_seed(3);
     net = Net();
     opt = make_opt(kind, net->parameters());
-    wrapper = std::make_unique<OptimizerWrapper>(opt, nullptr);
-    std::vector<std::string> names;
-    for (auto& item : net->named_parameters()) names.push_back(item.key());
-    wrapper->set_parameter_names(names);
-  }
-  void steps(int n, int offset) {
-    for (int s = 0; s < n; ++s) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + offset + s);
-      auto x = at::randn({4, 6}, gen), y = at::randn({4, 3}, gen);
-      wrapper->backward(torch::mse_loss(net->forward(x), y));
-      wrapper->step();
-      wrapper->zero_grad();
-    }
+    wrap();
   }
 };
 
@@ -93,10 +78,7 @@ size_t count_of(const std::string& text, const std::string& needle) {
 
 // A Trainer whose model is cast to `dtype` (bf16) before the optimizer is built; with
 // master_weights = false the optimizer steps the bf16 parameters and its state is bf16.
-struct CastTrainer {
-  Net net;
-  std::shared_ptr<torch::optim::Optimizer> opt;
-  std::unique_ptr<OptimizerWrapper> wrapper;
+struct CastTrainer : booster::testing::NetTrainer {
   CastTrainer(at::ScalarType dtype, bool master_weights) {
     torch::manual_seed(3);
     net = Net();
@@ -104,20 +86,7 @@ struct CastTrainer {
     opt = make_opt("adamw", net->parameters());
     OptimizerWrapperOptions o;
     o.master_weights = master_weights;
-    wrapper = std::make_unique<OptimizerWrapper>(opt, nullptr, o);
-    std::vector<std::string> names;
-    for (auto& item : net->named_parameters()) names.push_back(item.key());
-    wrapper->set_parameter_names(names);
-  }
-  void steps(int n) {
-    for (int s = 0; s < n; ++s) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + s);
-      auto dtype = net->a->weight.scalar_type();
-      auto x = at::randn({4, 6}, gen).to(dtype), y = at::randn({4, 3}, gen);
-      wrapper->backward(torch::mse_loss(net->forward(x).to(at::kFloat), y));  // no bf16 mse kernel on CPU
-      wrapper->step();
-      wrapper->zero_grad();
-    }
+    wrap(o);
   }
 };
 

@@ -47,12 +47,10 @@ std::set<std::string> json_keys(const nlohmann::json& j) {
 using booster::testing::Net;
 
 // DebiasedMomentum with two parameter groups of different options, wrapped as boost() would.
-struct Trainer {
-  Net net;
-  std::shared_ptr<DebiasedMomentum> opt;
-  std::unique_ptr<OptimizerWrapper> wrapper;
+struct Trainer : booster::testing::NetTrainer {
   Trainer() {
     booster::testing::ensure_debiased_momentum_registered();
+    seed_base = 200;
     torch::manual_seed(5);
     net = Net();
     std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -61,19 +59,7 @@ struct Trainer {
     groups.emplace_back(net->b->parameters(), std::make_unique<DebiasedMomentumOptions>(
                                                   DebiasedMomentumOptions(0.02).weight_decay(0.1).debias(false)));
     opt = std::make_shared<DebiasedMomentum>(std::move(groups), DebiasedMomentumOptions(0.01));
-    wrapper = std::make_unique<OptimizerWrapper>(opt, nullptr);
-    std::vector<std::string> names;
-    for (auto& item : net->named_parameters()) names.push_back(item.key());
-    wrapper->set_parameter_names(names);
-  }
-  void steps(int n, int offset) {
-    for (int s = 0; s < n; ++s) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(200 + offset + s);
-      auto x = at::randn({4, 6}, gen), y = at::randn({4, 3}, gen);
-      wrapper->backward(torch::mse_loss(net->forward(x), y));
-      wrapper->step();
-      wrapper->zero_grad();
-    }
+    wrap();
   }
 };
 

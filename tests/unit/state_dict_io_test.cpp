@@ -638,33 +638,17 @@ TEST(StateDictIO, KillDuringSaveLeavesOldOrNew) {
   int from_old = 0, from_new = 0;
   for (int delay_ms : {0, 1, 3, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300}) {
     SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
-    std::remove(progress.c_str());
-    const int pid = bt::spawn_test_child("StateDictIO.DISABLED_KillChildSaveLoop",
-                                         {{"BOOSTER_CKPT_KILL_CHILD", dir},
-                                          {"BOOSTER_CKPT_KILL_START", std::to_string(last + 1)}},
-                                         tmp.file("child.log"));
-    // Wait until the child has completed a save, then kill it somewhere inside the next ones.
-    int64_t done = -1;
-    const auto t0 = std::chrono::steady_clock::now();
-    while (done < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60) && bt::process_alive(pid)) {
-      const std::string text = bt::read_file(progress);
-      if (!text.empty()) done = std::atoll(text.c_str());
-      if (done < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    ::kill(pid, SIGKILL);
-    const bt::ProcessResult r = bt::wait_process(pid, 30);
-    ASSERT_GE(done, 0) << "child never completed a save: " << bt::read_file(tmp.file("child.log"));
-    EXPECT_EQ(r.term_signal, SIGKILL) << bt::read_file(tmp.file("child.log"));
-    // The dead child's progress record: its last completed version, unless the kill came while the
-    // record was being rewritten (then it is empty and only `done` is known). Read after the kill,
-    // so it cannot race with a save that completes in between.
-    const std::string after_kill = bt::read_file(progress);
-    const int64_t completed = after_kill.empty() ? done : std::atoll(after_kill.c_str());
+    const bt::KilledChild k = bt::kill_test_child_while_writing(
+        "StateDictIO.DISABLED_KillChildSaveLoop",
+        {{"BOOSTER_CKPT_KILL_CHILD", dir}, {"BOOSTER_CKPT_KILL_START", std::to_string(last + 1)}}, progress,
+        tmp.file("child.log"), delay_ms);
+    ASSERT_GE(k.first_recorded, 0) << "child never completed a save: " << k.log;
+    EXPECT_EQ(k.result.term_signal, SIGKILL) << k.log;
+    const int64_t completed = k.recorded >= 0 ? k.recorded : k.first_recorded;
     const int64_t v = loaded_version(dir);
     // The last completed version, or the one being saved when the kill came.
     EXPECT_GE(v, completed);
-    if (!after_kill.empty()) EXPECT_LE(v, completed + 1);
+    if (k.recorded >= 0) EXPECT_LE(v, completed + 1);
     (v == completed ? from_old : from_new)++;
     last = std::max(last, v);
     // Still writable: the next child saves over it.
