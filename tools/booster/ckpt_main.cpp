@@ -1,6 +1,7 @@
-// booster-ckpt — `booster ckpt inspect|convert`: look into and convert HuggingFace-layout
-// checkpoints (safetensors / pytorch_model.bin, sharded or not). A separate executable because it
-// links LibTorch; `booster ckpt ...` execs it so the launcher itself stays LibTorch-free.
+// booster-ckpt — `booster ckpt inspect|convert|consolidate`: look into and convert HuggingFace-layout
+// checkpoints (safetensors / pytorch_model.bin, sharded or not), and turn a sharded state checkpoint
+// (booster-sharded-v1, checkpoint/sharded_state.h) into the gathered format. A separate executable
+// because it links LibTorch; `booster ckpt ...` execs it so the launcher itself stays LibTorch-free.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "booster/checkpoint/sharded_state.h"
 #include "booster/checkpoint/state_dict_io.h"
 
 namespace fs = std::filesystem;
@@ -55,7 +57,66 @@ std::vector<fs::path> checkpoint_files(const fs::path& path, std::string& format
   return {files.begin(), files.end()};
 }
 
+// The bases of the sharded state checkpoints in directory `path` (<base>.sharded.json), sorted.
+std::vector<std::string> sharded_bases(const fs::path& path) {
+  std::set<std::string> bases;
+  const std::string suffix = ".sharded.json";
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return {};
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+      bases.insert(n.substr(0, n.size() - suffix.size()));
+  }
+  return {bases.begin(), bases.end()};
+}
+
+int inspect_sharded(const std::string& path, const std::string& base, bool all, size_t max_rows) {
+  ShardedStateReader reader(path, base);
+  std::cout << "format: booster-sharded-v1 (" << base << ".sharded.json)\n";
+  std::cout << "world size: " << reader.world_size() << "\nfiles: " << reader.files().size() << "\n";
+  for (const auto& f : reader.files())
+    std::cout << "  " << fs::path(f).filename().string() << "  " << human_bytes(fs::file_size(f)) << "\n";
+  uint64_t total = 0;
+  size_t pieces = 0, partial = 0;
+  std::map<std::string, size_t> dtypes;
+  for (const auto& t : reader.tensors()) {
+    total += static_cast<uint64_t>(t.covered) * c10::elementSize(t.dtype);
+    pieces += t.pieces.size();
+    if (t.covered != t.numel) ++partial;
+    ++dtypes[safetensors_dtype(t.dtype)];
+  }
+  std::cout << "tensors: " << reader.tensors().size() << " in " << pieces << " pieces"
+            << (partial ? " (" + std::to_string(partial) + " not fully covered)" : "") << "\n";
+  std::cout << "total tensor bytes: " << total << " (" << human_bytes(total) << ")\ndtypes:";
+  for (const auto& [d, n] : dtypes) std::cout << " " << d << " x" << n;
+  std::cout << "\nextra files:";
+  for (const auto& f : reader.extra_files()) std::cout << " " << f;
+  std::cout << "\n";
+  const auto& tensors = reader.tensors();
+  size_t shown = all ? tensors.size() : std::min(tensors.size(), max_rows);
+  for (size_t i = 0; i < shown; ++i) {
+    const auto& t = tensors[i];
+    std::cout << "  " << t.name << "  " << safetensors_dtype(t.dtype) << "  " << shape_str(t.shape) << "  pieces "
+              << t.pieces.size() << " (ranks";
+    std::set<int> ranks;
+    for (const auto& p : t.pieces) ranks.insert(p.rank);
+    for (int r : ranks) std::cout << " " << r;
+    std::cout << ")" << (t.covered == t.numel ? "" : "  covered " + std::to_string(t.covered) + " of " + std::to_string(t.numel)) << "\n";
+  }
+  if (shown < tensors.size()) std::cout << "  ... " << tensors.size() - shown << " more (--all to list every tensor)\n";
+  return 0;
+}
+
 int inspect(const std::string& path, bool all, size_t max_rows) {
+  const std::vector<std::string> bases = sharded_bases(path);
+  if (!bases.empty()) {
+    for (size_t i = 0; i < bases.size(); ++i) {
+      if (i) std::cout << "\n";
+      inspect_sharded(path, bases[i], all, max_rows);
+    }
+    return 0;
+  }
   std::string format;
   auto files = checkpoint_files(path, format);
   struct Row {
@@ -97,7 +158,7 @@ int inspect(const std::string& path, bool all, size_t max_rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"booster ckpt: inspect or convert HuggingFace-layout checkpoints", "booster ckpt"};
+  CLI::App app{"booster ckpt: inspect, convert or consolidate checkpoints", "booster ckpt"};
   app.require_subcommand(1);
   std::string path, out, to = "safetensors", base = "model";
   bool all = false;
@@ -113,9 +174,24 @@ int main(int argc, char** argv) {
   conv->add_option("--to", to, "safetensors | bin")->check(CLI::IsMember({"safetensors", "bin"}))->required();
   conv->add_option("--size-per-shard-mb", shard_mb, "shard size in MiB (0 = one file)")->check(CLI::NonNegativeNumber);
   conv->add_option("--base", base, "file base name: model (default) or optimizer");
+  std::string sharded_base = "optimizer";
+  auto* cons = app.add_subcommand("consolidate",
+                                  "Rewrite a sharded state checkpoint (booster-sharded-v1) in the gathered format");
+  cons->add_option("path", path, "sharded checkpoint directory (holds <base>.sharded.json)")->required();
+  cons->add_option("out", out, "output directory (replaced atomically)")->required();
+  cons->add_option("--size-per-shard-mb", shard_mb, "shard size in MiB (0 = one file)")->check(CLI::NonNegativeNumber);
+  cons->add_option("--base", sharded_base, "file base name (default optimizer)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (ins->parsed()) return inspect(path, all, max_rows);
+    if (cons->parsed()) {
+      SaveOptions o;
+      o.shard = shard_mb > 0;
+      if (shard_mb > 0) o.size_per_shard_mb = shard_mb;
+      size_t n = consolidate_sharded_state(path, out, o, sharded_base);
+      std::cout << "booster ckpt: wrote " << n << " tensors to " << out << " in the gathered format\n";
+      return 0;
+    }
     StateDict state = load_state_dict(path, base);
     SaveOptions o;
     o.use_safetensors = to == "safetensors";

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
               << " (booster-ckpt belongs next to booster: reinstall, or build the booster_ckpt target)\n";
     return 127;  // as a shell does for a command it cannot run
   }
-  app.add_subcommand("ckpt", "Inspect or convert checkpoints (booster ckpt inspect|convert --help)");
+  app.add_subcommand("ckpt", "Inspect, convert or consolidate checkpoints (booster ckpt inspect|convert|consolidate --help)");
 
   booster::cli::RunOptions run_options;
   CLI::App* run = booster::cli::add_run_subcommand(app, run_options);

@@ -55,6 +55,38 @@ class MappedFile {
 
 const uint8_t kEmpty[8] = {};
 
+// U16 and U32 have no LibTorch dtype: they load widened into int32 / int64.
+bool widened(const std::string& dtype) { return dtype == "U16" || dtype == "U32"; }
+
+// Copies `numel` U16/U32 elements from src into dst (int32 / int64 data), widening each.
+void widen(const uint8_t* src, const std::string& dtype, size_t numel, void* dst) {
+  if (dtype == "U16") {
+    auto* out = static_cast<int32_t*>(dst);
+    for (size_t i = 0; i < numel; ++i) {
+      uint16_t v;
+      std::memcpy(&v, src + 2 * i, 2);
+      out[i] = v;
+    }
+  } else {
+    auto* out = static_cast<int64_t*>(dst);
+    for (size_t i = 0; i < numel; ++i) {
+      uint32_t v;
+      std::memcpy(&v, src + 4 * i, 4);
+      out[i] = v;
+    }
+  }
+}
+
+// BOOL bytes must be 0 or 1; `first` is the index of p[0] in the tensor (for the message).
+void check_bool_bytes(const uint8_t* p, size_t n, uint64_t first, const std::string& path, const std::string& name) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] > 1) {
+      fail(path, tensor_label(name) + ": BOOL element " + std::to_string(first + i) + " is " + std::to_string(p[i]) +
+                     " (must be 0 or 1)");
+    }
+  }
+}
+
 
 }  // namespace
 
@@ -124,33 +156,57 @@ StateDict load_safetensors(const std::string& path, const std::vector<std::strin
     const size_t bytes = static_cast<size_t>(e.end - e.begin);
     const at::ScalarType type = scalar_type_from_safetensors(e.dtype);
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(type));
-    const size_t numel = static_cast<size_t>(t.numel());
-    if (e.dtype == "U16") {
-      auto* dst = t.data_ptr<int32_t>();
-      for (size_t i = 0; i < numel; ++i) {
-        uint16_t v;
-        std::memcpy(&v, src + 2 * i, 2);
-        dst[i] = v;
-      }
-    } else if (e.dtype == "U32") {
-      auto* dst = t.data_ptr<int64_t>();
-      for (size_t i = 0; i < numel; ++i) {
-        uint32_t v;
-        std::memcpy(&v, src + 4 * i, 4);
-        dst[i] = v;
-      }
+    if (widened(e.dtype)) {
+      widen(src, e.dtype, static_cast<size_t>(t.numel()), t.data_ptr());
     } else {
-      if (e.dtype == "BOOL") {
-        for (size_t i = 0; i < bytes; ++i) {
-          if (src[i] > 1) {
-            fail(path, tensor_label(e.name) + ": BOOL element " + std::to_string(i) + " is " + std::to_string(src[i]) +
-                           " (must be 0 or 1)");
-          }
-        }
-      }
+      if (e.dtype == "BOOL") check_bool_bytes(src, bytes, 0, path, e.name);
       if (bytes) std::memcpy(t.data_ptr(), src, bytes);
     }
     out.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+at::Tensor read_safetensors_range(const std::string& path, const SafetensorsHeader& header,
+                                  const SafetensorsEntry& entry, int64_t begin, int64_t count, at::Tensor out) {
+  const at::ScalarType type = scalar_type_from_safetensors(entry.dtype);
+  const uint64_t esize = safetensors_dtype_size(entry.dtype);
+  if (esize == 0 || entry.end < entry.begin) fail(path, tensor_label(entry.name) + ": invalid header entry");
+  const uint64_t numel = (entry.end - entry.begin) / esize;
+  if (begin < 0 || count < 0 || static_cast<uint64_t>(begin) > numel ||
+      static_cast<uint64_t>(count) > numel - static_cast<uint64_t>(begin)) {
+    const bool end_fits = count >= 0 && begin <= std::numeric_limits<int64_t>::max() - count;
+    fail(path, tensor_label(entry.name) + ": elements [" + std::to_string(begin) + ", " +
+                   (end_fits ? std::to_string(begin + count) : std::to_string(begin) + " + " + std::to_string(count)) +
+                   ") are outside its " + std::to_string(numel) + " elements");
+  }
+  if (out.defined()) {
+    if (out.scalar_type() != type || out.numel() != count || !out.is_contiguous() || !out.device().is_cpu()) {
+      fail(path, tensor_label(entry.name) + ": read_safetensors_range needs a contiguous CPU output of dtype " +
+                     std::string(c10::toString(type)) + " and " + std::to_string(count) + " elements");
+    }
+  } else {
+    out = at::empty({count}, at::TensorOptions().dtype(type));
+  }
+  if (count == 0) return out;
+
+  uint64_t file_size = 0;
+  Fd fd = open_for_reading(path, &file_size);
+  const uint64_t expected = header.data_start + (header.tensors.empty() ? 0 : header.tensors.back().end);
+  if (file_size != expected) {
+    fail(path, "is " + std::to_string(file_size) + " bytes but its header describes " + std::to_string(expected) +
+                   " (the file changed since its header was read)");
+  }
+  const uint64_t offset = header.data_start + entry.begin + static_cast<uint64_t>(begin) * esize;
+  const size_t bytes = static_cast<size_t>(count) * static_cast<size_t>(esize);
+  if (widened(entry.dtype)) {
+    std::vector<uint8_t> raw(bytes);
+    pread_all(fd.get(), raw.data(), bytes, offset, path);
+    widen(raw.data(), entry.dtype, static_cast<size_t>(count), out.data_ptr());
+  } else {
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    pread_all(fd.get(), dst, bytes, offset, path);
+    if (entry.dtype == "BOOL") check_bool_bytes(dst, bytes, static_cast<uint64_t>(begin), path, entry.name);
   }
   return out;
 }

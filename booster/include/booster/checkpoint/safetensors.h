@@ -66,6 +66,18 @@ BOOSTER_API SafetensorsHeader read_safetensors_header(const std::string& path);
 // a name in `only` that the file lacks.
 BOOSTER_API StateDict load_safetensors(const std::string& path, const std::vector<std::string>* only = nullptr);
 
+// Reads elements [begin, begin + count) of the flattened tensor `entry` (an entry of `header`, which
+// read_safetensors_header(path) returned) with pread: only those bytes are read, never the whole
+// file. Returns a 1-D tensor of `count` elements in the entry's load dtype (U16/U32 widened as
+// load_safetensors does; BOOL bytes checked); when `out` is defined the elements are read into it
+// instead (a contiguous CPU tensor of that dtype and `count` elements, e.g. a narrow() of a larger
+// buffer) and it is returned. Throws CheckpointError naming the file (and tensor) for a range outside
+// the entry, an `out` that does not fit, an I/O error, or a file whose size no longer matches the
+// header (it was replaced since the header was read).
+BOOSTER_API at::Tensor read_safetensors_range(const std::string& path, const SafetensorsHeader& header,
+                                              const SafetensorsEntry& entry, int64_t begin, int64_t count,
+                                              at::Tensor out = {});
+
 // Writes tensors (any device, contiguous or not: written as C-order little-endian) with
 // metadata (default {"format": "pt"}) to `path`, the header padded with spaces to a multiple of 8,
 // offsets in the given order, then fsyncs the file. Not atomic by itself (the checkpoint writer
