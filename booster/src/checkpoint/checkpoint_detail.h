@@ -7,11 +7,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "booster/checkpoint/safetensors.h"
 #include "booster/io/atomic_write.h"
+
+namespace booster::checkpoint {
+struct TensorSpec;  // state_dict_io.h
+}  // namespace booster::checkpoint
 
 namespace booster::checkpoint::detail {
 
@@ -53,6 +58,29 @@ void as_checkpoint_error(F&& f) {
     throw CheckpointError(e.what());
   }
 }
+
+// A plain file name: not empty, "." or "..", no '/', '\\' or NUL (state_dict_io.cpp). Checkpoint
+// file names, index weight_map values and extra files must be plain.
+bool is_plain_file_name(const std::string& name);
+
+// The safetensors writer in pieces (safetensors.cpp), so that a file's header can be written before
+// its tensors are at hand: write_safetensors is these over a StateDict, save_state_dict_streamed
+// writes each shard with them as its tensors arrive.
+//
+// The first bytes of a safetensors file holding tensors with these names, dtypes and shapes in this
+// order (consecutive data offsets from 0): the 8-byte little-endian length, then the JSON header
+// (`metadata` as "__metadata__" unless empty) padded with spaces to a multiple of 8. No I/O. Throws
+// CheckpointError naming `source`: "__metadata__" as a tensor name, a duplicate name, an unsupported
+// dtype, a name or metadata that is not valid UTF-8, a header over SAFETENSORS_MAX_HEADER_BYTES.
+std::string safetensors_header_bytes(const std::string& source, const std::vector<TensorSpec>& specs,
+                                     const std::map<std::string, std::string>& metadata);
+// Throws CheckpointError naming `source` when `t` has no data to write: undefined, not dense (sparse
+// ...), or on the meta device.
+void check_safetensors_writable(const std::string& source, const std::string& name, const at::Tensor& t);
+// Appends `t`'s data (C order, little-endian; a contiguous CPU copy is made when needed and dropped
+// on return) to `out`. Throws io::IoError, or CheckpointError when the copy to the CPU fails.
+void write_safetensors_data(io::OutputFile& out, const std::string& source, const std::string& name,
+                            const at::Tensor& t);
 
 // Opens a regular file for reading; returns the descriptor and sets *size. Throws CheckpointError.
 Fd open_for_reading(const std::string& path, uint64_t* size);

@@ -1,5 +1,7 @@
 // safetensors.cpp — the safetensors reader (memory-mapped) and writer (see safetensors.h); the
-// header parser is in safetensors_header.cpp.
+// header parser is in safetensors_header.cpp. The writer is built from pieces declared in
+// checkpoint_detail.h (header from the tensors' specs, then each tensor's data), which the streamed
+// checkpoint save (state_dict_stream.cpp) uses to write a shard as its tensors arrive.
 #include "booster/checkpoint/safetensors.h"
 
 #include <errno.h>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "booster/checkpoint/state_dict_io.h"  // TensorSpec
 #include "booster/io/atomic_write.h"
 #include "checkpoint_detail.h"
 
@@ -211,9 +214,10 @@ at::Tensor read_safetensors_range(const std::string& path, const SafetensorsHead
   return out;
 }
 
-void write_safetensors(const std::string& path, const StateDict& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  // Validate everything and build the header before touching the file.
+namespace detail {
+
+std::string safetensors_header_bytes(const std::string& source, const std::vector<TensorSpec>& specs,
+                                     const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -222,58 +226,79 @@ void write_safetensors(const std::string& path, const StateDict& tensors,
   }
   std::unordered_set<std::string> names;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__") fail(path, "\"__metadata__\" cannot be a tensor name");
-    if (!names.insert(name).second) fail(path, "duplicate tensor name " + quote(name));
-    if (!t.defined()) fail(path, tensor_label(name) + " is undefined");
-    if (t.layout() != at::kStrided) {
-      fail(path, tensor_label(name) + ": only dense tensors can be written (layout " + c10::str(t.layout()) + ")");
-    }
-    if (t.is_meta()) fail(path, tensor_label(name) + " is on the meta device (it has no data)");
+  for (const TensorSpec& spec : specs) {
+    if (spec.name == "__metadata__") fail(source, "\"__metadata__\" cannot be a tensor name");
+    if (!names.insert(spec.name).second) fail(source, "duplicate tensor name " + quote(spec.name));
     std::string dtype;
     try {
-      dtype = safetensors_dtype(t.scalar_type());
+      dtype = safetensors_dtype(spec.dtype);
     } catch (const CheckpointError& e) {
-      fail(path, tensor_label(name) + ": " + e.what());
+      fail(source, tensor_label(spec.name) + ": " + e.what());
     }
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size());
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= static_cast<uint64_t>(d);  // callers' shapes are valid
+    const uint64_t bytes = numel * static_cast<uint64_t>(c10::elementSize(spec.dtype));
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
     entry["dtype"] = dtype;
-    entry["shape"] = t.sizes().vec();
+    entry["shape"] = spec.shape;
     entry["data_offsets"] = {offset, offset + bytes};
-    header[name] = std::move(entry);
+    header[spec.name] = std::move(entry);
     offset += bytes;
   }
   std::string text;
   try {
     text = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, "tensor names and metadata must be valid UTF-8 (" + std::string(e.what()) + ")");
+    fail(source, "tensor names and metadata must be valid UTF-8 (" + std::string(e.what()) + ")");
   }
   while ((8 + text.size()) % 8 != 0) text += ' ';
   if (text.size() > SAFETENSORS_MAX_HEADER_BYTES) {
-    fail(path, "header would be " + std::to_string(text.size()) + " bytes, over the limit of " +
-                   std::to_string(SAFETENSORS_MAX_HEADER_BYTES));
+    fail(source, "header would be " + std::to_string(text.size()) + " bytes, over the limit of " +
+                     std::to_string(SAFETENSORS_MAX_HEADER_BYTES));
   }
+  std::string out(8, '\0');
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint8_t>(n >> (8 * i)));
+  return out + text;
+}
 
+void check_safetensors_writable(const std::string& source, const std::string& name, const at::Tensor& t) {
+  if (!t.defined()) fail(source, tensor_label(name) + " is undefined");
+  if (t.layout() != at::kStrided) {
+    fail(source, tensor_label(name) + ": only dense tensors can be written (layout " + c10::str(t.layout()) + ")");
+  }
+  if (t.is_meta()) fail(source, tensor_label(name) + " is on the meta device (it has no data)");
+}
+
+void write_safetensors_data(io::OutputFile& out, const std::string& source, const std::string& name,
+                            const at::Tensor& t) {
+  if (t.numel() == 0) return;
+  // One tensor at a time: at most one extra contiguous CPU copy alive.
+  at::Tensor c;
+  try {
+    c = t.resolve_conj().resolve_neg().cpu().contiguous();
+  } catch (const c10::Error& e) {
+    fail(source, tensor_label(name) + ": cannot copy to the CPU: " + e.what_without_backtrace());
+  }
+  out.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+}
+
+}  // namespace detail
+
+void write_safetensors(const std::string& path, const StateDict& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Validate everything and build the header before touching the file.
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    check_safetensors_writable(path, name, t);
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  }
+  const std::string header = safetensors_header_bytes(path, specs, metadata);
   as_checkpoint_error([&] {
     io::OutputFile out(path, /*exclusive=*/false);
-    uint8_t len[8];
-    uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-    out.write(len, 8);
-    out.write(text.data(), text.size());
-    for (const auto& [name, t] : tensors) {
-      if (t.numel() == 0) continue;
-      // One tensor at a time: at most one extra contiguous CPU copy alive.
-      at::Tensor c;
-      try {
-        c = t.resolve_conj().resolve_neg().cpu().contiguous();
-      } catch (const c10::Error& e) {
-        fail(path, tensor_label(name) + ": cannot copy to the CPU: " + e.what_without_backtrace());
-      }
-      out.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
-    }
+    out.write(header.data(), header.size());
+    for (const auto& [name, t] : tensors) write_safetensors_data(out, path, name, t);
     out.sync_and_close();
   });
 }

@@ -1,7 +1,8 @@
 // state_dict_io.cpp — HuggingFace-layout checkpoint directories (see booster/checkpoint/state_dict_io.h).
 //
-// Saving: tied tensors are dropped (first name wins), the rest is split into shards with
-// huggingface_hub's rule, and every file (shards, index, extra files) is written inside one
+// Saving: tied tensors are dropped (first name wins) and the rest goes to save_state_dict_streamed
+// (state_dict_stream.cpp), the one writer of checkpoint directories: shard split with
+// huggingface_hub's rule, every file (shards, index, extra files) written inside one
 // io::atomic_write_directory, so `dir` always holds a complete checkpoint. The file formats are
 // safetensors.h and torch_pickle.h.
 //
@@ -25,7 +26,6 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -38,12 +38,19 @@
 #include "checkpoint_detail.h"
 
 namespace booster::checkpoint {
+
+bool detail::is_plain_file_name(const std::string& name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  return name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
 using detail::as_checkpoint_error;
 using detail::errno_text;
 using detail::Fd;
+using detail::is_plain_file_name;
 
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path, int err) {
   throw CheckpointError(what + " '" + path + "': " + errno_text(err));
@@ -54,12 +61,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
-
-// A plain file name: no directory part, not "." / "..", no separators or NUL.
-bool is_plain_file_name(const std::string& name) {
-  if (name.empty() || name == "." || name == "..") return false;
-  return name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
-}
 
 // ---- loading helpers ------------------------------------------------------------------------
 
@@ -226,14 +227,6 @@ StateDict load_shard(const CheckpointPlan& plan, const ShardPlan& shard) {
   return with_index_context(plan, [&] { return load_file(shard.file, shard.restricted ? &shard.names : nullptr); });
 }
 
-std::string bin_stem(const std::string& base) { return base == "model" ? "pytorch_model" : base; }
-
-std::string shard_file_name(const std::string& stem, const std::string& ext, size_t i, size_t n) {
-  char suffix[64];
-  std::snprintf(suffix, sizeof(suffix), "-%05zu-of-%05zu", i + 1, n);
-  return stem + suffix + "." + ext;
-}
-
 }  // namespace
 
 // ---- public API -----------------------------------------------------------------------------
@@ -279,16 +272,12 @@ void atomic_write_directory(const std::string& dir, const std::map<std::string, 
 
 void save_state_dict(const std::string& dir, const StateDict& state, const SaveOptions& options, const std::string& base,
                      const std::map<std::string, std::string>& extra_files) {
-  if (!is_plain_file_name(base)) throw std::invalid_argument("save_state_dict: invalid base name '" + base + "'");
-  for (const auto& [name, text] : extra_files)
-    if (!is_plain_file_name(name)) throw std::invalid_argument("save_state_dict: extra file '" + name + "' is not a plain file name");
-
   // Drop tied tensors: same storage, offset, shape, strides, dtype -> written once, first name.
   using TieKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int, std::string>;
   std::map<TieKey, size_t> seen;
   std::set<std::string> names;
   std::vector<size_t> unique;  // indices into state
-  std::vector<int64_t> bytes;
+  std::vector<TensorSpec> specs;
   for (size_t i = 0; i < state.size(); ++i) {
     const auto& [name, t] = state[i];
     if (!names.insert(name).second) throw CheckpointError("cannot save '" + dir + "': duplicate tensor name '" + name + "'");
@@ -299,68 +288,9 @@ void save_state_dict(const std::string& dir, const StateDict& state, const SaveO
       if (!seen.emplace(std::move(key), i).second) continue;
     }
     unique.push_back(i);
-    bytes.push_back(static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()));
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
   }
-
-  std::vector<std::vector<size_t>> shards;  // positions in `unique`
-  if (options.shard) {
-    if (options.size_per_shard_mb <= 0)
-      throw std::invalid_argument("save_state_dict: size_per_shard_mb must be positive, got " +
-                                  std::to_string(options.size_per_shard_mb));
-    const int64_t max_mb = std::numeric_limits<int64_t>::max() >> 20;
-    const int64_t limit = options.size_per_shard_mb > max_mb ? std::numeric_limits<int64_t>::max()
-                                                             : options.size_per_shard_mb << 20;
-    shards = split_into_shards(bytes, limit);
-  }
-  if (shards.size() <= 1) {
-    shards.assign(1, {});
-    for (size_t k = 0; k < unique.size(); ++k) shards[0].push_back(k);
-  }
-
-  const std::string ext = options.use_safetensors ? "safetensors" : "bin";
-  const std::string stem = options.use_safetensors ? base : bin_stem(base);
-  const bool sharded = shards.size() > 1;
-  std::vector<std::string> file_names;
-  for (size_t s = 0; s < shards.size(); ++s)
-    file_names.push_back(sharded ? shard_file_name(stem, ext, s, shards.size()) : stem + "." + ext);
-  const std::string index_name = stem + "." + ext + ".index.json";
-
-  std::string index_text;
-  if (sharded) {
-    nlohmann::json index;
-    int64_t total = 0;
-    for (int64_t b : bytes) total += b;
-    index["metadata"] = nlohmann::json::object({{"total_size", total}});
-    index["weight_map"] = nlohmann::json::object();
-    for (size_t s = 0; s < shards.size(); ++s)
-      for (size_t k : shards[s]) index["weight_map"][state[unique[k]].first] = file_names[s];
-    try {
-      // json.dumps(index, indent=2, sort_keys=True) + "\n", as transformers writes it.
-      index_text = index.dump(2, ' ', true) + "\n";
-    } catch (const nlohmann::json::exception& e) {
-      throw CheckpointError("cannot save '" + dir + "': a tensor name is not valid UTF-8: " + e.what());
-    }
-  }
-  std::set<std::string> generated(file_names.begin(), file_names.end());
-  if (sharded) generated.insert(index_name);
-  for (const auto& [name, text] : extra_files)
-    if (generated.count(name))
-      throw std::invalid_argument("save_state_dict: extra file '" + name + "' collides with a checkpoint file");
-
-  as_checkpoint_error([&] { io::atomic_write_directory(dir, [&](const std::string& tmp) {
-    for (size_t s = 0; s < shards.size(); ++s) {
-      StateDict part;
-      part.reserve(shards[s].size());
-      for (size_t k : shards[s]) part.push_back(state[unique[k]]);
-      const std::string path = join(tmp, file_names[s]);
-      if (options.use_safetensors)
-        write_safetensors(path, part);
-      else
-        write_bin(path, part);
-    }
-    if (sharded) io::write_new_file(join(tmp, index_name), index_text);
-    for (const auto& [name, text] : extra_files) io::write_new_file(join(tmp, name), text);
-  }); });
+  save_state_dict_streamed(dir, specs, options, [&](size_t k) { return state[unique[k]].second; }, base, extra_files);
 }
 
 StateDict load_state_dict(const std::string& path, const std::string& base) {

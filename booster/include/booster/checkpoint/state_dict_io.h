@@ -42,10 +42,65 @@ BOOSTER_API std::vector<std::vector<size_t>> split_into_shards(const std::vector
 // plus `<base>.<ext>.index.json` = {"metadata": {"total_size": <bytes>}, "weight_map": {name: file}}.
 // `extra_files` (name -> text) are written into the same directory in the same atomic step.
 // Tied tensors (same storage, offset, shape) are written once under their first name, as HF does.
-// Throws CheckpointError on I/O errors; nothing at `dir` is changed then.
+// This is save_state_dict_streamed (below) over the remaining tensors, so the errors are its errors,
+// except that a duplicate name or an undefined tensor is a CheckpointError here, thrown before
+// anything is written. Throws CheckpointError on I/O errors; nothing at `dir` is changed then.
 BOOSTER_API void save_state_dict(const std::string& dir, const StateDict& state, const SaveOptions& options,
                                  const std::string& base = "model",
                                  const std::map<std::string, std::string>& extra_files = {});
+
+// What a streamed save will receive, in order: the tensor's name, dtype and shape ({} for a 0-dim
+// tensor; a dimension may be 0).
+struct TensorSpec {
+  std::string name;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  std::vector<int64_t> shape;
+};
+
+// Writes the same files, byte for byte, as save_state_dict(dir, state, options, base, extra_files)
+// would for tensors with these specs and values, but asks for the tensors one at a time, so that
+// the caller (e.g. FSDP gathering one unit at a time) never holds them all: the same shard split
+// (split_into_shards on the specs' byte sizes, numel * element size), file names, index JSON and
+// safetensors headers (names in spec order, consecutive offsets, padding, {"format": "pt"}
+// metadata), all planned from the specs before the first fetch.
+//
+// fetch(i) returns tensor i: specs[i]'s name; its dtype and shape must match specs[i] exactly (any
+// device, layout or strides). It is called exactly once per i, in increasing i, on the calling
+// thread, inside the atomic write of `dir` (after every argument check below, so an invalid call
+// fetches nothing); after an error it is not called again. No tie detection: every spec is
+// written, even when two fetched tensors share storage (save_state_dict drops ties before calling
+// this); the caller passes distinct tensors.
+//
+// Memory: the writer keeps no reference to a fetched tensor after writing it.
+//  - safetensors: each file's header comes from the specs, so a tensor's bytes are written as soon
+//    as it is fetched and the tensor is released (plus, while it is written, one contiguous CPU
+//    copy when it is not contiguous on the CPU already): peak one tensor.
+//  - .bin (use_safetensors = false, torch pickle zip): LibTorch's pickler writes a file from the
+//    whole dict, so the fetched tensors of the shard file being filled are kept until its last
+//    tensor arrives; the file is then written and they are released: peak one shard file (about
+//    size_per_shard_mb; the whole state dict when not sharded). A tensor over the shard limit has a
+//    file of its own (huggingface_hub's rule), written as soon as it arrives, so while it is
+//    written the file being filled around it is held too.
+//
+// Errors (on any of them `dir` is unchanged: the temporary directory is removed):
+//  - std::invalid_argument before anything is written or fetched: `base` or an extra file name that
+//    is not a plain file name, an extra file named like a checkpoint file of this save,
+//    size_per_shard_mb <= 0 with shard, a duplicate name, a spec with dtype Undefined, a negative
+//    dimension, or a byte size over int64.
+//  - CheckpointError before anything is written or fetched: what the format cannot store
+//    (safetensors: an unsupported dtype such as complex or quantized, the name "__metadata__", a
+//    name that is not valid UTF-8; sharded: a name that is not valid UTF-8, for the index JSON), or
+//    an I/O error creating the temporary directory.
+//  - std::invalid_argument from the fetch of tensor i: it returned an undefined tensor, or one whose
+//    dtype or shape differ from specs[i] (the message names the tensor and both dtypes and shapes).
+//  - CheckpointError while writing: an I/O error (the errno text), or a fetched tensor without
+//    data to write (safetensors: sparse, on the meta device).
+//  - whatever fetch throws propagates unchanged.
+BOOSTER_API void save_state_dict_streamed(const std::string& dir, const std::vector<TensorSpec>& specs,
+                                          const SaveOptions& options,
+                                          const std::function<at::Tensor(size_t i)>& fetch,
+                                          const std::string& base = "model",
+                                          const std::map<std::string, std::string>& extra_files = {});
 
 // Loads a state dict from: a directory with `<base>.safetensors.index.json` or
 // `pytorch_<base>.bin.index.json`/`<base>.bin.index.json`, a directory with a single
