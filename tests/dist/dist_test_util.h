@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/debiased_momentum.h"
 #include "common/test_util.h"
 #include "dist/dist_common.h"
 
@@ -71,7 +72,9 @@ inline std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_ba
                                          std::vector<double>* norms = nullptr) {
   torch::manual_seed(7);
   MLP net;
-  auto opt = make_optimizer(optimizer, net->parameters());
+  // dist_worker's make_any_optimizer: dist_common.h's built-ins and the user-registered one.
+  auto opt = optimizer == "debiased_momentum" ? make_debiased_momentum(net->parameters())
+                                              : make_optimizer(optimizer, net->parameters());
   auto batches = make_batches(steps, global_batch, 11);
   for (int64_t s = 0; s < steps; ++s) {
     auto loss = torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]);

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "booster/booster.h"
+#include "booster/checkpoint/state_dict_io.h"
 #include "booster/core/replica.h"
 #include "booster/mixed_precision/grad_scaler.h"
 #include "booster/nn/unit.h"
@@ -37,6 +38,22 @@ void save_named(const std::string& path, const std::vector<std::pair<std::string
   std::vector<torch::Tensor> tensors;
   for (auto& [n, t] : named) tensors.push_back(t.detach().clone());
   torch::save(tensors, path);
+}
+
+// The model's parameters in named_parameters order, as full tensors. Under torch_fsdp the
+// parameters are sharded (their storage is freed between uses), so the full values come from a
+// model save (collective; every rank then reads the files): that also exercises the streamed save.
+template <class M>
+std::vector<std::pair<std::string, torch::Tensor>> full_parameters(const booster::Config& config, booster::Booster& b,
+                                                                   booster::ModelWrapper<M>& model) {
+  auto named = booster::named_parameters_of(*model.module(), false);
+  if (config.section("booster").get_string("plugin", "torch_ddp") != "torch_fsdp") return named;
+  const std::string dir = arg("out", ".") + "/full_model";
+  b.save_model(model, dir);
+  std::map<std::string, torch::Tensor> saved;
+  for (auto& [name, t] : booster::checkpoint::load_state_dict(dir)) saved[name] = t;
+  for (auto& [name, t] : named) t = saved.at(name);
+  return named;
 }
 
 booster::Config make_config() {
@@ -110,7 +127,7 @@ int run() {
       norms.push_back(torch::full({1}, boosted.optimizer->last_grad_norm(), torch::kDouble));
       boosted.optimizer->zero_grad();
     }
-    save_named(prefix + ".pt", booster::named_parameters_of(*net, false));
+    save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
     save_named(prefix + "_norms.pt", {{"norms", torch::cat(norms)}});
     write_stats(prefix + ".txt", boosted.model.hooks().stats());
   } else if (scenario == "overflow") {
@@ -176,7 +193,7 @@ int run() {
       boosted.optimizer->step();
       boosted.optimizer->zero_grad();
     }
-    save_named(prefix + ".pt", booster::named_parameters_of(*net, false));
+    save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
   } else if (scenario == "resume") {
     // Steps [start, stop) of a run of the MLP on global batches of `global` rows (each rank takes
     // global / world_size rows), after loading model + optimizer from load=DIR when given; saves
@@ -191,7 +208,7 @@ int run() {
     if (!arg("load", "").empty()) {
       booster.load_model(boosted.model, arg("load", "") + "/model");
       booster.load_optimizer(*boosted.optimizer, arg("load", "") + "/optimizer");
-      save_named(prefix + "_loaded.pt", booster::named_parameters_of(*net, false));
+      save_named(prefix + "_loaded.pt", full_parameters(config, booster, boosted.model));
     }
     auto batches = make_batches(stop, global, 23);
     int64_t rows = global / ws;
@@ -205,7 +222,7 @@ int run() {
       booster.save_model(boosted.model, arg("save", "") + "/model");
       booster.save_optimizer(*boosted.optimizer, arg("save", "") + "/optimizer");
     }
-    save_named(prefix + ".pt", booster::named_parameters_of(*net, false));
+    save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
   } else if (scenario == "memory") {
     // The booster's memory report for a wide MLP (width=W) with AdamW, after boost() (planned) and
     // after one step (actual tensors).

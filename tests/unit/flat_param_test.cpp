@@ -99,7 +99,6 @@ TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
   const auto errors = booster::testing::run_thread_ranks(4, [&](const Group& g) {
     Block b;
     FlatParameter fp(b.named(), g);
-    EXPECT_THROW(fp.reduce_gradients(), std::logic_error);  // sharded: nothing to reduce
     for (int step = 1; step <= 2; ++step) {                   // the shard's gradient accumulates
       fp.unshard();
       b.loss(g->rank()).backward();
@@ -110,6 +109,90 @@ TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
       EXPECT_TRUE(at::allclose(fp.local_grad(), want, 1e-6, 1e-6))
           << "step " << step << " max |diff| " << (fp.local_grad() - want).abs().max().item<double>();
     }
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(4, ""));
+}
+
+// Mixed precision (FSDP MixedPrecision): the gathered parameters are bf16, the shard stays fp32 and
+// is what gather_full returns; gradients are reduced in fp32 into an fp32 shard gradient.
+TEST(FlatParameter, ComputeDtypeGathersBf16FromAnFp32Shard) {
+  std::vector<at::Tensor> per_rank;
+  for (int r = 0; r < 2; ++r) {
+    Block b;
+    b.w1.set_data(b.w1.to(at::kBFloat16));
+    b.b1.set_data(b.b1.to(at::kBFloat16));
+    b.w2.set_data(b.w2.to(at::kBFloat16));
+    at::Tensor x = at::linspace(-1, 1, 12).reshape({4, 3}) * (r + 1);
+    at::tanh(at::linear(x.to(at::kBFloat16), b.w1, b.b1)).matmul(b.w2.t()).pow(2).sum().backward();
+    per_rank.push_back(flat_of({b.w1.grad().to(at::kFloat), b.b1.grad().to(at::kFloat), b.w2.grad().to(at::kFloat)}, 30));
+  }
+  const at::Tensor mean = at::stack(per_rank).mean(0);
+  const auto errors = booster::testing::run_thread_ranks(2, [&](const Group& g) {
+    Block b;
+    const at::Tensor exact = flat_of({b.w1, b.b1, b.w2}, 30);
+    booster::FlatParameterOptions o;
+    o.compute_dtype = at::kBFloat16;
+    o.reduce_dtype = at::kFloat;
+    FlatParameter fp(b.named(), g, o);
+    EXPECT_EQ(b.w1.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(fp.local_shard().scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(fp.local_shard(), exact.narrow(0, 15 * g->rank(), 15)));  // not rounded
+    fp.unshard();
+    EXPECT_EQ(fp.unsharded_storage_bytes(), 30 * 2);
+    EXPECT_TRUE(at::equal(b.b1, Block().b1.to(at::kBFloat16)));
+    at::Tensor x = at::linspace(-1, 1, 12).reshape({4, 3}) * (g->rank() + 1);
+    at::tanh(at::linear(x.to(at::kBFloat16), b.w1, b.b1)).matmul(b.w2.t()).pow(2).sum().backward();
+    fp.reduce_gradients();
+    EXPECT_EQ(fp.local_grad().scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::allclose(fp.local_grad(), mean.narrow(0, 15 * g->rank(), 15), 1e-6, 1e-6));
+    EXPECT_TRUE(at::equal(fp.gather_full(), exact));
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+}
+
+// HYBRID_SHARD on 4 ranks: shards inside {0,1} and {2,3}, replicas across them; the shard gradient
+// is the mean over all 4 ranks. NO_SHARD: a group of one rank aliases the shard to the flat buffer.
+TEST(FlatParameter, ReplicateGroupAveragesAcrossReplicasAndNoShardAliases) {
+  std::vector<at::Tensor> per_rank;
+  for (int r = 0; r < 4; ++r) {
+    Block b;
+    b.loss(r).backward();
+    per_rank.push_back(flat_of({b.w1.grad(), b.b1.grad(), b.w2.grad()}, 30));
+  }
+  const at::Tensor mean = at::stack(per_rank).mean(0);
+  const auto errors = booster::testing::run_thread_ranks(4, [&](const Group& g) {
+    Group shard = g->split(g->rank() / 2, g->rank());
+    Group replicate = g->split(g->rank() % 2, g->rank());
+    Group self = g->split(g->rank(), 0);
+    Block b;
+    booster::FlatParameterOptions o;
+    o.replicate_group = replicate;
+    FlatParameter fp(b.named(), shard, o);
+    fp.unshard_async();
+    EXPECT_TRUE(fp.unshard_in_flight());
+    fp.unshard();
+    EXPECT_FALSE(fp.unshard_in_flight());
+    EXPECT_TRUE(at::equal(b.w2, Block().w2));
+    b.loss(g->rank()).backward();
+    fp.reduce_gradients();
+    EXPECT_TRUE(at::allclose(fp.local_grad(), mean.narrow(0, 15 * shard->rank(), 15), 1e-6, 1e-6));
+
+    Block c;
+    booster::FlatParameterOptions all;
+    all.replicate_group = g;
+    FlatParameter alone(c.named(), self, all);
+    EXPECT_TRUE(alone.is_aliased());
+    alone.reshard();
+    EXPECT_EQ(alone.state(), FlatParameter::State::kUnsharded);
+    EXPECT_EQ(alone.unsharded_storage_bytes(), 30 * 4);
+    c.loss(g->rank()).backward();
+    alone.reduce_gradients();
+    EXPECT_TRUE(at::allclose(alone.local_grad(), mean, 1e-6, 1e-6));
+    alone.local_shard().add_(1.0);  // the shard is the parameters' storage
+    EXPECT_TRUE(at::equal(c.b1, Block().b1 + 1));
+    // load_full replaces the values from a full (unpadded) buffer.
+    alone.load_full(at::zeros({30}));
+    EXPECT_EQ(c.w1.abs().sum().item<float>(), 0.0f);
   });
   EXPECT_EQ(errors, std::vector<std::string>(4, ""));
 }

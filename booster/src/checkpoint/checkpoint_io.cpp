@@ -194,32 +194,41 @@ void CheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
 }
 
 void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path, bool strict) {
+  std::vector<LoadTarget> targets;
+  auto add = [&](const std::string& name, at::Tensor t) {
+    targets.push_back({name, t.sizes().vec(), t.scalar_type(), t.storage().unsafeGetStorageImpl(),
+                       [t](const at::Tensor& from_file) mutable { t.copy_(from_file); }});
+  };
+  for (const auto& item : model.named_parameters(true)) add(item.key(), item.value());
+  for (const auto& item : model.named_buffers(true)) add(item.key(), item.value());
+  load_targets(path, targets, strict);
+}
+
+void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadTarget>& expected, bool strict) {
   // Validate against the files' headers (no tensor data for safetensors), then copy shard by shard:
   // peak memory is about one shard on top of the model.
   const std::vector<CheckpointTensorInfo> infos = list_checkpoint_tensors(path, "model");
   std::map<std::string, const CheckpointTensorInfo*> file;
   for (const auto& info : infos) file[info.name] = &info;
-  std::vector<std::pair<std::string, at::Tensor>> expected;
-  for (const auto& item : model.named_parameters(true)) expected.emplace_back(item.key(), item.value());
-  for (const auto& item : model.named_buffers(true)) expected.emplace_back(item.key(), item.value());
 
   std::vector<std::string> missing, mismatched;
   std::set<std::string> used;
   std::set<const void*> storages_loaded;
   std::map<std::string, at::ScalarType> whole_numbers;  // floating -> integer: checked on the values below
-  for (auto& [name, t] : expected) {
+  for (const auto& t : expected) {
+    const std::string& name = t.name;
     auto it = file.find(name);
     if (it == file.end()) continue;
     used.insert(name);
-    storages_loaded.insert(t.storage().unsafeGetStorageImpl());
+    storages_loaded.insert(t.storage_key);
     const CheckpointTensorInfo& info = *it->second;
-    if (t.sizes() != at::IntArrayRef(info.shape))
-      mismatched.push_back(name + ": shape " + shape_str(info.shape) + " in the checkpoint, " +
-                           shape_str(t.sizes()) + " in the model");
-    else if (float_into_integer(info.dtype, t.scalar_type()))
-      whole_numbers[name] = t.scalar_type();
-    else if (!loadable_as(info.dtype, t.scalar_type()))
-      mismatched.push_back(name + ": " + refused_dtype(info.dtype, t.scalar_type(), "the model"));
+    if (at::IntArrayRef(t.shape) != at::IntArrayRef(info.shape))
+      mismatched.push_back(name + ": shape " + shape_str(info.shape) + " in the checkpoint, " + shape_str(t.shape) +
+                           " in the model");
+    else if (float_into_integer(info.dtype, t.dtype))
+      whole_numbers[name] = t.dtype;
+    else if (!loadable_as(info.dtype, t.dtype))
+      mismatched.push_back(name + ": " + refused_dtype(info.dtype, t.dtype, "the model"));
   }
   // Reads only the floating tensors bound for integer ones (one shard at a time).
   if (!whole_numbers.empty())
@@ -232,9 +241,9 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
           mismatched.push_back(name + ": " + refused_dtype(tensor.scalar_type(), it->second, "the model", problem));
       }
     });
-  for (auto& [name, t] : expected) {
+  for (const auto& t : expected) {
     // A tied tensor written once (HF) is restored through the name that was written.
-    if (!file.count(name) && !storages_loaded.count(t.storage().unsafeGetStorageImpl())) missing.push_back(name);
+    if (!file.count(t.name) && !storages_loaded.count(t.storage_key)) missing.push_back(t.name);
   }
   std::vector<std::string> unexpected;
   for (const auto& info : infos)
@@ -256,23 +265,24 @@ void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
     throw CheckpointError("booster: cannot load " + path + " into the model (nothing was changed):" + report +
                           (strict ? "\n  (load_model with strict = false loads the matching keys only)" : ""));
 
-  std::map<std::string, at::Tensor> targets(expected.begin(), expected.end());
+  std::map<std::string, const LoadTarget*> targets;
+  for (const auto& t : expected) targets.emplace(t.name, &t);
   torch::NoGradGuard no_grad;
   ConversionLog conversions;
   for_each_checkpoint_shard(path, "model", [&](const StateDict& shard) {
     for (const auto& [name, tensor] : shard) {
       auto it = targets.find(name);
       if (it == targets.end()) continue;
-      at::Tensor& target = it->second;
-      bool dtype_ok = whole_numbers.count(name) ? float_into_integer(tensor.scalar_type(), target.scalar_type())
-                                                : loadable_as(tensor.scalar_type(), target.scalar_type());
-      if (tensor.sizes() != target.sizes() || !dtype_ok)
+      const LoadTarget& target = *it->second;
+      bool dtype_ok = whole_numbers.count(name) ? float_into_integer(tensor.scalar_type(), target.dtype)
+                                                : loadable_as(tensor.scalar_type(), target.dtype);
+      if (tensor.sizes() != at::IntArrayRef(target.shape) || !dtype_ok)
         throw CheckpointError("booster: " + path + ": " + name + " changed on disk while loading (the file now holds " +
                               dtype_str(tensor.scalar_type()) + " " + shape_str(tensor.sizes()) + ", the model " +
-                              dtype_str(target.scalar_type()) + " " + shape_str(target.sizes()) +
+                              dtype_str(target.dtype) + " " + shape_str(target.shape) +
                               "); load again once the checkpoint is no longer being written");
-      target.copy_(tensor);  // casts element by element into the model's dtype
-      conversions.add(tensor.scalar_type(), target.scalar_type());
+      target.copy(tensor);  // casts element by element into the model's dtype
+      conversions.add(tensor.scalar_type(), target.dtype);
     }
   });
   conversions.report("load_model", path, "tensor", "the model's");

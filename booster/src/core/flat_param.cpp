@@ -9,13 +9,11 @@
 #include <set>
 #include <stdexcept>
 
-#include "booster/dist/process_group.h"
-
 namespace booster {
 
 FlatParameter::FlatParameter(std::vector<std::pair<std::string, at::Tensor>> params,
-                             std::shared_ptr<dist::ProcessGroup> group)
-    : params_(std::move(params)), group_(std::move(group)) {
+                             std::shared_ptr<dist::ProcessGroup> group, FlatParameterOptions options)
+    : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
   if (!group_) throw std::invalid_argument("booster: FlatParameter needs a process group (got null)");
   if (params_.empty()) throw std::invalid_argument("booster: FlatParameter needs at least one parameter");
   std::set<const void*> seen;
@@ -29,14 +27,42 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, at::Tensor>> par
     numels.push_back(p.numel());
     tensors.push_back(p);
   }
+  const at::ScalarType original = tensors.front().scalar_type();
+  if (options_.compute_dtype == at::ScalarType::Undefined) options_.compute_dtype = original;
+  if (options_.reduce_dtype == at::ScalarType::Undefined) options_.reduce_dtype = options_.compute_dtype;
+  for (at::ScalarType t : {original, options_.compute_dtype, options_.reduce_dtype})
+    if (!at::isFloatingType(t))
+      throw std::invalid_argument(std::string("booster: FlatParameter: parameters, compute and reduce dtypes must be "
+                                              "floating-point, got ") + c10::toString(t));
   layout_ = make_flat_layout(numels, group_->size());
-  full_ = flatten_into_views(tensors, layout_);  // throws for mixed dtypes / devices
-  local_shard_ = full_.narrow(0, layout_.shard_begin(group_->rank()), layout_.shard_numel).clone();
+  at::Tensor flat = flatten_into_views(tensors, layout_);  // throws for mixed dtypes / devices
+  aliased_ = group_->size() == 1 && options_.compute_dtype == original;
+  if (aliased_) {
+    full_ = flat;
+    local_shard_ = flat;
+    state_ = State::kUnsharded;
+    return;
+  }
+  local_shard_ = flat.narrow(0, layout_.shard_begin(group_->rank()), layout_.shard_numel).clone();
+  if (options_.compute_dtype == original) {
+    full_ = flat;
+  } else {
+    at::NoGradGuard no_grad;
+    full_ = flat.to(options_.compute_dtype);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      tensors[i].set_data(full_.narrow(0, layout_.offsets[i], layout_.numels[i]).view(tensors[i].sizes()));
+  }
   state_ = State::kUnsharded;
   reshard();
 }
 
-FlatParameter::~FlatParameter() = default;
+FlatParameter::~FlatParameter() {
+  if (!pending_) return;
+  try {
+    pending_->work.wait();  // the collective writes into full_: never leave it running
+  } catch (...) {
+  }
+}
 
 int64_t FlatParameter::unsharded_storage_bytes() const {
   return static_cast<int64_t>(full_.storage().nbytes());
@@ -56,41 +82,89 @@ void FlatParameter::allocate_storage() {
   storage->set_nbytes(nbytes);
 }
 
-void FlatParameter::unshard() {
-  if (state_ == State::kUnsharded) return;
+void FlatParameter::unshard_async() {
+  if (state_ == State::kUnsharded || pending_) return;
   allocate_storage();
-  {
-    at::NoGradGuard no_grad;
-    at::Tensor out = full_;  // the collective's output argument
-    group_->all_gather_into_tensor(out, local_shard_).wait();
-  }
+  at::NoGradGuard no_grad;
+  Pending p;
+  p.input = options_.compute_dtype == local_shard_.scalar_type() ? local_shard_ : local_shard_.to(options_.compute_dtype);
+  at::Tensor out = full_;  // the collective's output argument
+  p.work = group_->all_gather_into_tensor(out, p.input);
+  pending_ = std::move(p);
+}
+
+void FlatParameter::finish_pending() {
+  if (!pending_) return;
+  Pending p = std::move(*pending_);
+  pending_.reset();
+  p.work.wait();
   state_ = State::kUnsharded;
 }
 
+void FlatParameter::unshard() {
+  if (state_ == State::kUnsharded) return;
+  unshard_async();
+  finish_pending();
+}
+
 void FlatParameter::reshard() {
+  if (aliased_) return;
+  finish_pending();
   if (state_ == State::kSharded) return;
   free_storage();
   state_ = State::kSharded;
 }
 
 void FlatParameter::reduce_gradients() {
-  if (state_ != State::kUnsharded)
-    throw std::logic_error("booster: FlatParameter::reduce_gradients needs the unsharded state (call unshard() "
-                           "before backward)");
   at::NoGradGuard no_grad;
-  at::Tensor flat_grad = at::zeros({layout_.padded_numel}, full_.options());
+  const at::TensorOptions reduce_options = full_.options().dtype(options_.reduce_dtype);
+  at::Tensor flat_grad = at::zeros({layout_.padded_numel}, reduce_options);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i].second;
     if (!p.grad().defined()) continue;
     flat_grad.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(p.grad().reshape({-1}));
     p.mutable_grad() = at::Tensor();
   }
-  at::Tensor shard_grad = at::empty({layout_.shard_numel}, full_.options());
-  group_->reduce_scatter_tensor(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
+  at::Tensor shard_grad;
+  if (group_->size() == 1) {
+    shard_grad = flat_grad;
+  } else {
+    shard_grad = at::empty({layout_.shard_numel}, reduce_options);
+    group_->reduce_scatter_tensor(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
+  }
+  flat_grad = at::Tensor();
+  if (options_.replicate_group && options_.replicate_group->size() > 1)
+    options_.replicate_group->allreduce(shard_grad, dist::ReduceOp::AVG).wait();
+  if (shard_grad.scalar_type() != local_shard_.scalar_type()) shard_grad = shard_grad.to(local_shard_.scalar_type());
   if (local_grad_.defined())
     local_grad_.add_(shard_grad);
   else
     local_grad_ = shard_grad;
+}
+
+at::Tensor FlatParameter::gather_full() {
+  at::NoGradGuard no_grad;
+  if (aliased_) return full_.clone();
+  at::Tensor out = at::empty({layout_.padded_numel}, local_shard_.options());
+  group_->all_gather_into_tensor(out, local_shard_).wait();
+  return out;
+}
+
+void FlatParameter::load_full(const at::Tensor& flat) {
+  if (flat.numel() != layout_.numel && flat.numel() != layout_.padded_numel)
+    throw std::invalid_argument("booster: FlatParameter::load_full: got " + std::to_string(flat.numel()) +
+                                " elements, the flat parameter has " + std::to_string(layout_.numel));
+  at::NoGradGuard no_grad;
+  at::Tensor padded = flat.reshape({-1});
+  if (padded.numel() != layout_.padded_numel)
+    padded = at::cat({padded, at::zeros({layout_.padded_numel - padded.numel()}, padded.options())});
+  finish_pending();
+  if (aliased_) {
+    local_shard_.copy_(padded);
+    return;
+  }
+  local_shard_.copy_(padded.narrow(0, layout_.shard_begin(group_->rank()), layout_.shard_numel));
+  if (state_ == State::kUnsharded) full_.copy_(padded);
 }
 
 }  // namespace booster

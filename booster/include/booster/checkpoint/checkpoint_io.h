@@ -18,8 +18,10 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/export.h"
@@ -92,6 +94,23 @@ class BOOSTER_API CheckpointIO {
   virtual void load_lr_scheduler(LRScheduler& scheduler, const std::string& path);
 
  protected:
+  // One tensor load_model fills: its name, the shape and dtype it must have, a key that identifies
+  // its storage (names absent from the file whose key equals a loaded tensor's are tied and
+  // satisfied), and what to do with the file's tensor (already checked against shape and dtype;
+  // `copy` converts to `dtype` itself, e.g. with Tensor::copy_).
+  struct LoadTarget {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::ScalarType::Undefined;
+    const void* storage_key = nullptr;
+    std::function<void(const at::Tensor& from_file)> copy;
+  };
+  // load_model's algorithm for any targets (a sharded plugin copies into its shards): validates the
+  // whole checkpoint against `targets` (shapes, the dtype rule, missing / unexpected names when
+  // strict) and throws one CheckpointError listing every problem before any `copy` runs; then reads
+  // the checkpoint one file at a time and calls each target's copy once; rank 0 logs conversions.
+  void load_targets(const std::string& path, const std::vector<LoadTarget>& targets, bool strict);
+
   bool is_writer() const;
   void barrier() const;
   std::shared_ptr<dist::ProcessGroup> world_;

@@ -1,0 +1,163 @@
+// fsdp_optimizer.cpp — the optimizer on FlatParameter shards (see fsdp_optimizer.h).
+#include "fsdp_optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "booster/wrappers/optimizer_registry.h"
+
+namespace booster::plugins::fsdp {
+
+FsdpOptimizer::FsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                             OptimizerWrapperOptions options, std::shared_ptr<FsdpState> state)
+    : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options), NoMasterCopies{}),
+      state_(std::move(state)) {
+  optimizer_type_info(*optimizer_);  // throws for optimizers whose state cannot be sliced
+  // State the optimizer already has (Adagrad creates its sums eagerly) is re-cut into the shards.
+  std::vector<ParamOptimState> existing = OptimizerWrapper::gather_param_states();
+  const bool has_state = !optimizer_->state().empty();
+
+  std::map<const void*, size_t> index_of;
+  for (size_t i = 0; i < model_params_.size(); ++i) index_of[model_params_[i].unsafeGetTensorImpl()] = i;
+  auto& groups = optimizer_->param_groups();
+  std::vector<std::vector<at::Tensor>> group_shards(groups.size());
+  for (auto& unit : state_->units())
+    for (size_t f = 0; f < unit.flats.size(); ++f) {
+      if (unit.flat_group[f] < 0) continue;
+      Shard s{unit.flats[f].get(), {}};
+      for (const auto& [name, p] : s.flat->params()) s.param_index.push_back(index_of.at(p.unsafeGetTensorImpl()));
+      group_shards.at(static_cast<size_t>(unit.flat_group[f])).push_back(s.flat->local_shard());
+      shards_.push_back(std::move(s));
+    }
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = group_shards[g];
+  optimizer_->state().clear();
+  if (has_state) load_param_states(existing);
+}
+
+dist::ProcessGroup* FsdpOptimizer::norm_group() const {
+  dist::ProcessGroup& g = *state_->config().shard_group;
+  return g.size() > 1 ? &g : nullptr;
+}
+
+void FsdpOptimizer::attach_grads() {
+  for (auto& s : shards_) s.flat->local_shard().mutable_grad() = s.flat->local_grad();
+}
+
+std::vector<torch::Tensor> FsdpOptimizer::local_gradients() const {
+  std::vector<torch::Tensor> grads;
+  for (const auto& s : shards_)
+    if (s.flat->local_grad().defined()) grads.push_back(s.flat->local_grad());
+  return grads;
+}
+
+double FsdpOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
+  attach_grads();
+  return OptimizerWrapper::clip_grad_by_norm(max_norm, norm_type);
+}
+
+void FsdpOptimizer::clip_grad_by_value(double clip_value) {
+  attach_grads();
+  OptimizerWrapper::clip_grad_by_value(clip_value);
+}
+
+bool FsdpOptimizer::step() {
+  at::NoGradGuard no_grad;
+  attach_grads();
+  const bool stepped = OptimizerWrapper::step();  // overflow skip, clip, the optimizer on the shards
+  state_->reshard_all();                          // the next forward gathers the updated shards
+  return stepped;
+}
+
+void FsdpOptimizer::zero_grad() {
+  for (auto& s : shards_) {
+    s.flat->local_grad() = at::Tensor();
+    s.flat->local_shard().mutable_grad() = at::Tensor();
+    for (const auto& [name, p] : s.flat->params()) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  }
+  unscaled_ = false;
+}
+
+std::vector<ParamOptimState> FsdpOptimizer::gather_param_states() {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  std::vector<ParamOptimState> out(model_params_.size());
+  auto& state = optimizer_->state();
+  for (auto& s : shards_) {
+    const FlatLayout& layout = s.flat->layout();
+    auto it = state.find(optimizer_state_key(s.flat->local_shard()));
+    // Ranks agree on whether a shard has state: its FlatParameter was reduced on every rank or none.
+    if (it == state.end()) continue;
+    ParamOptimState slice = info.extract_state(*it->second);
+    for (auto& [key, t] : slice.tensors) {
+      at::Tensor part = t.reshape({-1}).contiguous();
+      at::Tensor full = part;
+      if (s.flat->group().size() > 1) {
+        full = at::empty({layout.padded_numel}, t.options());
+        s.flat->group().all_gather_into_tensor(full, part).wait();
+      }
+      for (size_t j = 0; j < s.param_index.size(); ++j)
+        out[s.param_index[j]].tensors[key] =
+            full.narrow(0, layout.offsets[j], layout.numels[j]).view(s.flat->params()[j].second.sizes());
+    }
+    for (size_t idx : s.param_index) out[idx].scalars = slice.scalars;
+  }
+  return out;
+}
+
+void FsdpOptimizer::load_param_states(const std::vector<ParamOptimState>& states) {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  if (states.size() != model_params_.size())
+    throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
+                                std::to_string(model_params_.size()) + " parameters");
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  at::NoGradGuard no_grad;
+  for (auto& s : shards_) {
+    const FlatLayout& layout = s.flat->layout();
+    const int rank = s.flat->group().rank();
+    ParamOptimState slice;
+    std::set<std::string> keys;
+    for (size_t idx : s.param_index) {
+      for (const auto& [k, t] : states[idx].tensors) keys.insert(k);
+      for (const auto& [k, v] : states[idx].scalars) slice.scalars[k] = std::max(slice.scalars[k], v);
+    }
+    if (keys.empty() && slice.scalars.empty()) continue;
+    const at::Tensor& shard = s.flat->local_shard();
+    for (const auto& key : keys) {
+      at::Tensor part = at::zeros({layout.shard_numel}, shard.options());
+      for (size_t j = 0; j < s.param_index.size(); ++j) {
+        FlatLayout::Piece piece = layout.piece(j, rank);
+        auto it = states[s.param_index[j]].tensors.find(key);
+        if (piece.length == 0 || it == states[s.param_index[j]].tensors.end()) continue;
+        part.narrow(0, piece.shard_offset, piece.length)
+            .copy_(it->second.reshape({-1}).narrow(0, piece.tensor_offset, piece.length));
+      }
+      slice.tensors[key] = part;
+    }
+    fresh.emplace_back(optimizer_state_key(shard), info.make_state(slice));
+  }
+  optimizer_->state().clear();
+  for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);
+}
+
+MemoryReport FsdpOptimizer::memory_report() const {
+  MemoryReport r;
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
+  std::set<const void*> counted;
+  for (auto& unit : state_->units())
+    for (auto& f : unit.flats) {
+      if (f->is_aliased()) continue;  // the module's storage (Booster counts it)
+      // The shard is the full-precision weight: "parameters" when the compute dtype is the same,
+      // the master copy of the low-precision gathered parameters otherwise.
+      if (f->compute_dtype() == f->shard_dtype())
+        r.parameters += bytes(f->local_shard());
+      else
+        r.master_weights += bytes(f->local_shard());
+    }
+  for (const auto& s : shards_) r.gradients += s.flat->layout().shard_numel * static_cast<int64_t>(s.flat->local_shard().element_size());
+  r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  return r;
+}
+
+}  // namespace booster::plugins::fsdp

@@ -1,0 +1,62 @@
+// fsdp_optimizer.h — the FSDP plugin's optimizer wrapper: the user's optimizer runs on the
+// FlatParameters' local shards (one tensor per FlatParameter in the shard's parameter group), as
+// PyTorch FSDP's optimizer sees the sharded FlatParameters; any elementwise optimizer registered in
+// wrappers/optimizer_registry.h works unchanged and its state exists only for the shard.
+//
+// Invariants:
+//  - The optimizer's param group g holds the local shards of every trainable FlatParameter built
+//    from group g (fsdp_state.h), in unit order; group options are kept. Frozen parameters have no
+//    shard in the optimizer. parameters() still lists the model's parameters (checkpoint names).
+//  - A shard's gradient is its FlatParameter's local_grad(): the gradient averaged over the data-
+//    parallel ranks. A FlatParameter that got no gradient in a step has none, so the optimizer skips
+//    it, as single-process LibTorch skips a parameter without .grad().
+//  - step(): overflow check, global-norm clipping (sum of squares over the shard group: every element
+//    counted once), the optimizer's step on the shards; then every gathered unit is freed, so the
+//    next forward gathers the updated shards.
+//  - The shard keeps the parameters' original dtype (fp32 under a bf16 param_dtype policy): it is the
+//    master copy, so master_weights needs no second copy.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "booster/wrappers/optimizer_wrapper.h"
+#include "fsdp_state.h"
+
+namespace booster::plugins::fsdp {
+
+class FsdpOptimizer : public OptimizerWrapper {
+ public:
+  // options.group: the world (overflow agreement); the norm is summed over the shard group.
+  // Throws std::invalid_argument for an optimizer type that is not registered.
+  FsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                OptimizerWrapperOptions options, std::shared_ptr<FsdpState> state);
+
+  bool step() override;
+  void zero_grad() override;
+  double clip_grad_by_norm(double max_norm, double norm_type = 2.0) override;
+  void clip_grad_by_value(double clip_value) override;
+  std::vector<ParamOptimState> gather_param_states() override;
+  void load_param_states(const std::vector<ParamOptimState>& states) override;
+  void sync_master_from_model() override {}  // the shards are the weights (the plugin's checkpoint IO loads them)
+  MemoryReport memory_report() const override;
+
+  // Each trainable FlatParameter with the index in parameters() of each of its parameters.
+  struct Shard {
+    FlatParameter* flat;
+    std::vector<size_t> param_index;
+  };
+  const std::vector<Shard>& shards() const { return shards_; }
+
+ protected:
+  std::vector<torch::Tensor> local_gradients() const override;
+  dist::ProcessGroup* norm_group() const override;
+
+ private:
+  void attach_grads();
+
+  std::shared_ptr<FsdpState> state_;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace booster::plugins::fsdp

@@ -1,0 +1,245 @@
+// torch_fsdp_plugin.cpp — the TorchFSDP plugin (`plugin = "torch_fsdp"`, ColossalAI's
+// TorchFSDPPlugin): ZeRO-3 as PyTorch FSDP does it, per shard unit (booster::nn::Unit). This file
+// maps the [plugin] options (PyTorch FSDP's names and defaults), builds the process mesh of the
+// sharding strategy, keeps the ranks' initial weights identical, and wires the runtime
+// (fsdp_state.h), the optimizer on the shards (fsdp_optimizer.h) and the checkpoint IO
+// (fsdp_checkpoint_io.h) together.
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include "booster/core/replica.h"
+#include "booster/dist/process_group.h"
+#include "booster/dist/process_mesh.h"
+#include "booster/mixed_precision/precision.h"
+#include "booster/plugin.h"
+#include "fsdp_checkpoint_io.h"
+#include "fsdp_optimizer.h"
+#include "fsdp_state.h"
+
+namespace booster::plugins::fsdp {
+
+// ---------------------------------------------------------------------------------------------
+// Options ([plugin] table)
+
+struct FsdpOptions {
+  std::string sharding_strategy = "FULL_SHARD";  // FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
+  int64_t shard_group_size = 0;                  // HYBRID_SHARD: ranks per shard group (0: LOCAL_WORLD_SIZE)
+  std::string backward_prefetch = "BACKWARD_PRE";  // BACKWARD_PRE | BACKWARD_POST | none
+  bool forward_prefetch = false;
+  bool limit_all_gathers = true;
+  bool sync_module_states = false;
+  bool cpu_offload = false;  // no-op on CPU builds: the shards already live in host memory
+  std::string param_dtype, reduce_dtype, buffer_dtype;  // [plugin.mixed_precision]; "" = unchanged
+  double max_norm = 0.0;
+  double norm_type = 2.0;
+};
+
+static at::ScalarType dtype_of(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  return at::ScalarType::Undefined;
+}
+
+static FsdpOptions parse_options(const Options& o) {
+  FsdpOptions t;
+  t.sharding_strategy =
+      o.get_choice("sharding_strategy", t.sharding_strategy, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"});
+  t.shard_group_size = o.get_int("shard_group_size", 0, 0);
+  if (o.has("shard_group_size") && t.sharding_strategy != "HYBRID_SHARD")
+    throw ConfigError(o.where("shard_group_size") + ": shard_group_size applies to sharding_strategy = "
+                      "\"HYBRID_SHARD\" only (the strategy is \"" + t.sharding_strategy + "\"); remove it or set "
+                      "the strategy to HYBRID_SHARD");
+  t.backward_prefetch = o.get_choice("backward_prefetch", t.backward_prefetch, {"BACKWARD_PRE", "BACKWARD_POST", "none"});
+  t.forward_prefetch = o.get_bool("forward_prefetch", t.forward_prefetch);
+  t.limit_all_gathers = o.get_bool("limit_all_gathers", t.limit_all_gathers);
+  t.sync_module_states = o.get_bool("sync_module_states", t.sync_module_states);
+  t.cpu_offload = o.get_bool("cpu_offload", t.cpu_offload);
+  t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
+  t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
+  if (o.has("mixed_precision")) {
+    Options mp = o.table("mixed_precision");
+    t.param_dtype = mp.get_choice("param_dtype", "", {"", "fp32", "bf16", "fp16"});
+    t.reduce_dtype = mp.get_choice("reduce_dtype", "", {"", "fp32", "bf16", "fp16"});
+    t.buffer_dtype = mp.get_choice("buffer_dtype", "", {"", "fp32", "bf16", "fp16"});
+    mp.check_unknown();
+    for (const std::string* d : {&t.param_dtype, &t.reduce_dtype, &t.buffer_dtype})
+      if (*d == "fp16")
+        throw ConfigError(mp.where("param_dtype") + ": fp16 needs a CUDA device (LibTorch has no fp16 kernels for "
+                          "most CPU ops); use \"bf16\" or \"fp32\" in [plugin.mixed_precision]");
+  }
+  return t;
+}
+
+// The launched job's ranks per node (torchrun / booster run set LOCAL_WORLD_SIZE).
+static int64_t local_world_size(int world) {
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : world;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Identical initial weights on every rank
+
+// A 64-bit digest of the module's parameter and buffer bytes (FNV-1a over every element).
+static int64_t digest_of(const torch::nn::Module& model) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](const at::Tensor& t) {
+    at::Tensor c = t.detach().contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
+  };
+  for (const auto& p : model.parameters()) mix(p);
+  for (const auto& b : model.buffers()) mix(b);
+  return static_cast<int64_t>(h);
+}
+
+// sync_module_states: rank 0's weights everywhere (FSDP's broadcast at wrap time). Otherwise the
+// weights must already be equal (a seeded init): checked, since unequal shards would silently mix.
+static void make_replicas_identical(dist::ProcessGroup& world, torch::nn::Module& model, bool sync) {
+  if (sync) {
+    sync_replicas(world, model);
+    return;
+  }
+  auto named = named_parameters_of(model, false);
+  auto buffers = named_buffers_of(model);
+  named.insert(named.end(), buffers.begin(), buffers.end());
+  verify_replicas(world, named);
+  const auto digests = world.all_gather_int64({digest_of(model)});
+  for (int r = 1; r < world.size(); ++r)
+    if (digests[r][0] != digests[0][0])
+      throw PluginError("torch_fsdp: the model's initial weights differ between rank 0 and rank " + std::to_string(r) +
+                        " (FSDP shards rank-local values, so the ranks' shards would come from different models); "
+                        "seed every rank identically before building the model, or set plugin.sync_module_states = "
+                        "true to broadcast rank 0's weights");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model hooks: the whole model's forward and backward around the units' own hooks.
+
+class FsdpModelHooks : public ModelHooks {
+ public:
+  FsdpModelHooks(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<FsdpState> state)
+      : model_(std::move(model)), state_(std::move(state)) {}
+  torch::nn::Module& module() override { return *model_; }
+  void pre_forward() override { state_->begin_forward(); }
+  void post_forward() override { state_->end_forward(); }
+  void abort_forward() override { state_->abort_forward(); }
+  void set_require_grad_sync(bool required) override { state_->set_require_grad_sync(required); }
+  std::map<std::string, int64_t> stats() const override { return state_->stats(); }
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<FsdpState> state_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Plugin
+
+class TorchFSDPPlugin : public Plugin {
+ public:
+  explicit TorchFSDPPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {
+    const int world_size = world()->size();
+    int64_t shard = world_size;
+    if (options_.sharding_strategy == "NO_SHARD") shard = 1;
+    if (options_.sharding_strategy == "HYBRID_SHARD") {
+      shard = options_.shard_group_size > 0 ? options_.shard_group_size : local_world_size(world_size);
+      if (shard > world_size || world_size % shard != 0)
+        throw PluginError("torch_fsdp: HYBRID_SHARD shard_group_size = " + std::to_string(shard) +
+                          " does not divide the world size " + std::to_string(world_size) +
+                          "; set plugin.shard_group_size to a divisor of " + std::to_string(world_size) +
+                          " (the ranks per node, usually)");
+    }
+    mesh_ = std::make_shared<dist::ProcessMesh>(
+        world(), std::vector<dist::ProcessMesh::Dim>{{"replicate", static_cast<int>(world_size / shard)},
+                                                      {"shard", static_cast<int>(shard)}});
+    if (!options_.param_dtype.empty() && options_.param_dtype != "fp32")
+      mixed_ = mixed_precision::make_mixed_precision(options_.param_dtype, Options("mixed_precision"));
+  }
+
+  std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16"}; }
+  bool control_precision() const override { return true; }
+  bool control_checkpoint_io() const override { return true; }
+  bool support_no_sync() const override { return true; }
+
+  std::vector<ShadowedSetting> shadowed_settings() const override {
+    const std::string precision = options_.param_dtype.empty() ? "fp32" : options_.param_dtype;
+    return {{"booster.mixed_precision", "plugin.mixed_precision.param_dtype", shadowed_value(precision)},
+            {"mixed_precision", "[plugin.mixed_precision] (param_dtype, reduce_dtype, buffer_dtype)", ""},
+            {"booster.max_norm", "plugin.max_norm", shadowed_value(options_.max_norm)},
+            {"booster.norm_type", "plugin.norm_type", shadowed_value(options_.norm_type)}};
+  }
+
+  Configured configure(std::shared_ptr<torch::nn::Module> model,
+                       std::shared_ptr<torch::optim::Optimizer> optimizer) override {
+    for (const auto& p : model->parameters())
+      if (!p.device().is_cpu())
+        throw PluginError("torch_fsdp: parameter on " + p.device().str() + "; this build runs FSDP on CPU tensors only");
+    make_replicas_identical(*world(), *model, options_.sync_module_states);
+    if (!options_.buffer_dtype.empty()) {
+      const at::ScalarType dtype = dtype_of(options_.buffer_dtype);
+      torch::NoGradGuard no_grad;
+      for (auto& b : model->buffers())
+        if (b.is_floating_point()) b.set_data(b.to(dtype));
+    }
+
+    FsdpConfig config;
+    config.strategy = options_.sharding_strategy == "SHARD_GRAD_OP" ? ShardingStrategy::kShardGradOp
+                      : options_.sharding_strategy == "NO_SHARD"    ? ShardingStrategy::kNoShard
+                      : options_.sharding_strategy == "HYBRID_SHARD" ? ShardingStrategy::kHybridShard
+                                                                     : ShardingStrategy::kFullShard;
+    config.backward_prefetch = options_.backward_prefetch == "BACKWARD_PRE"    ? BackwardPrefetch::kBackwardPre
+                               : options_.backward_prefetch == "BACKWARD_POST" ? BackwardPrefetch::kBackwardPost
+                                                                               : BackwardPrefetch::kNone;
+    config.forward_prefetch = options_.forward_prefetch;
+    config.limit_all_gathers = options_.limit_all_gathers;
+    config.param_dtype = dtype_of(options_.param_dtype);
+    config.reduce_dtype = dtype_of(options_.reduce_dtype);
+    config.shard_group = mesh_->group("shard");
+    config.replicate_group = mesh_->group("replicate");
+
+    std::shared_ptr<FsdpState> state;
+    try {
+      state = std::make_shared<FsdpState>(*model, optimizer.get(), config);
+    } catch (const std::invalid_argument& e) {
+      throw PluginError(std::string("torch_fsdp: ") + e.what());
+    }
+    state->install();
+    state_ = state;
+
+    std::shared_ptr<ModelHooks> hooks = std::make_shared<FsdpModelHooks>(model, state);
+    Configured c;
+    c.hooks = mixed_ ? mixed_->wrap_hooks(hooks) : hooks;
+    if (!optimizer) return c;
+    OptimizerWrapperOptions wo;
+    wo.group = world();
+    wo.max_norm = options_.max_norm;
+    wo.norm_type = options_.norm_type;
+    try {
+      c.optimizer = std::make_shared<FsdpOptimizer>(optimizer, c.hooks, wo, state);
+    } catch (const std::invalid_argument& e) {
+      throw PluginError(std::string("torch_fsdp: ") + e.what());
+    }
+    return c;
+  }
+
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
+    return std::make_shared<FsdpCheckpointIO>(world(), state_);
+  }
+
+  Criterion wrap_criterion(Criterion criterion) const override {
+    return mixed_ ? mixed_->wrap_criterion(std::move(criterion)) : criterion;
+  }
+
+ private:
+  FsdpOptions options_;
+  std::shared_ptr<dist::ProcessMesh> mesh_;
+  std::shared_ptr<mixed_precision::MixedPrecision> mixed_;
+  std::weak_ptr<FsdpState> state_;
+};
+
+}  // namespace booster::plugins::fsdp
+
+BOOSTER_PLUGIN("torch_fsdp", "0.1.0", booster::plugins::fsdp::TorchFSDPPlugin)
