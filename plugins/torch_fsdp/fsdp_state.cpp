@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 namespace booster::plugins::fsdp {
 
@@ -58,16 +59,28 @@ FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimize
     unit_params.emplace_back(nu.path, std::move(named));
   }
 
-  FlatParameterOptions fo;
-  fo.compute_dtype = config_.param_dtype;
-  fo.reduce_dtype = config_.reduce_dtype;
-  fo.replicate_group = config_.replicate_group;
+  // BatchNorm parameters keep full precision under a param_dtype policy (PyTorch FSDP's
+  // MixedPrecision._module_classes_to_ignore default): its running statistics stay fp32 too, and
+  // batch_norm takes bf16 inputs with fp32 weights.
+  std::set<const void*> full_precision;
+  for (const auto& m : model.modules(true)) {
+    const torch::nn::Module* mod = m.get();
+    if (dynamic_cast<const torch::nn::BatchNorm1dImpl*>(mod) || dynamic_cast<const torch::nn::BatchNorm2dImpl*>(mod) ||
+        dynamic_cast<const torch::nn::BatchNorm3dImpl*>(mod))
+      for (const auto& p : m->parameters(false)) full_precision.insert(p.unsafeGetTensorImpl());
+  }
+  FlatParameterOptions mixed, full;
+  mixed.compute_dtype = config_.param_dtype;
+  mixed.reduce_dtype = config_.reduce_dtype;
+  mixed.replicate_group = full.replicate_group = config_.replicate_group;
   for (size_t u = 0; u < unit_params.size(); ++u) {
     FsdpUnit unit;
     unit.path = unit_params[u].first;
     unit.unit = u == 0 ? nullptr : named_units[u - 1].unit.get();
-    // One FlatParameter per (optimizer group or frozen, dtype), in first-appearance order.
-    std::vector<std::pair<std::pair<int, at::ScalarType>, std::vector<std::pair<std::string, at::Tensor>>>> parts;
+    // One FlatParameter per (optimizer group or frozen, dtype, full precision), in first-appearance
+    // order.
+    using Key = std::tuple<int, at::ScalarType, bool>;
+    std::vector<std::pair<Key, std::vector<std::pair<std::string, at::Tensor>>>> parts;
     for (auto& [name, p] : unit_params[u].second) {
       int group = -1;
       if (p.requires_grad()) {
@@ -78,7 +91,7 @@ FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimize
                                       "to the optimizer or set requires_grad(false)");
         group = it == group_of.end() ? 0 : it->second;
       }
-      std::pair<int, at::ScalarType> key{group, p.scalar_type()};
+      Key key{group, p.scalar_type(), full_precision.count(p.unsafeGetTensorImpl()) > 0};
       auto part = std::find_if(parts.begin(), parts.end(), [&](const auto& x) { return x.first == key; });
       if (part == parts.end()) {
         parts.push_back({key, {}});
@@ -87,8 +100,9 @@ FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimize
       part->second.emplace_back(name, p);
     }
     for (auto& [key, params] : parts) {
-      unit.flats.push_back(std::make_unique<FlatParameter>(std::move(params), config_.shard_group, fo));
-      unit.flat_group.push_back(key.first);
+      unit.flats.push_back(
+          std::make_unique<FlatParameter>(std::move(params), config_.shard_group, std::get<2>(key) ? full : mixed));
+      unit.flat_group.push_back(std::get<0>(key));
       unit.arrived.emplace_back(unit.flats.back()->params().size(), 0);
       unit.arrived_count.push_back(0);
       unit.reduced.push_back(0);
