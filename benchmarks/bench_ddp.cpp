@@ -7,6 +7,7 @@
 //   bench_ddp --model cnn|mlp --mode hooks|after_backward --rank R --world_size W --port P
 //             [--steps 20 --warmup 3 --batch 64 --threads 1 --seed 0 --lr 0.01 --bucket_cap_mb 25
 //              --dump_params FILE --out FILE]
+//             [--plugin torch_ddp|torch_fsdp --strategy FULL_SHARD|SHARD_GRAD_OP --ckpt_dir DIR]
 //
 // samples_per_s = world_size * batch / (median wall time of one step on rank 0, after warmup): robust
 // to bursts of load on a shared machine; samples_per_s_mean = all timed samples / elapsed.
@@ -14,6 +15,13 @@
 // Modes: hooks = the plugin's bucketed allreduce launched from gradient hooks during backward
 // (overlapped); after_backward = backward under booster.no_sync, then the same buckets (25 MiB, reverse
 // registration order, gradients divided by W while copied in) allreduced after backward (no overlap).
+//
+// FSDP (--plugin torch_fsdp, MLP only, mode hooks): the same training with the torch_fsdp plugin, each
+// Linear of the MLP one shard unit (booster::nn::Unit, a pass-through under DDP), so FSDP can be
+// timed against our DDP on the same model in the same run (PyTorch's FSDP does not run on CPU in
+// torch 1.13). Its parameters are views of freed storage between iterations, so its checksums come
+// from the trained model saved with Booster::save_model into --ckpt_dir and read back with
+// booster::checkpoint::load_state_dict (after the timed steps); --dump_params is refused.
 //
 // Everything random comes from torch::manual_seed + torch::randn/randint in a fixed order, which
 // gives the same values as Python's torch.manual_seed + torch.randn/randint (the same libtorch_cpu).
@@ -27,19 +35,23 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <sys/resource.h>
 
 #include "booster/booster.h"
+#include "booster/checkpoint/state_dict_io.h"
+#include "booster/nn/unit.h"
 #include "fashion_mnist/net.h"
 
 namespace {
 
 // The CNN is examples/fashion_mnist's net (fashion_mnist/net.h) with dropout p = 0 (deterministic).
 
-// 784 -> 4096 -> 4096 -> 10 with ReLU: 20.0M parameters (80 MB of fp32 gradients per step).
+// 784 -> 4096 -> 4096 -> 10 with ReLU: 20.0M parameters (80 MB of fp32 gradients per step). Each
+// Linear is a booster::nn::Unit (an FSDP shard unit; names, outputs and gradients unchanged).
 struct MlpImpl : torch::nn::Module {
   explicit MlpImpl(int64_t hidden) : fc1(784, hidden), fc2(hidden, hidden), fc3(hidden, 10) {
     register_module("fc1", fc1);
@@ -51,7 +63,7 @@ struct MlpImpl : torch::nn::Module {
     h = torch::relu(fc2(h));
     return fc3(h);
   }
-  torch::nn::Linear fc1, fc2, fc3;
+  booster::nn::Unit<torch::nn::Linear> fc1, fc2, fc3;
 };
 TORCH_MODULE(Mlp);
 
@@ -132,6 +144,7 @@ double now_s() {
 
 struct Args {
   std::string model = "cnn", mode = "hooks", host = "127.0.0.1", dump_params, out;
+  std::string plugin = "torch_ddp", strategy = "FULL_SHARD", ckpt_dir;
   int rank = 0, world_size = 1, port = 29500, threads = 1;
   int64_t steps = 20, warmup = 3, batch = 64, seed = 0, nbatches = 4, hidden = 4096;
   double lr = 0.01, momentum = 0.9, bucket_cap_mb = 25.0;
@@ -150,7 +163,10 @@ int train(Model net, const Args& a) {
   torch::Tensor x = a.model == "cnn" ? torch::randn({pool, 1, 28, 28}) : torch::randn({pool, 784});
   torch::Tensor y = torch::randint(0, 10, {pool}, torch::TensorOptions().dtype(torch::kLong));
 
-  std::string toml = "[booster]\nplugin = \"torch_ddp\"\n[plugin]\nbucket_cap_mb = " + std::to_string(a.bucket_cap_mb) + "\n";
+  const bool fsdp = a.plugin == "torch_fsdp";
+  std::string toml = fsdp ? "[booster]\nplugin = \"torch_fsdp\"\n[plugin]\nsharding_strategy = \"" + a.strategy + "\"\n"
+                          : "[booster]\nplugin = \"torch_ddp\"\n[plugin]\nbucket_cap_mb = " +
+                                std::to_string(a.bucket_cap_mb) + "\n";
   booster::Booster booster(booster::Config::from_string(toml));
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                  torch::optim::SGDOptions(a.lr).momentum(a.momentum));
@@ -226,11 +242,19 @@ int train(Model net, const Args& a) {
   double faults_per_step = static_cast<double>(minor_faults() - faults0) / static_cast<double>(a.steps);
 
   double checksum = 0, abs_checksum = 0;
+  std::map<std::string, int64_t> stats = model.hooks().stats();
   {
     torch::NoGradGuard ng;
-    for (auto& p : params) {
+    auto add = [&](const torch::Tensor& p) {
       checksum += p.to(torch::kDouble).sum().item<double>();
       abs_checksum += p.to(torch::kDouble).abs().sum().item<double>();
+    };
+    if (fsdp) {
+      // The parameters are views of freed storage now: checksum the model as saved.
+      booster.save_model(model, a.ckpt_dir);
+      for (auto& [name, t] : booster::checkpoint::load_state_dict(a.ckpt_dir, "model")) add(t);
+    } else {
+      for (auto& p : params) add(p);
     }
   }
   if (rank == 0 && !a.dump_params.empty()) {
@@ -251,12 +275,16 @@ int train(Model net, const Args& a) {
         "\"steps\": %lld, \"params\": %lld, \"samples_per_s\": %.6f, \"samples_per_s_mean\": %.6f, "
         "\"elapsed_s\": %.6f, \"step_total_ms\": %.4f, \"final_loss\": %.9g, "
         "\"param_checksum\": %.12g, \"param_abs_checksum\": %.12g, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
-        "\"comm_after_bwd_ms\": %.4f, \"step_ms\": %.4f, \"minor_faults_per_step\": %.1f, \"threads\": %d}\n",
+        "\"comm_after_bwd_ms\": %.4f, \"step_ms\": %.4f, \"minor_faults_per_step\": %.1f, \"threads\": %d, "
+        "\"plugin\": \"%s\", \"strategy\": \"%s\", \"all_gathers\": %lld, \"reduce_scatters\": %lld, "
+        "\"max_gathered_bytes\": %lld}\n",
         a.model.c_str(), a.mode.c_str(), ws, static_cast<long long>(a.batch), static_cast<long long>(a.steps),
         static_cast<long long>(nparams), static_cast<double>(a.batch * ws) / med_step,
         static_cast<double>(a.steps * a.batch * ws) / elapsed, elapsed, 1000 * med_step, last_loss, checksum,
         abs_checksum, 1000 * median(d_fwd), 1000 * median(d_bwd), 1000 * median(d_comm), 1000 * median(d_step),
-        faults_per_step, at::get_num_threads());
+        faults_per_step, at::get_num_threads(), a.plugin.c_str(), fsdp ? a.strategy.c_str() : "",
+        static_cast<long long>(stats["all_gathers"]), static_cast<long long>(stats["reduce_scatters"]),
+        static_cast<long long>(stats["max_gathered_bytes"]));
     std::fputs(line, stdout);
     std::fflush(stdout);
     if (!a.out.empty()) std::ofstream(a.out) << line;
@@ -287,7 +315,17 @@ int main(int argc, char** argv) {
   app.add_option("--bucket_cap_mb", a.bucket_cap_mb);
   app.add_option("--dump_params", a.dump_params, "rank 0 writes the final parameters (raw float32, registration order)");
   app.add_option("--out", a.out, "rank 0 also writes the JSON line to this file");
+  app.add_option("--plugin", a.plugin)->check(CLI::IsMember({"torch_ddp", "torch_fsdp"}));
+  app.add_option("--strategy", a.strategy, "torch_fsdp sharding_strategy")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
+  app.add_option("--ckpt_dir", a.ckpt_dir, "torch_fsdp: where the trained model is saved for its checksum");
   CLI11_PARSE(app, argc, argv);
+  if (a.plugin == "torch_fsdp" &&
+      (a.model != "mlp" || a.mode != "hooks" || !a.dump_params.empty() || a.ckpt_dir.empty())) {
+    std::fprintf(stderr, "bench_ddp: --plugin torch_fsdp needs --model mlp --mode hooks and --ckpt_dir, and "
+                         "cannot --dump_params (its parameters are sharded)\n");
+    return 2;
+  }
   try {
     booster::dist::LaunchOptions lo;
     lo.threads_per_rank = a.threads;

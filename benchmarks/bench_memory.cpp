@@ -1,16 +1,29 @@
 // bench_memory — per-rank memory of data-parallel training with AdamW: peak RSS (VmHWM) and the
-// booster's own MemoryReport, for DDP (torch_ddp) and ZeRO stage 1 / 2 (low_level_zero, fp32 or
-// bf16 with fp32 master slices). Run by benchmarks/drivers/memory.py (benchmark 4 of the suite):
+// booster's own MemoryReport, for DDP (torch_ddp), ZeRO stage 1 / 2 (low_level_zero, fp32 or
+// bf16 with fp32 master slices) and FSDP (torch_fsdp: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD,
+// fp32); and, with --save, rank 0's RSS rise during Booster::save_model. Run by
+// benchmarks/drivers/memory.py (benchmark 4 of the suite):
 //
 //   booster run --nproc_per_node N bench_memory [options]      (or --rank R --world_size N --port P)
-//     --plugin torch_ddp|low_level_zero   --stage 1|2   --precision fp32|bf16
-//     --hidden H --layers L     an MLP of L Linear(H, H) layers (Tanh between): L * (H*H + H) parameters
+//     --plugin torch_ddp|low_level_zero|torch_fsdp   --stage 1|2   --precision fp32|bf16
+//     --strategy FULL_SHARD|SHARD_GRAD_OP|HYBRID_SHARD|NO_SHARD   (torch_fsdp; default FULL_SHARD)
+//     --shard_group_size S      (torch_fsdp HYBRID_SHARD: ranks per shard group)
+//     --hidden H --layers L     an MLP of L booster::nn::Unit<Linear(H, H)> layers (Tanh between):
+//                               L * (H*H + H) parameters; every Linear is one FSDP shard unit (the
+//                               Unit is a pass-through under DDP and ZeRO: names and math unchanged)
 //     --steps K                 optimizer steps (default 2)
 //     --global_batch B          rows per step over all ranks (default 8); rank r trains rows
 //                               [r * B/N, (r+1) * B/N), so every configuration and every N computes
 //                               the same full-batch gradient
 //     --lr X                    AdamW learning rate (default 1e-4; weight decay 0.01)
 //     --set a.b=v[,c.d=w]       extra config overrides (e.g. plugin.gradient_as_bucket_view=true)
+//     --save_dir DIR            where model saves go (a directory every rank sees; required by
+//                               torch_fsdp, whose checksum is read back from a save, see below)
+//     --save M1[,M2...]         after the training figures, Booster::save_model once per mode into
+//                               DIR/<mode>: safetensors | safetensors_sharded | bin | bin_sharded
+//                               (sharded: size_per_shard_mb = --save_shard_mb, default 16). Per mode,
+//                               rank 0 reports VmRSS before the save and VmHWM during it (reset with
+//                               clear_refs right before), and the sizes of the files written.
 //
 // Every rank prints one line
 //   BENCH_MEMORY {"rank", "world_size", "numel", "parameters", "gradients", "master_weights",
@@ -21,20 +34,34 @@
 // setup_hwm: VmHWM after boost() (model built, flattened/cast, optimizer wrapped). The peak is then
 // reset (echo 5 > /proc/self/clear_refs) so train_hwm is the peak of the training steps alone;
 // vm_hwm = max of the two = the process's peak. The MemoryReport is taken after the steps (every
-// lazily created tensor exists). step_start_rss / backward_hwm / step_hwm: per step, VmRSS at its
-// start and the peaks of forward + backward and of step() + zero_grad() (VmHWM reset before each).
+// lazily created tensor exists). step_start_rss / forward_hwm / backward_hwm / backward_end_rss /
+// step_hwm: per step, VmRSS at its start, the peaks of the forward (+ loss), of the backward, VmRSS
+// right after the backward (gradients reduced, every FSDP unit freed again: the model states with
+// their gradients) and the peak of step() + zero_grad() (VmHWM reset before each phase).
+// plugin_stats: the plugin's ModelHooks::stats() after the steps (FSDP: all_gathers, prefetches,
+// reduce_scatters, max_gathered_units, max_gathered_bytes, ...); largest_unit_bytes: parameter bytes
+// of the largest Unit (fp32).
 // loss: the last step's training loss; initial_eval_loss / eval_loss: the loss on a fixed batch
 // before / after the steps (all averaged over ranks); checksum / checksum_sq: sum of all parameters and
-// of their squares in float64 after the steps (identical on every rank; computed after the peaks
-// were read, so their temporaries do not count).
+// of their squares in float64 after the steps, computed after the peaks were read, so their
+// temporaries do not count. DDP / ZeRO: from the model's parameters (identical on every rank).
+// torch_fsdp: the model's parameters are views of freed storage between iterations (reading them
+// would read freed memory), so the checksum comes from the model as saved by Booster::save_model
+// (the first --save mode, or a safetensors save into DIR/checksum when --save is not given), read
+// back with booster::checkpoint::load_state_dict: what a user would get, through the public API.
+// checksum_source says which ("parameters" or "saved_model").
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "bench_common.h"
 #include "booster/booster.h"
+#include "booster/checkpoint/state_dict_io.h"
+#include "booster/nn/unit.h"
 
 namespace {
 
@@ -51,6 +78,13 @@ int64_t status_bytes(const std::string& field) {
     }
   }
   return -1;
+}
+
+// "a, b, c" (json_arr would break the one-line record the driver parses).
+std::string join_items(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
 }
 
 // Resets VmHWM to the current RSS (Linux >= 4.0); false when not permitted.
@@ -70,6 +104,11 @@ int run(int argc, char** argv) {
     std::string text = "[booster]\nplugin = \"" + plugin + "\"\n";
     if (plugin == "low_level_zero") {
       text += "[plugin]\nstage = " + a.str("stage", "1") + "\nprecision = \"" + a.str("precision", "fp32") + "\"\n";
+    } else if (plugin == "torch_fsdp") {
+      if (a.str("precision", "fp32") != "fp32")
+        throw std::invalid_argument("bench_memory: torch_fsdp runs fp32 here (its bf16 is [plugin.mixed_precision])");
+      text += "[plugin]\nsharding_strategy = \"" + a.str("strategy", "FULL_SHARD") + "\"\n";
+      if (a.has("shard_group_size")) text += "shard_group_size = " + a.str("shard_group_size", "0") + "\n";
     } else if (a.str("precision", "fp32") != "fp32") {
       throw std::invalid_argument("bench_memory: --precision other than fp32 needs --plugin low_level_zero");
     }
@@ -110,11 +149,32 @@ int run(int argc, char** argv) {
   torch::manual_seed(1234);
   torch::nn::Sequential net;
   for (int64_t l = 0; l < layers; ++l) {
-    net->push_back(torch::nn::Linear(hidden, hidden));
+    net->push_back(booster::nn::Unit<torch::nn::Linear>(hidden, hidden));
     if (l + 1 < layers) net->push_back(torch::nn::Tanh());
   }
   int64_t numel = 0;
   for (auto& p : net->parameters()) numel += p.numel();
+  int64_t largest_unit_bytes = 0;
+  for (auto& unit : booster::nn::collect_units(*net)) {
+    int64_t bytes = 0;
+    for (auto& p : unit->unit_module().parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    largest_unit_bytes = std::max(largest_unit_bytes, bytes);
+  }
+  const std::string plugin = a.str("plugin", "torch_ddp");
+  const bool fsdp = plugin == "torch_fsdp";
+  const std::string save_dir = a.str("save_dir", "");
+  std::vector<std::string> save_modes;
+  {
+    std::stringstream ss(a.str("save", ""));
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) save_modes.push_back(item);
+  }
+  for (const auto& m : save_modes)
+    if (m != "safetensors" && m != "safetensors_sharded" && m != "bin" && m != "bin_sharded")
+      throw std::invalid_argument("bench_memory: --save " + m + ": expected safetensors, safetensors_sharded, bin or bin_sharded");
+  if ((fsdp || !save_modes.empty()) && save_dir.empty())
+    throw std::invalid_argument("bench_memory: --save_dir is required with --save and with torch_fsdp");
   auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(),
                                                      torch::optim::AdamWOptions(lr).weight_decay(0.01));
   auto boosted = booster.boost(net.ptr(), adamw);
@@ -149,7 +209,7 @@ int run(int argc, char** argv) {
   double t0 = booster::bench::now_s();
   double last_loss = 0;
   // Peaks of each phase of each step (VmHWM reset at the start of the phase), when resetting works.
-  std::vector<double> backward_hwm, step_hwm, step_start_rss;
+  std::vector<double> forward_hwm, backward_hwm, backward_end_rss, step_hwm, step_start_rss;
   int64_t train_hwm = 0;
   auto phase_peak = [&](std::vector<double>& out) {
     if (!reset_ok) return;
@@ -161,7 +221,9 @@ int run(int argc, char** argv) {
   for (int64_t s = 0; s < steps; ++s) {
     step_start_rss.push_back(static_cast<double>(status_bytes("VmRSS")));
     auto loss = local_loss(s);
+    phase_peak(forward_hwm);
     booster.backward(loss, *boosted.optimizer);
+    backward_end_rss.push_back(static_cast<double>(status_bytes("VmRSS")));
     last_loss = loss.item<double>();
     loss = torch::Tensor();
     phase_peak(backward_hwm);
@@ -180,6 +242,52 @@ int run(int argc, char** argv) {
   const int64_t final_rss = status_bytes("VmRSS");
   const int64_t vm_hwm = std::max(setup_hwm, train_hwm);
   auto report = booster.memory_report(boosted.model, boosted.optimizer.get());
+  const std::map<std::string, int64_t> plugin_stats = boosted.model.hooks().stats();
+
+  // Model saves (collective): rank 0 writes; its RSS before and its peak during each save.
+  std::vector<std::string> save_records;
+  std::string checksum_dir;
+  auto save_once = [&](const std::string& mode, const std::string& path) {
+    booster::checkpoint::ModelSaveOptions so;
+    so.use_safetensors = mode.rfind("safetensors", 0) == 0;
+    so.shard = mode.find("_sharded") != std::string::npos;
+    so.size_per_shard_mb = a.integer("save_shard_mb", 16);
+    world->barrier();
+    const int64_t before = status_bytes("VmRSS");
+    const bool reset = reset_peak_rss();
+    double ts = booster::bench::now_s();
+    booster.save_model(boosted.model, path, so);
+    ts = booster::bench::now_s() - ts;
+    const int64_t hwm = reset ? status_bytes("VmHWM") : -1;
+    const int64_t after = status_bytes("VmRSS");
+    int64_t files = 0, largest = 0, total = 0;
+    if (rank == 0) {
+      for (const auto& e : std::filesystem::directory_iterator(path)) {
+        const std::string ext = e.path().extension().string();
+        if (!e.is_regular_file() || (ext != ".safetensors" && ext != ".bin")) continue;
+        const auto size = static_cast<int64_t>(e.file_size());
+        ++files;
+        total += size;
+        largest = std::max(largest, size);
+      }
+    }
+    using namespace booster::bench;
+    save_records.push_back(json_obj({{"mode", json_str(mode)},
+                                     {"shard_mb", json_int(so.shard ? so.size_per_shard_mb : 0)},
+                                     {"rss_before_bytes", json_int(before)},
+                                     {"hwm_bytes", json_int(hwm)},
+                                     {"rss_after_bytes", json_int(after)},
+                                     {"files", json_int(files)},
+                                     {"largest_file_bytes", json_int(largest)},
+                                     {"total_file_bytes", json_int(total)},
+                                     {"save_s", json_num(ts)}}));
+    if (checksum_dir.empty()) checksum_dir = path;
+  };
+  for (const auto& mode : save_modes) save_once(mode, save_dir + "/" + mode);
+  if (fsdp && checksum_dir.empty()) {
+    save_once("safetensors", save_dir + "/checksum");
+    save_records.pop_back();  // only for the checksum: not a measurement that was asked for
+  }
 
   last_loss = world->allreduce_scalar(last_loss, booster::dist::ReduceOp::SUM) / ws;
   eval_loss = world->allreduce_scalar(eval_loss, booster::dist::ReduceOp::SUM) / ws;
@@ -187,21 +295,39 @@ int run(int argc, char** argv) {
   double checksum = 0, checksum_sq = 0;
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : net->parameters()) {
-      auto d = p.detach().to(torch::kDouble);
+    auto add = [&](const torch::Tensor& t) {
+      auto d = t.detach().to(torch::kDouble);
       checksum += d.sum().item<double>();
       checksum_sq += d.square().sum().item<double>();
+    };
+    if (fsdp) {
+      // Under FSDP the parameters are views of freed storage here: read the saved model instead.
+      auto saved = booster::checkpoint::load_state_dict(checksum_dir, "model");
+      if (saved.size() != net->named_parameters().size())
+        throw std::runtime_error("bench_memory: the saved model has " + std::to_string(saved.size()) +
+                                 " tensors, the model " + std::to_string(net->named_parameters().size()) + " parameters");
+      for (auto& [name, t] : saved) add(t);
+    } else {
+      for (auto& p : net->parameters()) add(p);
     }
   }
+  std::vector<std::string> stats_kv;
+  for (const auto& [k, v] : plugin_stats) stats_kv.push_back(booster::bench::json_str(k) + ": " + std::to_string(v));
+  const std::string stats_json = "{" + join_items(stats_kv) + "}";
 
   using namespace booster::bench;
   std::cout << "BENCH_MEMORY "
             << json_obj({{"rank", json_int(rank)},
                          {"world_size", json_int(ws)},
-                         {"plugin", json_str(a.str("plugin", "torch_ddp"))},
-                         {"stage", json_int(a.str("plugin", "torch_ddp") == "low_level_zero" ? a.integer("stage", 1) : 0)},
+                         {"plugin", json_str(plugin)},
+                         {"stage", json_int(plugin == "low_level_zero" ? a.integer("stage", 1) : 0)},
+                         {"strategy", json_str(fsdp ? a.str("strategy", "FULL_SHARD") : "")},
+                         {"shard_group_size", json_int(a.integer("shard_group_size", 0))},
                          {"precision", json_str(a.str("precision", "fp32"))},
                          {"numel", json_int(numel)},
+                         {"largest_unit_bytes", json_int(largest_unit_bytes)},
+                         {"plugin_stats", stats_json},
+                         {"saves", "[" + join_items(save_records) + "]"},
                          {"parameters", json_int(report.parameters)},
                          {"gradients", json_int(report.gradients)},
                          {"master_weights", json_int(report.master_weights)},
@@ -215,13 +341,16 @@ int run(int argc, char** argv) {
                          {"vm_hwm_bytes", json_int(vm_hwm)},
                          {"final_rss_bytes", json_int(final_rss)},
                          {"step_start_rss_bytes", json_list(step_start_rss)},
+                         {"forward_hwm_bytes", json_list(forward_hwm)},
                          {"backward_hwm_bytes", json_list(backward_hwm)},
+                         {"backward_end_rss_bytes", json_list(backward_end_rss)},
                          {"step_hwm_bytes", json_list(step_hwm)},
                          {"train_s", json_num(train_s)},
                          {"loss", json_num(last_loss)},
                          {"initial_eval_loss", json_num(initial_eval_loss)},
                          {"eval_loss", json_num(eval_loss)},
                          {"checksum", json_num(checksum)},
+                         {"checksum_source", json_str(fsdp ? "saved_model" : "parameters")},
                          {"checksum_sq", json_num(checksum_sq)}})
             << std::endl;
   return 0;

@@ -7,7 +7,8 @@
 (`bash scripts/run_benchmarks.sh` builds first, then runs this.) Each benchmark is a driver
 benchmarks/drivers/<id>.py (Python 3, stdlib + torch) with `run(ctx) -> dict`; ctx has build_dir,
 source_dir, smoke, reps, tmp_dir, python and log(msg). The dict gives id, title, description,
-columns, rows, notes and command; the driver raises when the two sides of a comparison disagree, and
+columns, rows, notes and command (optionally `tables`: further tables of the section, each a dict
+with caption, columns and rows, shown after the main one); the driver raises when the two sides of a comparison disagree, and
 the section then says that it failed and why instead of giving numbers. Drivers run in a fixed order
 (ddp_throughput, collectives, checkpoint, memory, optimizer_step, startup, then any others by name);
 a planned benchmark without a driver gets a "not yet" row, never a number.
@@ -171,9 +172,13 @@ def check_result(bench_id, r):
     for key in ("id", "title", "description", "columns", "rows", "command"):
         if key not in r:
             raise ValueError(f"driver {bench_id} returned no '{key}'")
-    for row in r["rows"]:
-        if len(row) != len(r["columns"]):
-            raise ValueError(f"driver {bench_id}: a row has {len(row)} cells for {len(r['columns'])} columns: {row}")
+    for t in [r] + list(r.get("tables", [])):
+        for key in ("columns", "rows"):
+            if key not in t:
+                raise ValueError(f"driver {bench_id}: a table has no '{key}'")
+        for row in t["rows"]:
+            if len(row) != len(t["columns"]):
+                raise ValueError(f"driver {bench_id}: a row has {len(row)} cells for {len(t['columns'])} columns: {row}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,6 +228,10 @@ def render(sections, machine, date, args, total_s):
             out += [s["description"].strip(), ""]
         out += [f"Machine: {machine_line}. Date: {date}.", ""]
         out += [table(s["columns"], s["rows"]), ""]
+        for t in s.get("tables", []):
+            if t.get("caption"):
+                out += [t["caption"].strip(), ""]
+            out += [table(t["columns"], t["rows"]), ""]
         for note in s.get("notes", []):
             out.append(f"- {note}")
         if s.get("notes"):

@@ -1,22 +1,31 @@
-"""memory -- benchmark 4: per-rank memory of DDP vs ZeRO-1 vs ZeRO-2 with AdamW, against the ZeRO formulas.
+"""memory -- benchmark 4: per-rank memory of DDP vs ZeRO-1 vs ZeRO-2 vs FSDP with AdamW, against the
+ZeRO / FSDP formulas; and rank 0's RSS rise during a model save (DDP vs FSDP).
 
 Runs build/bin/bench_memory as N ranks under `build/bin/booster run --nproc_per_node N` for N in
 (2, 4) (smoke: 2) and five configurations: DDP (torch_ddp) fp32, ZeRO-1 / ZeRO-2 (low_level_zero)
-fp32 and bf16 with fp32 master slices. The model is an MLP of 4 Linear(3584, 3584) layers
-(Ψ = 51.4M parameters; smoke: 4 Linear(512, 512), 1.05M) trained for 2 AdamW steps on a fixed
-global batch of 8 rows split across the ranks. Each rank reports its peak RSS (VmHWM), its RSS
-right after launch (baseline, before the model exists), the peaks of each phase and the booster's
-MemoryReport; the table sets them against the ZeRO paper's model-state formulas for the same Ψ and N.
+fp32 and bf16 with fp32 master slices; plus FSDP (torch_fsdp, fp32): FULL_SHARD on 2 and 4 ranks,
+SHARD_GRAD_OP and HYBRID_SHARD (shard groups of 2) on 4 (smoke: FULL_SHARD on 2). The model is an
+MLP of 4 booster::nn::Unit<Linear(3584, 3584)> layers (Ψ = 51.4M parameters; smoke: 4 Linear(512,
+512), 1.05M; every Linear is an FSDP shard unit, a pass-through under DDP and ZeRO) trained for 2
+AdamW steps on a fixed global batch of 8 rows split across the ranks. Each rank reports its peak
+RSS (VmHWM), its RSS right after launch (baseline, before the model exists), the peaks of each phase
+and the booster's MemoryReport (FSDP: also the plugin's stats, max_gathered_bytes among them); the
+tables set them against the model-state formulas for the same Ψ and N. The DDP fp32 and FSDP
+FULL_SHARD jobs then save the model (Booster::save_model: safetensors and .bin, one file and
+sharded at 16 MiB) and report rank 0's VmRSS before and VmHWM during each save.
 
 Correctness before any figure counts: every rank of a job must hold the same parameters after the
 steps (checksums equal); ZeRO is mathematically equivalent to DDP in fp32, and the global batch is
 the same for every N, so all fp32 jobs (every configuration, N = 2 and 4) must agree on the loss after
 the steps and on the parameter checksums within 1e-4 relative, and the steps must have moved the
 loss by more than that tolerance; the bf16 jobs must give a finite loss within 5% of the fp32 one.
+FSDP's parameters are views of freed storage between iterations, so its checksum is computed from
+the model as saved by Booster::save_model and read back with booster::checkpoint::load_state_dict.
 """
 import json
 import math
 import os
+import shutil
 
 import bench_util as bu
 
@@ -40,6 +49,30 @@ CONFIGS = [
      lambda p, n: 2 * p + 14 * p / n, "2Ψ + 14Ψ/N"),
 ]
 
+# FSDP (torch_fsdp, fp32 AdamW): name, flags, shard group size S of N (the ranks a FlatParameter is
+# sharded over), the worlds it runs on (full mode), the text of the gathered term. Model states per
+# rank: 16Ψ/S (parameter shard 4Ψ/S, gradient shard 4Ψ/S, Adam moments 8Ψ/S), plus G = the parameter
+# bytes gathered at one moment, taken from the plugin's own stats (max_gathered_bytes): FULL_SHARD
+# and HYBRID_SHARD free a unit after its forward and backward (G: the unit running plus the one
+# prefetched, backward_prefetch = BACKWARD_PRE), SHARD_GRAD_OP keeps every unit from its forward to
+# its backward (G = all of them = 4Ψ). G counts parameters only: the full-size gradients of the
+# unit in backward are not in it (shown separately).
+FSDP_CONFIGS = [
+    ("FSDP FULL_SHARD fp32", ["--plugin", "torch_fsdp", "--strategy", "FULL_SHARD"], lambda n: n, (2, 4),
+     "16Ψ/N + G"),
+    ("FSDP SHARD_GRAD_OP fp32", ["--plugin", "torch_fsdp", "--strategy", "SHARD_GRAD_OP"], lambda n: n, (4,),
+     "16Ψ/N + G (G = 4Ψ)"),
+    ("FSDP HYBRID_SHARD fp32, S = 2", ["--plugin", "torch_fsdp", "--strategy", "HYBRID_SHARD",
+                                        "--shard_group_size", "2"], lambda n: 2, (4,), "16Ψ/S + G"),
+]
+FSDP_MMAP_NAME = "FSDP FULL_SHARD fp32, MALLOC_MMAP_THRESHOLD_=1 MiB"
+
+# Model saves (Booster::save_model), measured in the DDP fp32 and FSDP FULL_SHARD jobs: format,
+# label. Sharded saves use SAVE_SHARD_MB (smaller than one unit, a 49 MiB Linear at full size).
+SAVE_MODES = [("safetensors", "safetensors, one file"), ("safetensors_sharded", "safetensors, sharded"),
+              ("bin", ".bin, one file"), ("bin_sharded", ".bin, sharded")]
+SAVE_SHARD_MB = 16
+
 
 def _mib(b):
     return f"{b / MIB:.0f} MiB"
@@ -57,10 +90,20 @@ MMAP_NAME = "ZeRO-2 bf16, MALLOC_MMAP_THRESHOLD_=1 MiB"
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 
-def _job(ctx, launcher, exe, world, flags, model_flags, env):
+def _job(ctx, launcher, exe, world, flags, model_flags, env, save=False):
+    save_dir = os.path.join(ctx.tmp_dir, "memory_saves")
+    shutil.rmtree(save_dir, ignore_errors=True)
+    os.makedirs(save_dir)
+    extra = ["--save_dir", save_dir]
+    if save:
+        extra += ["--save", ",".join(m for m, _ in SAVE_MODES),
+                  "--save_shard_mb", str(1 if ctx.smoke else SAVE_SHARD_MB)]
     cmd = [launcher, "run", "--nproc_per_node", str(world), "--master_port", str(bu.free_port()), exe,
-           *flags, *model_flags]
-    p = bu.run(cmd, timeout=600, env=env)
+           *flags, *model_flags, *extra]
+    try:
+        p = bu.run(cmd, timeout=600, env=env)
+    finally:
+        shutil.rmtree(save_dir, ignore_errors=True)
     recs = {}
     for line in p.stdout.splitlines():
         if "BENCH_MEMORY " in line:
@@ -82,18 +125,235 @@ def _job(ctx, launcher, exe, world, flags, model_flags, env):
     return recs
 
 
+def _fwd_bwd(rec, step=None):
+    """Peak of forward + backward (of one step, or of all), from the per-phase peaks."""
+    f, b = rec["forward_hwm_bytes"], rec["backward_hwm_bytes"]
+    if step is not None:
+        return max(f[step], b[step])
+    return max(f + b or [0])
+
+
 def _phase(rec):
-    """Where the rank's peak was reached: setup (build + boost), backward, or step."""
+    """Where the rank's peak was reached: setup (build + boost), forward + backward, or step."""
     peaks = {"setup (build + boost)": rec["setup_hwm_bytes"],
-             "forward + backward": max(rec["backward_hwm_bytes"] or [0]),
+             "forward + backward": _fwd_bwd(rec),
              "optimizer step": max(rec["step_hwm_bytes"] or [0])}
     return max(peaks, key=peaks.get)
+
+
+def _gathered(rec):
+    """G: the most parameter bytes FSDP held gathered at one moment (its stats), and in units."""
+    st = rec["plugin_stats"]
+    return st["max_gathered_bytes"], st["max_gathered_units"]
+
+
+def _fsdp_section(ctx, results, fsdp, numel, layers):
+    """The FSDP steady-state table and its notes (max over ranks everywhere)."""
+    rows, notes = [], []
+    facts = {}  # (name, N) -> dict of figures for the notes
+    for name, formula, text, world, recs in results:
+        if (name, world) not in fsdp:
+            continue
+        shard = fsdp[(name, world)]
+        r0 = recs[0]
+        sym = "N" if shard == world else "S"
+        states = 16 * numel / shard
+        g, g_units = _gathered(r0)
+        f = states + g
+        unit = r0["largest_unit_bytes"]  # one unit's full-size fp32 gradient (= its parameters)
+        last = len(r0["step_start_rss_bytes"]) - 1
+        bwd_end = max(x["backward_end_rss_bytes"][last] - x["baseline_rss_bytes"] for x in recs.values())
+        step_peak = max(_fwd_bwd(x, last) - x["baseline_rss_bytes"] for x in recs.values())
+        rest = max(x["final_rss_bytes"] - x["baseline_rss_bytes"] for x in recs.values())
+        start = max(x["step_start_rss_bytes"][last] - x["baseline_rss_bytes"] for x in recs.values())
+        held_at_rest = 12 * numel / shard  # after zero_grad: parameter shard + Adam moments
+        st = r0["plugin_stats"]
+        steps = len(r0["step_start_rss_bytes"])
+        # Accounting of the backward peak (every unit the same size, U): when the j-th unit in backward
+        # order reduces its gradients, FSDP holds the units still gathered (FULL_SHARD / HYBRID: that one
+        # and the one prefetched; SHARD_GRAD_OP: every unit not yet through its backward), j + 1 gradient
+        # shards of U/S, and 3U of transient full-size gradient buffers (see the notes).
+        n_units = st["flat_parameters"]
+        keep_all = "SHARD_GRAD_OP" in name
+        accounted = max(min(n_units - j, n_units if keep_all else 2) * unit + 3 * unit + (j + 1) * unit / shard
+                        for j in range(n_units))
+        facts[(name, world)] = dict(bwd_end=bwd_end, step_peak=step_peak, rest=rest, start=start, f=f, g=g,
+                                    g_units=g_units, unit=unit, states=states, held=held_at_rest, sym=sym,
+                                    accounted=accounted, shard=shard)
+        rows.append([
+            name, str(world) if shard == world else f"{world} (S = {shard})",
+            f"16Ψ/{sym} = {_mib(states)}",
+            f"{_mib(g)} ({g_units} units)",
+            f"{text} = {_mib(f)}",
+            f"{_mib(bwd_end)} ({bwd_end / states:.2f}x of 16Ψ/{sym})",
+            f"{_mib(step_peak)} ({step_peak / f:.2f}x)",
+            f"{_mib(f + unit)}: {step_peak / (f + unit):.2f}x",
+            f"{_mib(start + accounted)} ({step_peak / (start + accounted):.2f}x)",
+            f"{_mib(rest)} ({rest / f:.2f}x of the formula; {rest / held_at_rest:.2f}x of 12Ψ/{sym} = "
+            f"{_mib(held_at_rest)})",
+            f"{st['all_gathers'] / steps:.0f} / {st['reduce_scatters'] / steps:.0f}",
+        ])
+    table = {
+        "caption": (
+            "**FSDP in steady state** (max over ranks; U = one unit's full-size fp32 gradient = its parameters, "
+            "the largest Linear; *last step* = step 2 of 2, the first whose forward and backward run with the "
+            "Adam moments in place)."),
+        "columns": ["configuration", "N", "model states (shards)", "G = max_gathered_bytes (plugin stats)",
+                    "formula", "RSS at the end of the last backward - baseline (nothing gathered, gradient "
+                    "shards held)", "peak of the last step's forward + backward - baseline (/ formula)",
+                    "formula + U (one unit's full-size gradient) and peak / it",
+                    "accounted: RSS at the step's start + gathered units + 3U + gradient shards so far (peak / it)",
+                    "RSS after the steps - baseline (after step + zero_grad)",
+                    "all-gathers / reduce-scatters per step"],
+        "rows": rows,
+    }
+    if ctx.smoke or not facts:
+        return table, notes
+    nmax = max(w for (_, w) in facts)
+    fs = facts.get(("FSDP FULL_SHARD fp32", nmax))
+    mm = facts.get((FSDP_MMAP_NAME, nmax))
+    if fs is None:
+        return table, notes
+    limit = 1.25
+    ok_peak = fs["step_peak"] / fs["f"] <= limit
+    notes.append(
+        f"**FSDP formula**: 16Ψ/N per rank (parameter shard 4Ψ/N, gradient shard 4Ψ/N, Adam moments 8Ψ/N; "
+        "HYBRID_SHARD: /S, its shard group) plus G, the parameter bytes gathered at one moment, read from the "
+        "plugin's own stats (`ModelHooks::stats()[\"max_gathered_bytes\"]`, counted when a unit is gathered or "
+        f"prefetched): FULL_SHARD and HYBRID_SHARD {_mib(fs['g'])} = {fs['g_units']} units (the unit in "
+        "backward and the one BACKWARD_PRE prefetches; forward gathers one at a time), SHARD_GRAD_OP all 4 units "
+        "= 4Ψ (kept from forward to backward). **G counts parameters only**: the full-size gradients of the unit "
+        f"in backward are not in it; the table shows the formula plus one such gradient (U = {_mib(fs['unit'])}) "
+        "as the least a ZeRO-3 backward must add, and the accounting of what this implementation adds.")
+    notes.append(
+        f"**FULL_SHARD at N = {nmax} against the 1.25x target.** (a) RSS after the steps - baseline, as in the "
+        f"main table: {_mib(fs['rest'])} = {fs['rest'] / fs['f']:.2f}x of 16Ψ/N + G ({_mib(fs['f'])}), within "
+        "1.25x, but only because at rest nothing is gathered and `FsdpOptimizer::zero_grad` releases the gradient "
+        f"shards (set_to_none, unlike the base OptimizerWrapper, which zeroes): FSDP then holds 12Ψ/N = "
+        f"{_mib(fs['held'])} and RSS is {fs['rest'] / fs['held']:.2f}x of that (glibc, below). (b) RSS at the end "
+        f"of the last backward (gradient shards present, every unit freed): {_mib(fs['bwd_end'])} = "
+        f"{fs['bwd_end'] / fs['states']:.2f}x of 16Ψ/N. (c) The peak of the last (steady-state) forward + "
+        f"backward, when 16Ψ/N and G coexist: {_mib(fs['step_peak'])} = **{fs['step_peak'] / fs['f']:.2f}x of "
+        f"16Ψ/N + G{'' if ok_peak else ', above 1.25x'}** ({fs['step_peak'] / (fs['f'] + fs['unit']):.2f}x of "
+        "16Ψ/N + G + U).")
+    notes.append(
+        "**Why the backward peak exceeds the formula: three full-size gradient buffers per unit, not one.** "
+        "The peak is reached while a unit's gradients are reduced (FlatParameter::reduce_gradients, run from "
+        "the AccumulateGrad post hook once the unit's last gradient arrived). At that moment the process holds, "
+        "besides the gathered units and the gradient shards reduced so far: (1) the unit's weight gradient as "
+        "autograd produced it: reduce_gradients resets p.grad, but the autograd engine keeps the hook's input "
+        "gradients referenced until the post hook returns (engine.cpp call_function), so it is not freed; (2) "
+        "reduce_gradients' zero-filled flat gradient of the padded unit; (3) the copy ProcessGroup::"
+        "reduce_scatter_tensor makes of its input (Gloo in LibTorch 1.13 has no reduce-scatter: the emulation "
+        "allreduces a clone, since it may not destroy its input, though here the input is a temporary), plus its "
+        "U/N output. The accounting column adds exactly that to the RSS at the step's start and matches every "
+        f"FSDP row within {max(abs(v['step_peak'] / (v['start'] + v['accounted']) - 1) for v in facts.values()):.1%}. "
+        "A reduce-scatter into the flat gradient in place and reducing after the hook returned (or from the "
+        "flat gradient's own hook) would leave one U: the 16Ψ/N + G + U column. Not glibc: the gathered unit "
+        "(49 MiB) is above glibc's 32 MiB mmap cap, so FlatParameter::reshard (storage freed through c10's CPU "
+        "allocator, i.e. free()) returns it to the system at once"
+        + (f", and with MALLOC_MMAP_THRESHOLD_ fixed at 1 MiB the peak is still {_mib(mm['step_peak'])} "
+           f"({mm['step_peak'] / mm['f']:.2f}x)." if mm else "."))
+    if mm:
+        notes.append(
+            f"**FSDP at rest: glibc keeps freed U/N pieces.** After the steps FULL_SHARD holds 12Ψ/N = "
+            f"{_mib(fs['held'])}; RSS is {_mib(fs['rest'])} above baseline (max over ranks). The pieces of "
+            f"{_mib(fs['unit'] / nmax)} (gradient shards, reduce-scatter outputs, AdamW's temporaries on a "
+            "shard) are below 32 MiB, so once glibc's dynamic mmap threshold has risen they come from the heap, "
+            f"where freed memory stays resident. Rerun with MALLOC_MMAP_THRESHOLD_=1 MiB (row \"{FSDP_MMAP_NAME}\"): "
+            f"{_mib(mm['rest'])} ({mm['rest'] / mm['held']:.2f}x of 12Ψ/N; the rest is OpenBLAS's and Gloo's "
+            f"buffers and the data), end of backward {_mib(mm['bwd_end'])} ({mm['bwd_end'] / mm['states']:.2f}x of "
+            "16Ψ/N).")
+    sgo = facts.get(("FSDP SHARD_GRAD_OP fp32", nmax))
+    hyb = next((v for (n, w), v in facts.items() if "HYBRID" in n and w == nmax), None)
+    if sgo and hyb:
+        notes.append(
+            f"**SHARD_GRAD_OP and HYBRID_SHARD at N = {nmax}.** SHARD_GRAD_OP keeps every unit gathered from its "
+            f"forward to its backward (G = {_mib(sgo['g'])}, all {sgo['g_units']} units), so its forward + "
+            f"backward peak {_mib(sgo['step_peak'])} is {sgo['step_peak'] / sgo['f']:.2f}x of 16Ψ/N + 4Ψ, reached "
+            "when the first unit in backward reduces (all units still gathered + the 3U above). HYBRID_SHARD with "
+            f"S = {hyb['shard']} shards over pairs and replicates across them: 16Ψ/S = {_mib(hyb['states'])}, peak "
+            f"{_mib(hyb['step_peak'])} = {hyb['step_peak'] / hyb['f']:.2f}x of 16Ψ/S + G (the replica allreduce of "
+            "the U/S gradient shard is in place). Both match the accounting column.")
+    return table, notes
+
+
+def _save_section(ctx, results, numel):
+    """Rank 0's RSS rise during Booster::save_model, FSDP FULL_SHARD vs DDP."""
+    rows, notes = [], []
+    labels = dict(SAVE_MODES)
+    seen = {}
+    for name, formula, text, world, recs in results:
+        r0 = recs[0]
+        if not r0.get("saves"):
+            continue
+        is_fsdp = r0["plugin"] == "torch_fsdp"
+        unit = r0["largest_unit_bytes"] if is_fsdp else 0
+        for sv in r0["saves"]:
+            rise = sv["hwm_bytes"] - sv["rss_before_bytes"]
+            bound = unit + sv["largest_file_bytes"]
+            seen[(name, world, sv["mode"])] = (rise, bound, r0["largest_unit_bytes"], sv)
+            rows.append([
+                name, str(world), labels.get(sv["mode"], sv["mode"]) +
+                (f" at {sv['shard_mb']} MiB" if sv["shard_mb"] else ""),
+                f"{sv['files']} ({_mib(sv['largest_file_bytes'])})",
+                _mib(sv["rss_before_bytes"] - r0["baseline_rss_bytes"]),
+                _mib(rise),
+                (f"{_mib(unit)} + {_mib(sv['largest_file_bytes'])} = {_mib(bound)}" if is_fsdp
+                 else f"one file: {_mib(bound)} (nothing to gather)"),
+                f"{rise / bound:.2f}x" + ("" if rise <= bound else " **above**"),
+                f"{rise / r0['largest_unit_bytes']:.2f}x",
+                bu.fmt_s(sv["save_s"]),
+            ])
+    table = {
+        "caption": (
+            "**Model save: rank 0's RSS rise** (`Booster::save_model` after the steps; VmHWM reset with "
+            "`clear_refs` right before the save, rise = VmHWM during it - VmRSS before it; one unit = the "
+            "largest FlatParameter gathered in full precision; one shard file = the largest file the save wrote)."),
+        "columns": ["configuration", "N", "format", "files (largest)", "rank 0 RSS before - baseline",
+                    "rise during the save", "bound: one unit + one shard file", "rise / bound", "rise / one unit",
+                    "save time"],
+        "rows": rows,
+    }
+    if ctx.smoke or not seen:
+        return table, notes
+    nmax = max(w for (_, w, _) in seen)
+    get = lambda name, mode: seen.get((name, nmax, mode))
+    st, sts, b, bs = (get("FSDP FULL_SHARD fp32", m) for m in ("safetensors", "safetensors_sharded", "bin",
+                                                               "bin_sharded"))
+    ddp = [get("DDP fp32", m) for m, _ in SAVE_MODES]
+    if st and sts and b and bs:
+        unit = st[2]
+        notes.append(
+            f"**FSDP save, safetensors: one unit.** FsdpCheckpointIO::save_model gathers one FlatParameter at a "
+            "time in full precision (gather_full) and hands rank 0's views of it to the streamed writer, which "
+            f"writes each tensor as it comes: at N = {nmax} rank 0 rises {_mib(st[0])} (one file) and "
+            f"{_mib(sts[0])} (sharded at {SAVE_SHARD_MB} MiB), {st[0] / unit:.2f}x and {sts[0] / unit:.2f}x of "
+            f"one unit ({_mib(unit)}), below the bound of one unit + one shard file.")
+        notes.append(
+            f"**FSDP save, .bin: above the bound** ({_mib(bs[0])} sharded = {bs[0] / unit:.1f} units, "
+            f"{_mib(b[0])} one file = {b[0] / unit:.1f} units, at N = {nmax}). Two causes, both visible in the "
+            "code: (1) the .bin writer keeps the tensors of the shard file being filled until the file is "
+            "complete, and each tensor fetched from FsdpCheckpointIO is a *view* of its unit's gathered "
+            "FlatParameter, so a 14 KiB bias waiting in the pending file pins its whole 49 MiB unit (with "
+            f"{SAVE_SHARD_MB} MiB shards the 4 biases share one file while each weight, over the limit, has a "
+            "file of its own: the biases pin every unit gathered so far); (2) write_bin clones every tensor that "
+            "does not own its whole storage (torch_pickle.cpp standalone(), so a view does not drag its storage "
+            "into the file), a second copy of what it writes. Returning a compact copy (clone) of small tensors "
+            "from the fetch, or cloning in the fetch for .bin only, would bound it by one unit + one shard file. "
+            "The default save (safetensors) is not affected.")
+    if all(ddp):
+        notes.append(
+            f"DDP's save rises {'; '.join(f'{_mib(d[0])} ({labels[m]})' for d, (m, _) in zip(ddp, SAVE_MODES))} "
+            f"at N = {nmax}: its tensors are the resident parameters, owned whole, so nothing is gathered or "
+            "copied; it pays with 16Ψ of resident model states instead (main table).")
+    return table, notes
 
 
 def run(ctx):
     exe = bu.program(ctx, "bench_memory")
     launcher = bu.program(ctx, "booster")
-    for plugin in ("booster_plugin_torch_ddp.so", "booster_plugin_low_level_zero.so"):
+    for plugin in ("booster_plugin_torch_ddp.so", "booster_plugin_low_level_zero.so", "booster_plugin_torch_fsdp.so"):
         if not os.path.exists(os.path.join(ctx.build_dir, "bin", "plugins", plugin)):
             raise bu.BenchError(f"{ctx.build_dir}/bin/plugins/{plugin} not found: build it first")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
@@ -101,19 +361,38 @@ def run(ctx):
     hidden, layers = (512, 4) if ctx.smoke else (3584, 4)
     worlds = (2,) if ctx.smoke else (2, 4)
     model_flags = ["--hidden", str(hidden), "--layers", str(layers), "--steps", "2", "--global_batch", "8"]
-    ctx.log(f"memory: MLP {layers} x Linear({hidden}, {hidden}), AdamW, 2 steps; {len(CONFIGS)} configurations "
-            f"on {', '.join(map(str, worlds))} ranks, one run each")
+    # FSDP jobs per world: (name, flags, S, text); smoke: FULL_SHARD on 2 ranks only.
+    fsdp_jobs = {w: [(name, flags, shard(w), text) for name, flags, shard, fworlds, text in FSDP_CONFIGS
+                     if (w in fworlds and not ctx.smoke) or (ctx.smoke and "FULL_SHARD" in name)]
+                 for w in worlds}
+    ctx.log(f"memory: MLP {layers} x Unit<Linear({hidden}, {hidden})>, AdamW, 2 steps; {len(CONFIGS)} "
+            f"configurations on {', '.join(map(str, worlds))} ranks and FSDP "
+            f"({', '.join(f'{len(j)} on {w}' for w, j in fsdp_jobs.items())}), one run each")
 
-    results = []  # (name, formula fn, formula text, N, records)
+    results = []  # (name, formula fn of (Ψ, N, rank 0's record), formula text, N, records)
+    fsdp = {}  # (name, N) -> S (shard group size) for the FSDP results
     for world in worlds:
         for name, flags, formula, text in CONFIGS:
             ctx.log(f"memory: {name}, N = {world}")
-            results.append((name, formula, text, world, _job(ctx, launcher, exe, world, flags, model_flags, env)))
+            # DDP's save (nothing gathered) is the comparison for FSDP's: once, on the most ranks.
+            recs = _job(ctx, launcher, exe, world, flags, model_flags, env,
+                        save=name == "DDP fp32" and world == worlds[-1])
+            results.append((name, lambda p, n, rec, f=formula: f(p, n), text, world, recs))
+        for name, flags, shard, text in fsdp_jobs[world]:
+            ctx.log(f"memory: {name}, N = {world}")
+            recs = _job(ctx, launcher, exe, world, flags, model_flags, env, save="FULL_SHARD" in name)
+            fsdp[(name, world)] = shard
+            results.append((name, lambda p, n, rec, s=shard: 16 * p / s + _gathered(rec)[0], text, world, recs))
     if not ctx.smoke:
         name, flags, formula, text = CONFIGS[4]
         ctx.log(f"memory: {MMAP_NAME}, N = {worlds[-1]}")
-        results.append((MMAP_NAME, formula, text, worlds[-1],
+        results.append((MMAP_NAME, lambda p, n, rec, f=formula: f(p, n), text, worlds[-1],
                         _job(ctx, launcher, exe, worlds[-1], flags, model_flags, {**env, **MMAP_ENV})))
+        name, flags, shard, _, text = FSDP_CONFIGS[0]
+        ctx.log(f"memory: {FSDP_MMAP_NAME}, N = {worlds[-1]}")
+        fsdp[(FSDP_MMAP_NAME, worlds[-1])] = shard(worlds[-1])
+        results.append((FSDP_MMAP_NAME, lambda p, n, rec, s=shard(worlds[-1]): 16 * p / s + _gathered(rec)[0], text,
+                        worlds[-1], _job(ctx, launcher, exe, worlds[-1], flags, model_flags, {**env, **MMAP_ENV})))
 
     # Correctness: the fp32 jobs against the first (DDP, N = 2); bf16 loosely.
     ref_name, _, _, ref_world, ref = results[0]
@@ -134,7 +413,7 @@ def run(ctx):
                 if d > FP32_TOL:
                     raise bu.BenchError(f"{name} on {world} ranks: {key} {r[key]} differs from {ref_name} on "
                                         f"{ref_world} ranks ({ref0[key]}) by {d:.2e} relative (> {FP32_TOL:g}); "
-                                        "fp32 ZeRO must train exactly as DDP")
+                                        "fp32 ZeRO and FSDP must train exactly as DDP")
         else:
             d = _rel(r["eval_loss"], ref0["eval_loss"])
             worst_bf16 = max(worst_bf16, d)
@@ -146,8 +425,8 @@ def run(ctx):
     rank_spread = 0
     numel = ref0["numel"]
     for name, formula, text, world, recs in results:
-        f = formula(numel, world)
         rep = recs[0]  # the report is the same on every rank up to padding; show rank 0's
+        f = formula(numel, world, rep)
         peak_rec = max(recs.values(), key=lambda x: x["vm_hwm_bytes"])
         peak = peak_rec["vm_hwm_bytes"]
         over_base = max(x["vm_hwm_bytes"] - x["baseline_rss_bytes"] for x in recs.values())
@@ -155,11 +434,25 @@ def run(ctx):
         rank_spread = max(rank_spread, max(x["vm_hwm_bytes"] for x in recs.values())
                           - min(x["vm_hwm_bytes"] for x in recs.values()))
         comm = rep["communication_buffers"]
+        if (name, world) in fsdp:
+            shard = fsdp[(name, world)]
+            g, g_units = _gathered(rep)
+            sym = "N" if shard == world else "S"
+            formula_cell = (f"{text} = {_mib(16 * numel / shard)} + {_mib(g)} (G: {g_units} units gathered at once) "
+                            f"= {_mib(f)}")
+            report_cell = f"{_mib(rep['model_states'])} (16Ψ/{sym}; G is not in the report)"
+            ratio_cell = f"{rep['model_states'] / f:.2f}x ({rep['model_states'] / (16 * numel / shard):.2f}x of 16Ψ/{sym})"
+            n_cell = str(world) if shard == world else f"{world} (S = {shard})"
+        else:
+            formula_cell = f"{text} = {_mib(f)}"
+            report_cell = f"{_mib(rep['model_states'])}" + (f" (+ {_mib(comm)} buckets)" if comm else "")
+            ratio_cell = f"{rep['model_states'] / f:.2f}x"
+            n_cell = str(world)
         rows.append([
-            name, str(world), f"{numel / 1e6:.1f}M",
-            f"{text} = {_mib(f)}",
-            f"{_mib(rep['model_states'])}" + (f" (+ {_mib(comm)} buckets)" if comm else ""),
-            f"{rep['model_states'] / f:.2f}x",
+            name, n_cell, f"{numel / 1e6:.1f}M",
+            formula_cell,
+            report_cell,
+            ratio_cell,
             f"{_mib(peak)} (baseline {_mib(peak_rec['baseline_rss_bytes'])})",
             f"{_mib(over_base)}, in the {_phase(peak_rec)}",
             f"{over_base / f:.2f}x",
@@ -182,6 +475,8 @@ def run(ctx):
     psi4 = 4 * numel
     fp32_peaks = [max(x["vm_hwm_bytes"] - x["baseline_rss_bytes"] for x in by[(n, nmax)].values())
                   for n in ("DDP fp32", "ZeRO-1 fp32", "ZeRO-2 fp32")]
+    fsdp_table, fsdp_notes = _fsdp_section(ctx, results, fsdp, numel, layers)
+    save_table, save_notes = _save_section(ctx, results, numel)
     z1, z2 = steady_of("ZeRO-1 fp32"), steady_of("ZeRO-2 fp32")
     saved = z1 - z2
     expected = psi4 - psi4 / nmax  # stage 1 keeps 4Ψ of gradients, stage 2 4Ψ/N
@@ -197,7 +492,9 @@ def run(ctx):
         f"One run per configuration; the ranks of a job differ by at most {_mib(rank_spread)} in peak RSS "
         f"(all ranks of a job do the same work, so this is the noise). Ψ = {numel:,} parameters; 1 MiB = 2^20 bytes. All ranks of a job ran "
         "on the same 2-core machine, one intra-op thread each.",
-        f"Correctness: every rank's parameters agree after the steps (checksums equal); all fp32 jobs "
+        f"Correctness: every rank's parameters agree after the steps (checksums equal; FSDP's checksum is read "
+        "back from its one saved model, the same file on every rank, since its parameters are freed between "
+        "iterations: its check is the agreement with DDP); all fp32 jobs "
         f"(N = {' and '.join(map(str, worlds))}) agree with DDP on {ref_world} ranks within {FP32_TOL:g} relative "
         f"(worst: loss {worst['eval_loss']:.1e}, sum of parameters {worst['checksum']:.1e}, sum of squares "
         f"{worst['checksum_sq']:.1e}); the 2 steps moved the loss by {moved:.1e} relative "
@@ -205,9 +502,11 @@ def run(ctx):
         f"of the fp32 one (limit {BF16_TOL:.0%}).",
         "*Formula*: model states per rank with Adam (ZeRO paper, section 3.1, and core/memory.h): fp32 DDP "
         "4Ψ parameters + 4Ψ gradients + 8Ψ Adam moments = 16Ψ; ZeRO-1 shards the moments (8Ψ/N), ZeRO-2 also the "
-        "gradients (4Ψ/N); bf16 keeps 2Ψ parameters and fp32 master slices (4Ψ/N). Communication buffers are not "
-        "in the formula. *Booster report*: `Booster::memory_report()` after the steps (parameters incl. padding, "
-        "gradients, master weights, optimizer states; buckets that are not the gradients shown separately).",
+        "gradients (4Ψ/N); bf16 keeps 2Ψ parameters and fp32 master slices (4Ψ/N); FSDP (ZeRO-3) shards all "
+        "three over its shard group (16Ψ/N; HYBRID_SHARD: 16Ψ/S over groups of S ranks) and holds G more while "
+        "units are gathered (see the FSDP table). Communication buffers are not in the formula. *Booster "
+        "report*: `Booster::memory_report()` after the steps (parameters incl. padding, gradients, master "
+        "weights, optimizer states; buckets that are not the gradients shown separately).",
         f"*RSS* is VmHWM / VmRSS from /proc/self/status. The baseline (RSS after launch, before the model exists: "
         f"LibTorch loaded, Gloo rendezvous done, plugin not yet loaded) was {_mib(min(baselines))} to {_mib(max(baselines))}. RSS above it also holds "
         "autograd's transient gradients and activations (tiny here: 8 rows), optimizer temporaries, collective "
@@ -244,30 +543,36 @@ def run(ctx):
             f"**bf16 steady RSS above formula + buckets: glibc keeps freed heap memory.** At N = {nmax} the bf16 "
             f"tensors are below 32 MiB (a parameter shard 2Ψ/N is {_mib(2 * numel / nmax)}); once glibc's dynamic "
             "mmap threshold has risen (after the first large free) they come from the heap, where freed memory "
-            "can stay resident. The last row reruns ZeRO-2 bf16 with MALLOC_MMAP_THRESHOLD_ fixed at 1 MiB: RSS "
+            f"can stay resident. The row \"{MMAP_NAME}\" reruns ZeRO-2 bf16 with the threshold fixed at 1 MiB: RSS "
             f"after the steps {_mib(steady_of(MMAP_NAME))} above baseline (formula + buckets: "
             f"{_mib(CONFIGS[4][2](numel, nmax) + by[(MMAP_NAME, nmax)][0]['communication_buffers'])}) instead of "
             f"{_mib(steady_of('ZeRO-2 bf16'))}, peak {_mib(max(x['vm_hwm_bytes'] - x['baseline_rss_bytes'] for x in by[(MMAP_NAME, nmax)].values()))} "
             f"instead of {_mib(max(x['vm_hwm_bytes'] - x['baseline_rss_bytes'] for x in by[('ZeRO-2 bf16', nmax)].values()))}.",
             f"Set-up: ZeRO copies the parameters into one flat buffer (bf16 casts the model first), so boost() "
-            f"briefly holds the model twice; the highest set-up peak of all ranks ({_mib(setup_peak)}) is "
+            f"briefly holds the model twice (FSDP: the model plus one unit's flat copy, until each unit is "
+            f"sharded); the highest set-up peak of all ranks ({_mib(setup_peak)}) is "
             f"{'below' if setup_peak < train_peak else 'not below'} the highest training peak ({_mib(train_peak)}).",
         ]
     return {
         "id": ID,
-        "title": "Memory: per-rank peak RSS and model states, DDP vs ZeRO-1 vs ZeRO-2",
+        "title": "Memory: per-rank peak RSS and model states, DDP vs ZeRO-1 vs ZeRO-2 vs FSDP",
         "description": (
-            f"`bench_memory` on N ranks (`booster run --nproc_per_node N`): an MLP of {layers} Linear({hidden}, "
-            f"{hidden}) layers (Ψ = {numel / 1e6:.1f}M parameters) with AdamW (lr 1e-4, weight decay 0.01), boosted "
-            "with `torch_ddp` (DDP) or `low_level_zero` (stage 1 / 2; precision fp32, or bf16 with fp32 master "
-            "slices), 2 steps on a fixed global batch of 8 rows split across the ranks. Per configuration: the ZeRO "
-            "paper's model-state formula for this Ψ and N (*the limit*), the booster's own MemoryReport against it, "
-            "and the measured RSS: the peak (max over ranks), the peak above the rank's RSS right after launch, and "
-            "the RSS after the steps. The figures count only after the configurations agreed (see the notes)."),
+            f"`bench_memory` on N ranks (`booster run --nproc_per_node N`): an MLP of {layers} "
+            f"`booster::nn::Unit<Linear({hidden}, {hidden})>` layers (Ψ = {numel / 1e6:.1f}M parameters; each "
+            "Linear is one FSDP shard unit, a pass-through under DDP and ZeRO) with AdamW (lr 1e-4, weight decay "
+            "0.01), boosted with `torch_ddp` (DDP), `low_level_zero` (stage 1 / 2; precision fp32, or bf16 with "
+            "fp32 master slices) or `torch_fsdp` (fp32; FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD), 2 steps on a fixed "
+            "global batch of 8 rows split across the ranks. Per configuration: the model-state formula for this Ψ "
+            "and N (*the limit*; ZeRO paper, and for FSDP plus the units gathered at once), the booster's own "
+            "MemoryReport against it, and the measured RSS: the peak (max over ranks), the peak above the rank's "
+            "RSS right after launch, and the RSS after the steps. A second table gives FSDP's steady-state "
+            "figures, a third rank 0's RSS rise during a model save (FSDP vs DDP). The figures count only after "
+            "the configurations agreed (see the notes)."),
         "columns": ["configuration", "N", "Ψ", "formula: model states per rank", "booster report: model states",
                     "report / formula", "peak RSS per rank (max over ranks)", "peak RSS - baseline",
                     "(peak - baseline) / formula", "RSS after the steps - baseline (/ formula)"],
         "rows": rows,
-        "notes": notes,
+        "tables": [fsdp_table, save_table],
+        "notes": notes + fsdp_notes + save_notes,
         "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only memory",
     }
