@@ -204,7 +204,8 @@ class TorchFSDPPlugin : public Plugin {
     try {
       state = std::make_shared<FsdpState>(*model, optimizer.get(), config);
     } catch (const std::invalid_argument& e) {
-      throw PluginError(std::string("torch_fsdp: ") + e.what());
+      const std::string what = e.what();
+      throw PluginError(what.find("torch_fsdp") == std::string::npos ? "torch_fsdp: " + what : what);
     }
     state->install();
     state_ = state;
