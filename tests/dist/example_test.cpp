@@ -135,15 +135,19 @@ TEST(Example, BadConfigValueIsAClearErrorWithLocation) {
 // The example with examples/configs/zero1.toml (ZeRO-1, fp32) and zero2.toml (ZeRO-2, bf16 weights
 // + fp32 master slices) on a 4096-sample subset for 2 epochs reaches DDP's accuracy band: within
 // 0.03 of ddp.toml's test accuracy on the same subset, and well above chance (0.1).
-TEST(Example, ZeroConfigsReachTheDdpAccuracyBand) {
+// Also fsdp.toml (FULL_SHARD) on 2 ranks, and HYBRID_SHARD with bf16 compute on 4 ranks against
+// ddp.toml on 4 ranks (the global batch, hence the number of steps, depends on the rank count).
+TEST(Example, ZeroAndFsdpConfigsReachTheDdpAccuracyBand) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  auto accuracy = [](const std::string& config, const std::string& out) {
-    std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+  auto accuracy = [](const std::string& config, const std::string& out, int ranks = 2,
+                     std::vector<std::string> sets = {}) {
+    std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", std::to_string(ranks), "--master_port",
                                   std::to_string(free_port()), kExample, "--config", config,
                                   "--output_dir", out};
     for (std::string s : {"train.epochs=2", "train.train_subset=4096", "train.test_subset=1000",
                           "train.lr_scheduler.warmup_steps=10"})
-      argv.insert(argv.end(), {"--set", s});
+      sets.push_back(s);
+    for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
     auto r = run_process(argv, {}, 300);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::string csv = read_file(out + "/metrics.csv");
@@ -160,11 +164,21 @@ TEST(Example, ZeroConfigsReachTheDdpAccuracyBand) {
   double ddp = accuracy(configs + "ddp.toml", dir.file("ddp"));
   double zero1 = accuracy(configs + "zero1.toml", dir.file("zero1"));
   double zero2 = accuracy(configs + "zero2.toml", dir.file("zero2"));
-  std::cout << "[ accuracy ] ddp " << ddp << ", zero1 " << zero1 << ", zero2 " << zero2 << std::endl;
+  double fsdp = accuracy(configs + "fsdp.toml", dir.file("fsdp"));
+  double ddp4 = accuracy(configs + "ddp.toml", dir.file("ddp4"), 4);
+  double hybrid4 = accuracy(configs + "fsdp.toml", dir.file("hybrid4"), 4,
+                            {"plugin.sharding_strategy=\"HYBRID_SHARD\"", "plugin.shard_group_size=2",
+                             "plugin.mixed_precision.param_dtype=\"bf16\"", "plugin.mixed_precision.reduce_dtype=\"fp32\""});
+  std::cout << "[ accuracy ] ddp " << ddp << ", zero1 " << zero1 << ", zero2 " << zero2 << ", fsdp " << fsdp
+            << "; 4 ranks: ddp " << ddp4 << ", fsdp HYBRID_SHARD bf16 " << hybrid4 << std::endl;
   EXPECT_GT(ddp, 0.6);
   EXPECT_NEAR(zero1, ddp, 0.03);
   EXPECT_NEAR(zero2, ddp, 0.03);
+  EXPECT_NEAR(fsdp, ddp, 0.03);
+  EXPECT_GT(ddp4, 0.6);
+  EXPECT_NEAR(hybrid4, ddp4, 0.03);
   EXPECT_THAT(read_file(dir.file("zero2/config.toml")), HasSubstr("low_level_zero"));
+  EXPECT_THAT(read_file(dir.file("hybrid4/config.toml")), HasSubstr("HYBRID_SHARD"));
 }
 
 // Switching strategy is a config edit, also for a checkpoint: one epoch of zero2.toml (bf16 weights)
@@ -200,4 +214,34 @@ TEST(Example, Zero2Bf16CheckpointResumesUnderDdpFp32) {
   EXPECT_THAT(ddp.output, Not(HasSubstr("-> Long")));
   EXPECT_EQ(read_file(ddp_ckpt + "/epoch.txt"), "2\n");
   EXPECT_THAT(read_file(dir.file("ddp/metrics.csv")), HasSubstr("\n2,"));
+}
+
+// The same with FSDP: one epoch of fsdp.toml (FULL_SHARD: the model save streams gathered units,
+// the optimizer state is saved from the shards), then ddp.toml resumes at epoch 2 with nothing to
+// convert (FSDP saves full-precision fp32 values).
+TEST(Example, FsdpCheckpointResumesUnderDdp) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  std::string configs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
+  auto run = [&](const std::string& config, const std::string& out, std::vector<std::string> sets) {
+    std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                  std::to_string(free_port()), kExample, "--config", configs + config,
+                                  "--output_dir", out};
+    for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
+                          "train.lr_scheduler.warmup_steps=2"})
+      sets.push_back(s);
+    for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+    return run_process(argv, {}, 180);
+  };
+  std::string fsdp_ckpt = dir.file("fsdp_ckpt"), ddp_ckpt = dir.file("ddp_ckpt");
+  auto fsdp = run("fsdp.toml", dir.file("fsdp"),
+                  {"train.checkpoint_dir=\"" + fsdp_ckpt + "\"", "train.stop_after_epoch=1"});
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  EXPECT_EQ(read_file(fsdp_ckpt + "/epoch.txt"), "1\n");
+  auto ddp = run("ddp.toml", dir.file("ddp"),
+                 {"train.resume_from=\"" + fsdp_ckpt + "\"", "train.checkpoint_dir=\"" + ddp_ckpt + "\""});
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  EXPECT_THAT(ddp.output, HasSubstr("resumed from " + fsdp_ckpt + " after epoch 1"));
+  EXPECT_THAT(ddp.output, Not(HasSubstr("converted")));
+  EXPECT_EQ(read_file(ddp_ckpt + "/epoch.txt"), "2\n");
 }
