@@ -31,13 +31,6 @@ struct LowLevelZeroOptions {
   std::shared_ptr<mixed_precision::MixedPrecision> mixed;  // the precision's hooks/criterion/scaler
 };
 
-static at::ScalarType dtype_of(const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  return at::ScalarType::Undefined;
-}
-
 static LowLevelZeroOptions parse_options(const Options& o) {
   LowLevelZeroOptions t;
   t.stage = static_cast<int>(o.get_int("stage", t.stage, 1, 2));
@@ -132,7 +125,7 @@ class LowLevelZeroPlugin : public Plugin {
     zo.stage = options_.stage;
     zo.reduce_bucket_elements = std::max<int64_t>(1, static_cast<int64_t>(options_.reduce_bucket_size_in_m * (1 << 20)));
     zo.overlap_communication = options_.overlap_communication;
-    zo.communication_dtype = dtype_of(options_.communication_dtype);
+    zo.communication_dtype = mixed_precision::dtype_from_name(options_.communication_dtype);
     zo.cpu_offload = options_.cpu_offload;
     std::shared_ptr<ZeroOptimizer> zero;
     try {

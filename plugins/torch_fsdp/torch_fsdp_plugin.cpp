@@ -36,13 +36,6 @@ struct FsdpOptions {
   double norm_type = 2.0;
 };
 
-static at::ScalarType dtype_of(const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  return at::ScalarType::Undefined;
-}
-
 static FsdpOptions parse_options(const Options& o) {
   FsdpOptions t;
   t.sharding_strategy =
@@ -179,7 +172,7 @@ class TorchFSDPPlugin : public Plugin {
         throw PluginError("torch_fsdp: parameter on " + p.device().str() + "; this build runs FSDP on CPU tensors only");
     make_replicas_identical(*world(), *model, options_.sync_module_states);
     if (!options_.buffer_dtype.empty()) {
-      const at::ScalarType dtype = dtype_of(options_.buffer_dtype);
+      const at::ScalarType dtype = mixed_precision::dtype_from_name(options_.buffer_dtype);
       torch::NoGradGuard no_grad;
       for (auto& b : model->buffers())
         if (b.is_floating_point()) b.set_data(b.to(dtype));
@@ -195,8 +188,8 @@ class TorchFSDPPlugin : public Plugin {
                                                                                : BackwardPrefetch::kNone;
     config.forward_prefetch = options_.forward_prefetch;
     config.limit_all_gathers = options_.limit_all_gathers;
-    config.param_dtype = dtype_of(options_.param_dtype);
-    config.reduce_dtype = dtype_of(options_.reduce_dtype);
+    config.param_dtype = mixed_precision::dtype_from_name(options_.param_dtype);
+    config.reduce_dtype = mixed_precision::dtype_from_name(options_.reduce_dtype);
     config.shard_group = mesh_->group("shard");
     config.replicate_group = mesh_->group("replicate");
 

@@ -237,3 +237,12 @@ TEST(Precision, CastFloatingPointKeepsIntegerBuffersAndIdentity) {
   EXPECT_TRUE(weight.requires_grad());
   EXPECT_THROW(booster::mixed_precision::cast_floating_point(*fc, at::kInt), std::invalid_argument);
 }
+
+TEST(Precision, DtypeFromNameMapsConfigNames) {
+  using booster::mixed_precision::dtype_from_name;
+  EXPECT_EQ(dtype_from_name("fp32"), at::kFloat);
+  EXPECT_EQ(dtype_from_name("bf16"), at::kBFloat16);
+  EXPECT_EQ(dtype_from_name("fp16"), at::kHalf);
+  EXPECT_EQ(dtype_from_name(""), at::ScalarType::Undefined);
+  EXPECT_THROW(dtype_from_name("float32"), std::invalid_argument);
+}

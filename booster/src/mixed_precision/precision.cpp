@@ -155,6 +155,14 @@ std::shared_ptr<MixedPrecision> make_mixed_precision(const std::string& name, co
   throw ConfigError("booster: unknown mixed_precision \"" + name + "\"; use \"fp32\", \"bf16\" or \"fp16\"");
 }
 
+at::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  if (name.empty()) return at::ScalarType::Undefined;
+  throw std::invalid_argument("booster: unknown precision name \"" + name + "\" (expected \"fp32\", \"bf16\" or \"fp16\")");
+}
+
 void cast_floating_point(torch::nn::Module& module, at::ScalarType dtype) {
   if (!at::isFloatingType(dtype))
     throw std::invalid_argument(std::string("booster: cast_floating_point: ") + c10::toString(dtype) +

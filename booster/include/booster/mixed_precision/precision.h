@@ -52,6 +52,10 @@ BOOSTER_API std::shared_ptr<MixedPrecision> make_mixed_precision(
 // counting at 256. `dtype` must be a floating-point type (std::invalid_argument otherwise).
 BOOSTER_API void cast_floating_point(torch::nn::Module& module, at::ScalarType dtype);
 
+// The dtype a precision name stands for in configs: "fp32" -> Float, "bf16" -> BFloat16, "fp16" ->
+// Half; "" (unset) -> Undefined. Throws std::invalid_argument for any other name.
+BOOSTER_API at::ScalarType dtype_from_name(const std::string& name);
+
 // RAII: CPU autocast to `dtype` on this thread while alive (restores the previous state).
 class BOOSTER_API CpuAutocastGuard {
  public:
