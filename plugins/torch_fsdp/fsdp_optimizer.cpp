@@ -106,36 +106,49 @@ std::vector<ParamOptimState> FsdpOptimizer::gather_param_states() {
   return out;
 }
 
-void FsdpOptimizer::load_param_states(const std::vector<ParamOptimState>& states) {
+std::vector<checkpoint::StatePiece> FsdpOptimizer::local_state_pieces() {
   const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  if (states.size() != model_params_.size())
-    throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
+  std::vector<checkpoint::StatePiece> pieces;
+  auto& state = optimizer_->state();
+  for (auto& s : shards_) {
+    // Replicated shards (HYBRID_SHARD, NO_SHARD) are saved from replica 0 only.
+    const auto& replicas = s.flat->replicate_group();
+    if (replicas && replicas->rank() != 0) continue;
+    auto it = state.find(optimizer_state_key(s.flat->local_shard()));
+    if (it == state.end()) continue;
+    for (auto& p : slice_state_pieces(info.extract_state(*it->second), s.flat->layout(), s.flat->group().rank(),
+                                      s.param_index))
+      pieces.push_back(std::move(p));
+  }
+  return pieces;
+}
+
+std::vector<std::map<std::string, int64_t>> FsdpOptimizer::local_state_scalars() {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  std::vector<std::map<std::string, int64_t>> out(model_params_.size());
+  auto& state = optimizer_->state();
+  for (auto& s : shards_) {
+    auto it = state.find(optimizer_state_key(s.flat->local_shard()));
+    if (it == state.end()) continue;
+    auto scalars = info.extract_state(*it->second).scalars;
+    for (size_t idx : s.param_index) out[idx] = scalars;
+  }
+  return out;
+}
+
+bool FsdpOptimizer::state_is_sharded() const { return state_->config().shard_group->size() > 1; }
+
+void FsdpOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  if (sources.size() != model_params_.size())
+    throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(model_params_.size()) + " parameters");
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
-  at::NoGradGuard no_grad;
   for (auto& s : shards_) {
-    const FlatLayout& layout = s.flat->layout();
-    const int rank = s.flat->group().rank();
-    ParamOptimState slice;
-    std::set<std::string> keys;
-    for (size_t idx : s.param_index) {
-      for (const auto& [k, t] : states[idx].tensors) keys.insert(k);
-      for (const auto& [k, v] : states[idx].scalars) slice.scalars[k] = std::max(slice.scalars[k], v);
-    }
-    if (keys.empty() && slice.scalars.empty()) continue;
     const at::Tensor& shard = s.flat->local_shard();
-    for (const auto& key : keys) {
-      at::Tensor part = at::zeros({layout.shard_numel}, shard.options());
-      for (size_t j = 0; j < s.param_index.size(); ++j) {
-        FlatLayout::Piece piece = layout.piece(j, rank);
-        auto it = states[s.param_index[j]].tensors.find(key);
-        if (piece.length == 0 || it == states[s.param_index[j]].tensors.end()) continue;
-        part.narrow(0, piece.shard_offset, piece.length)
-            .copy_(it->second.reshape({-1}).narrow(0, piece.tensor_offset, piece.length));
-      }
-      slice.tensors[key] = part;
-    }
-    fresh.emplace_back(optimizer_state_key(shard), info.make_state(slice));
+    ParamOptimState slice =
+        read_slice_state(sources, read, s.flat->layout(), s.flat->group().rank(), s.param_index, shard.options());
+    if (!slice.empty()) fresh.emplace_back(optimizer_state_key(shard), info.make_state(slice));
   }
   optimizer_->state().clear();
   for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);

@@ -13,11 +13,15 @@
 //  - step(): overflow check, global-norm clipping (sum of squares over the shard group: every element
 //    counted once), the optimizer's step on the shards; then every gathered unit is freed, so the
 //    next forward gathers the updated shards.
+//  - Checkpoints (fsdp_checkpoint_io.h): gathered by gather_param_states, or sharded by
+//    local_state_pieces (the default, nothing gathered); either loads through load_state_ranges.
 //  - The shard keeps the parameters' original dtype (fp32 under a bf16 param_dtype policy): it is the
 //    master copy, so master_weights needs no second copy.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "booster/wrappers/optimizer_wrapper.h"
@@ -37,7 +41,14 @@ class FsdpOptimizer : public OptimizerWrapper {
   double clip_grad_by_norm(double max_norm, double norm_type = 2.0) override;
   void clip_grad_by_value(double clip_value) override;
   std::vector<ParamOptimState> gather_param_states() override;
-  void load_param_states(const std::vector<ParamOptimState>& states) override;
+  // Checkpoints without gathering: the pieces of this rank's shards (per FlatParameter, state tensor
+  // and parameter, FlatLayout::piece at the rank in the shard group), only on rank 0 of the replicate
+  // group when the shards are replicated (HYBRID_SHARD, NO_SHARD); on load each rank reads just the
+  // ranges of its own shards.
+  std::vector<checkpoint::StatePiece> local_state_pieces() override;
+  std::vector<std::map<std::string, int64_t>> local_state_scalars() override;
+  bool state_is_sharded() const override;  // the shard group has more than one rank (not NO_SHARD)
+  void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) override;
   void sync_master_from_model() override {}  // the shards are the weights (the plugin's checkpoint IO loads them)
   MemoryReport memory_report() const override;
 

@@ -4,10 +4,13 @@
 #include <ATen/ATen.h>
 #include <torch/optim/lbfgs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
+#include "booster/core/flat_layout.h"
 #include "booster/dist/process_group.h"
 #include "booster/plugin.h"
 #include "booster/wrappers/optimizer_registry.h"
@@ -234,6 +237,19 @@ void OptimizerWrapper::load_state_dict(const OptimizerWrapperState& state) {
 // ---------------------------------------------------------------------------------------------
 // State by parameter, master sync, memory
 
+at::Tensor OptimizerWrapper::read_state_range(const StateRangeReader& read, size_t param, const std::string& key,
+                                              int64_t offset, int64_t length) {
+  at::Tensor values = read(param, key, offset, length);
+  if (!values.defined() || values.dim() != 1 || values.numel() != length)
+    throw std::invalid_argument("booster: load_state_ranges: the reader returned " +
+                                (values.defined() ? std::to_string(values.numel()) + " elements in " +
+                                                        std::to_string(values.dim()) + " dimensions"
+                                                  : std::string("an undefined tensor")) +
+                                " for state '" + key + "' of parameter " + std::to_string(param) + ", elements [" +
+                                std::to_string(offset) + ", " + std::to_string(offset + length) + ") (1-D expected)");
+  return values;
+}
+
 std::vector<ParamOptimState> OptimizerWrapper::gather_param_states() {
   const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);  // throws for an unregistered type
   std::vector<ParamOptimState> out(master_params_.size());
@@ -246,16 +262,109 @@ std::vector<ParamOptimState> OptimizerWrapper::gather_param_states() {
 }
 
 void OptimizerWrapper::load_param_states(const std::vector<ParamOptimState>& states) {
-  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  if (states.size() != master_params_.size())
+  if (states.size() != model_params_.size())
     throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
+                                std::to_string(model_params_.size()) + " parameters");
+  std::vector<ParamStateSource> sources(states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    for (const auto& [k, t] : states[i].tensors) sources[i].tensor_keys.push_back(k);
+    sources[i].scalars = states[i].scalars;
+  }
+  load_state_ranges(sources, [&](size_t i, const std::string& key, int64_t offset, int64_t length) {
+    return states[i].tensors.at(key).reshape({-1}).narrow(0, offset, length);
+  });
+}
+
+std::vector<checkpoint::StatePiece> OptimizerWrapper::local_state_pieces() {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  std::vector<checkpoint::StatePiece> pieces;
+  if (options_.group && options_.group->rank() != 0) return pieces;  // replicated: rank 0 saves
+  auto& state = optimizer_->state();
+  for (size_t i = 0; i < master_params_.size(); ++i) {
+    auto it = state.find(optimizer_state_key(master_params_[i]));
+    if (it == state.end()) continue;
+    for (auto& [key, t] : info.extract_state(*it->second).tensors)
+      pieces.push_back({checkpoint_name(i) + "." + key, model_params_[i].sizes().vec(), 0, t.detach().reshape({-1})});
+  }
+  return pieces;
+}
+
+const std::string& OptimizerWrapper::checkpoint_name(size_t i) const {
+  if (param_names_.size() != model_params_.size())
+    throw std::invalid_argument("booster: the optimizer's state is saved by parameter name, and this optimizer "
+                                "wrapper has none (set_parameter_names; Booster::boost sets them)");
+  return param_names_.at(i);
+}
+
+std::vector<checkpoint::StatePiece> OptimizerWrapper::slice_state_pieces(const ParamOptimState& slice,
+                                                                         const FlatLayout& layout, int rank,
+                                                                         const std::vector<size_t>& indices) const {
+  std::vector<checkpoint::StatePiece> pieces;
+  for (const auto& [key, t] : slice.tensors) {
+    at::Tensor flat = t.detach().reshape({-1});
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const FlatLayout::Piece piece = layout.piece(j, rank);  // {0, 0, 0} when it holds none
+      pieces.push_back({checkpoint_name(indices[j]) + "." + key, model_params_.at(indices[j]).sizes().vec(),
+                        piece.tensor_offset, flat.narrow(0, piece.shard_offset, piece.length)});
+    }
+  }
+  return pieces;
+}
+
+ParamOptimState OptimizerWrapper::read_slice_state(const std::vector<ParamStateSource>& sources,
+                                                   const StateRangeReader& read, const FlatLayout& layout, int rank,
+                                                   const std::vector<size_t>& indices,
+                                                   const at::TensorOptions& options) {
+  ParamOptimState slice;
+  std::set<std::string> keys;
+  for (size_t idx : indices) {
+    keys.insert(sources.at(idx).tensor_keys.begin(), sources[idx].tensor_keys.end());
+    // Per-parameter step counts can differ in a DDP checkpoint (a parameter unused in some steps);
+    // the slice takes the largest.
+    for (const auto& [k, v] : sources[idx].scalars) slice.scalars[k] = std::max(slice.scalars[k], v);
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& key : keys) {
+    at::Tensor part = at::zeros({layout.shard_numel}, options);
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const FlatLayout::Piece piece = layout.piece(j, rank);
+      const auto& held = sources[indices[j]].tensor_keys;
+      if (piece.length == 0 || std::find(held.begin(), held.end(), key) == held.end()) continue;
+      part.narrow(0, piece.shard_offset, piece.length)
+          .copy_(read_state_range(read, indices[j], key, piece.tensor_offset, piece.length));
+    }
+    slice.tensors[key] = part;
+  }
+  return slice;
+}
+
+std::vector<std::map<std::string, int64_t>> OptimizerWrapper::local_state_scalars() {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  std::vector<std::map<std::string, int64_t>> out(master_params_.size());
+  auto& state = optimizer_->state();
+  for (size_t i = 0; i < master_params_.size(); ++i) {
+    auto it = state.find(optimizer_state_key(master_params_[i]));
+    if (it != state.end()) out[i] = info.extract_state(*it->second).scalars;
+  }
+  return out;
+}
+
+void OptimizerWrapper::load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  if (sources.size() != master_params_.size())
+    throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(master_params_.size()) + " parameters");
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
-  for (size_t i = 0; i < states.size(); ++i) {
-    if (states[i].empty()) continue;
-    ParamOptimState s = states[i];
-    for (auto& [k, t] : s.tensors) t = t.to(master_params_[i].options(), false, /*copy=*/true).view_as(master_params_[i]);
-    fresh.emplace_back(optimizer_state_key(master_params_[i]), info.make_state(s));
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i].empty()) continue;
+    const at::Tensor& master = master_params_[i];
+    ParamOptimState s;
+    s.scalars = sources[i].scalars;
+    for (const auto& key : sources[i].tensor_keys) {
+      at::Tensor values = read_state_range(read, i, key, 0, master.numel());
+      s.tensors[key] = values.to(master.options(), false, /*copy=*/true).view_as(master);
+    }
+    fresh.emplace_back(optimizer_state_key(master), info.make_state(s));
   }
   optimizer_->state().clear();
   for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);

@@ -305,34 +305,44 @@ std::vector<ParamOptimState> ZeroOptimizer::gather_param_states() {
   return out;
 }
 
-void ZeroOptimizer::load_param_states(const std::vector<ParamOptimState>& states) {
+std::vector<checkpoint::StatePiece> ZeroOptimizer::local_state_pieces() {
   const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  if (states.size() != model_params_.size())
-    throw std::invalid_argument("booster: load_param_states: " + std::to_string(states.size()) + " states for " +
+  std::vector<checkpoint::StatePiece> pieces;
+  auto& state = optimizer_->state();
+  for (auto& g : groups_) {
+    auto it = state.find(optimizer_state_key(g->master));
+    if (it == state.end()) continue;  // not stepped yet: the same on every rank
+    for (auto& p : slice_state_pieces(info.extract_state(*it->second), g->layout, options_.group->rank(), g->indices))
+      pieces.push_back(std::move(p));
+  }
+  return pieces;
+}
+
+std::vector<std::map<std::string, int64_t>> ZeroOptimizer::local_state_scalars() {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  std::vector<std::map<std::string, int64_t>> out(model_params_.size());
+  auto& state = optimizer_->state();
+  for (auto& g : groups_) {
+    auto it = state.find(optimizer_state_key(g->master));
+    if (it == state.end()) continue;
+    auto scalars = info.extract_state(*it->second).scalars;
+    for (size_t idx : g->indices) out[idx] = scalars;
+  }
+  return out;
+}
+
+bool ZeroOptimizer::state_is_sharded() const { return options_.group->size() > 1; }
+
+void ZeroOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) {
+  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
+  if (sources.size() != model_params_.size())
+    throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(model_params_.size()) + " parameters");
   const int rank = options_.group->rank();
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
-  at::NoGradGuard no_grad;
   for (auto& g : groups_) {
-    ParamOptimState slice;
-    std::set<std::string> keys;
-    for (size_t idx : g->indices) {
-      for (const auto& [k, t] : states[idx].tensors) keys.insert(k);
-      // Per-parameter step counts can differ in a DDP checkpoint (a parameter unused in some
-      // steps); the slice takes the largest.
-      for (const auto& [k, v] : states[idx].scalars) slice.scalars[k] = std::max(slice.scalars[k], v);
-    }
-    if (keys.empty() && slice.scalars.empty()) continue;
-    for (const auto& key : keys) {
-      at::Tensor full = at::zeros({g->layout.padded_numel}, g->master.options());
-      for (size_t j = 0; j < g->params.size(); ++j) {
-        auto it = states[g->indices[j]].tensors.find(key);
-        if (it == states[g->indices[j]].tensors.end()) continue;
-        full.narrow(0, g->layout.offsets[j], g->layout.numels[j]).copy_(it->second.reshape({-1}));
-      }
-      slice.tensors[key] = full.narrow(0, g->layout.shard_begin(rank), g->layout.shard_numel).clone();
-    }
-    fresh.emplace_back(optimizer_state_key(g->master), info.make_state(slice));
+    ParamOptimState slice = read_slice_state(sources, read, g->layout, rank, g->indices, g->master.options());
+    if (!slice.empty()) fresh.emplace_back(optimizer_state_key(g->master), info.make_state(slice));
   }
   optimizer_->state().clear();
   for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);

@@ -9,11 +9,15 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "booster/checkpoint/sharded_state.h"
 #include "booster/core/memory.h"
 #include "booster/export.h"
 #include "booster/mixed_precision/grad_scaler.h"
@@ -21,6 +25,7 @@
 
 namespace booster {
 class ModelHooks;
+struct FlatLayout;
 namespace dist {
 class ProcessGroup;
 }
@@ -43,6 +48,21 @@ struct OptimizerWrapperState {
   std::optional<mixed_precision::ScalerState> scaler;
   int64_t skipped_steps = 0;
 };
+
+// One parameter's optimizer state in a checkpoint, as OptimizerWrapper::load_state_ranges receives it.
+struct ParamStateSource {
+  // State keys that have a tensor ("exp_avg", ...): each the parameter's full shape, read flattened.
+  std::vector<std::string> tensor_keys;
+  std::map<std::string, int64_t> scalars;  // e.g. "step" -> 3
+  bool empty() const { return tensor_keys.empty() && scalars.empty(); }
+};
+
+// Elements [offset, offset + length) of the FLATTENED full-shape state tensor `key` of parameters()[param]
+// (0 <= offset, offset + length <= the parameter's numel): a 1-D tensor of `length` elements, any
+// dtype the caller validated as loadable (the receiver converts it), any device. May throw
+// (checkpoint::CheckpointError for an unreadable range); thread-compatible (called on the caller's thread).
+using StateRangeReader =
+    std::function<at::Tensor(size_t param, const std::string& key, int64_t offset, int64_t length)>;
 
 class BOOSTER_API OptimizerWrapper {
  public:
@@ -116,7 +136,41 @@ class BOOSTER_API OptimizerWrapper {
   // Replaces the optimizer's whole state with `states` (aligned with parameters(); each tensor shaped
   // like its parameter; converted to the master dtype and device). Local (no communication): every
   // rank passes the full states and a sharded wrapper keeps its slice. The caller validates shapes.
-  virtual void load_param_states(const std::vector<ParamOptimState>& states);
+  // It is load_state_ranges over these tensors. Throws std::invalid_argument when states.size()
+  // differs from parameters().size().
+  void load_param_states(const std::vector<ParamOptimState>& states);
+
+  // ---- State as pieces of flattened full-shape tensors (the sharded checkpoint format,
+  // checkpoint/sharded_state.h; nothing is gathered). Names: "<parameter name>.<state key>" with the
+  // names of parameter_names() (required: std::invalid_argument when they are not set).
+  // The optimizer state THIS rank contributes to a checkpoint saved over the world: every piece is a
+  // 1-D range of a state tensor in the master dtype (a view of the optimizer's state, not a copy),
+  // shape = its parameter's shape; the union over the ranks covers every state tensor exactly once
+  // (the caller saves over the world; replicas contribute from one copy only). Sharded wrappers give
+  // every state tensor of a slice they hold a piece, zero-length when the slice holds none of its
+  // elements, so every tensor is listed even when its parameter has 0 elements. Local (no
+  // communication). Default (replicated state, DDP): rank 0 of options().group, or the only process
+  // when there is no group, returns every state tensor whole (offset 0); other ranks return none.
+  // Throws std::invalid_argument for an optimizer type optimizer_state.h does not know.
+  virtual std::vector<checkpoint::StatePiece> local_state_pieces();
+  // The integer scalars ("step") of each of parameters() (empty map: no state), as the checkpoint's
+  // optimizer_groups.json lists them; local. Every rank that holds state returns the same values
+  // (a sharded wrapper's slices step together), so rank 0's are written.
+  virtual std::vector<std::map<std::string, int64_t>> local_state_scalars();
+  // Whether the state is split across ranks (ZeRO, FSDP): CheckpointIO's save_optimizer then writes
+  // the sharded format by default (OptimizerFormat::kAuto). Default false (replicated).
+  virtual bool state_is_sharded() const { return false; }
+  // Replaces the optimizer's whole state with the checkpoint's: for each parameter (sources aligned
+  // with parameters(); an empty source = no state), the tensor keys are read through `read`, only
+  // the ranges this rank keeps (default: whole tensors; ZeRO / FSDP: the pieces of their slices at
+  // this world size, FlatLayout::piece), so no rank materialises a full tensor it does not own.
+  // Values are converted to the master dtype and device (the caller has checked that the dtype
+  // loads, checkpoint_io.h). A sharded wrapper's slice takes the largest of its parameters'
+  // scalars (a DDP checkpoint's step counts may differ per parameter). Everything is read and built
+  // first and swapped in at the end: when `read` throws (or any other error) the state is unchanged.
+  // Local (no communication). Throws std::invalid_argument when sources.size() differs from
+  // parameters().size(), or a read returns the wrong number of elements.
+  virtual void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read);
   // The model's weights changed outside step() (load_model): refresh the fp32 master copies from
   // them. No-op without master copies.
   virtual void sync_master_from_model();
@@ -133,6 +187,24 @@ class BOOSTER_API OptimizerWrapper {
   // replicated, as after DDP's allreduce.
   virtual dist::ProcessGroup* norm_group() const { return nullptr; }
 
+  // read(param, key, offset, length), checked: a defined 1-D tensor of `length` elements (else
+  // std::invalid_argument naming the parameter index, the key and the range).
+  static at::Tensor read_state_range(const StateRangeReader& read, size_t param, const std::string& key,
+                                     int64_t offset, int64_t length);
+  // For sharded wrappers (ZeRO, FSDP). One flat slice: rank `rank`'s shard of `layout`, whose tensor
+  // j is parameters()[indices[j]], with optimizer state `slice` (tensors of [shard_numel] elements).
+  // Its pieces for local_state_pieces: per state tensor and parameter, the elements of
+  // layout.piece(j, rank) as a view of the slice's tensor (zero-length when it holds none).
+  std::vector<checkpoint::StatePiece> slice_state_pieces(const ParamOptimState& slice, const FlatLayout& layout,
+                                                         int rank, const std::vector<size_t>& indices) const;
+  // Its new state for load_state_ranges: the union of the parameters' tensor keys, the largest of
+  // their scalars; each tensor [shard_numel] with `options`, zeros (padding, parameters without the
+  // key) where no piece is read. empty() when none of the parameters has state.
+  static ParamOptimState read_slice_state(const std::vector<ParamStateSource>& sources, const StateRangeReader& read,
+                                          const FlatLayout& layout, int rank, const std::vector<size_t>& indices,
+                                          const at::TensorOptions& options);
+  // parameter_names()[i]; std::invalid_argument when the names are not set (not made by boost()).
+  const std::string& checkpoint_name(size_t i) const;
   // Unscales the gradients once per step (no-op without scaler or when already done).
   void unscale_once();
   // Global norm of local_gradients() (see clip_grad_by_norm).

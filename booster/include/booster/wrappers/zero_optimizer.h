@@ -27,6 +27,7 @@
 // Parameters with requires_grad = false are left out (never updated).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -70,7 +71,14 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   void clip_grad_by_value(double clip_value) override;
 
   std::vector<ParamOptimState> gather_param_states() override;
-  void load_param_states(const std::vector<ParamOptimState>& states) override;
+  // Checkpoints without gathering: the pieces of this rank's master slices (per group, state tensor
+  // and parameter, FlatLayout::piece(j, rank), the padding left out); on load each rank reads just
+  // the ranges of its slices at this world size. options.group must be the world the checkpoint is
+  // saved over (the plugin's case).
+  std::vector<checkpoint::StatePiece> local_state_pieces() override;
+  std::vector<std::map<std::string, int64_t>> local_state_scalars() override;
+  bool state_is_sharded() const override;  // the group has more than one rank
+  void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) override;
   void sync_master_from_model() override;
   MemoryReport memory_report() const override;
 
