@@ -233,7 +233,7 @@ checkpoint::CheckpointIO& Booster::checkpoint_io() {
 }
 
 void Booster::save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
-                             const checkpoint::SaveOptions& options) {
+                             const checkpoint::OptimizerSaveOptions& options) {
   checkpoint_io().save_optimizer(optimizer, path, options);
 }
 void Booster::load_optimizer(OptimizerWrapper& optimizer, const std::string& path) {

@@ -197,8 +197,8 @@ int run() {
   } else if (scenario == "resume") {
     // Steps [start, stop) of a run of the MLP on global batches of `global` rows (each rank takes
     // global / world_size rows), after loading model + optimizer from load=DIR when given; saves
-    // them into save=DIR when given (and writes the parameters right after loading into
-    // DIR/rank<r>_loaded.pt). Any plugin / world size: the trajectory is the same. Any precision:
+    // them into save=DIR when given (the optimizer in optimizer_format=auto|gathered|sharded), and
+    // writes the parameters right after loading into DIR/rank<r>_loaded.pt. Any plugin / world size: the trajectory is the same. Any precision:
     // the loss is computed in fp32 (a bf16 model's output is cast).
     int64_t start = iarg("start", 0), stop = iarg("stop", steps), global = iarg("global", 8);
     torch::manual_seed(7);
@@ -220,7 +220,11 @@ int run() {
     }
     if (!arg("save", "").empty()) {
       booster.save_model(boosted.model, arg("save", "") + "/model");
-      booster.save_optimizer(*boosted.optimizer, arg("save", "") + "/optimizer");
+      booster::checkpoint::OptimizerSaveOptions so;  // optimizer_format=auto|gathered|sharded
+      const std::string format = arg("optimizer_format", "auto");
+      if (format == "gathered") so.format = booster::checkpoint::OptimizerFormat::kGathered;
+      else if (format == "sharded") so.format = booster::checkpoint::OptimizerFormat::kSharded;
+      booster.save_optimizer(*boosted.optimizer, arg("save", "") + "/optimizer", so);
     }
     save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
   } else if (scenario == "memory") {

@@ -123,8 +123,13 @@ class BOOSTER_API Booster {
     checkpoint_io().load_model(*model.module(), path, strict);
     after_model_load(*model.module());
   }
+  // Optimizer state by parameter name in directory `path`. options.format (default kAuto): sharded
+  // (every rank writes its own file, nothing is gathered) for plugins that shard the state
+  // (low_level_zero, torch_fsdp), gathered (one set of full tensors, HF-like) for torch_ddp; a
+  // SaveOptions (shard, size_per_shard_mb, use_safetensors) still works and applies to the gathered
+  // format. load_optimizer reads either format, saved at any world size by any plugin.
   void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
-                      const checkpoint::SaveOptions& options = {});
+                      const checkpoint::OptimizerSaveOptions& options = {});
   void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
   void save_lr_scheduler(LRScheduler& scheduler, const std::string& path);
   void load_lr_scheduler(LRScheduler& scheduler, const std::string& path);

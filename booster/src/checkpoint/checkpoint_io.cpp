@@ -1,10 +1,8 @@
-// checkpoint_io.cpp — the default CheckpointIO: model, optimizer (by parameter name) and LR scheduler.
+// checkpoint_io.cpp — the default CheckpointIO: model and LR scheduler, and the helpers the
+// optimizer part (optimizer_checkpoint.cpp) shares (checkpoint_io_detail.h).
 #include "booster/checkpoint/checkpoint_io.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -13,14 +11,9 @@
 #include "booster/io/atomic_write.h"
 #include "booster/logging.h"
 #include "booster/lr_scheduler.h"
-#include "booster/wrappers/optimizer_registry.h"
-#include "booster/wrappers/optimizer_state.h"
-#include "booster/wrappers/optimizer_wrapper.h"
+#include "checkpoint_io_detail.h"
 
 namespace booster::checkpoint {
-
-using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 CheckpointIO::CheckpointIO(std::shared_ptr<dist::ProcessGroup> world) : world_(std::move(world)) {}
 CheckpointIO::~CheckpointIO() = default;
@@ -29,7 +22,10 @@ void CheckpointIO::barrier() const {
   if (world_ && world_->size() > 1) world_->barrier();
 }
 
-namespace {
+// ---------------------------------------------------------------------------------------------
+// Helpers shared with the optimizer part (checkpoint_io_detail.h)
+
+namespace io_detail {
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -45,9 +41,7 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-// Runs `write` on rank 0, then tells every rank whether it worked (so no rank continues alone).
-template <class F>
-void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, F&& write) {
+void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, const std::function<void()>& write) {
   std::string error;
   if (!world || world->rank() == 0) {
     try {
@@ -60,21 +54,8 @@ void write_on_rank0(const std::shared_ptr<dist::ProcessGroup>& world, F&& write)
   if (!error.empty()) throw CheckpointError(error);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Dtype conversion on load (the rule is load_model's, checkpoint_io.h).
-
 std::string dtype_str(at::ScalarType t) { return c10::toString(t); }
 
-// Whether a checkpoint tensor of dtype `from` loads into a tensor of dtype `to`: torch.can_cast.
-bool loadable_as(at::ScalarType from, at::ScalarType to) { return from == to || c10::canCast(from, to); }
-
-// A floating -> integer pair, which load_model converts only for whole numbers in range.
-bool float_into_integer(at::ScalarType from, at::ScalarType to) {
-  return at::isFloatingType(from) && at::isIntegralType(to, /*includeBool=*/false);
-}
-
-// "" when every value of the floating tensor `t` is a whole number that the integer dtype `to` holds;
-// else the first value that is not ("2.75 is not a whole number").
 std::string whole_number_problem(const at::Tensor& t, at::ScalarType to) {
   at::Tensor d = t.to(at::kDouble).reshape({-1});
   const int bits = 8 * static_cast<int>(c10::elementSize(to));
@@ -90,10 +71,8 @@ std::string whole_number_problem(const at::Tensor& t, at::ScalarType to) {
   return os.str();
 }
 
-// "dtype Float in the checkpoint, Long in the model (refused: ...)" for a pair that does not load;
-// `what` names the receiving side ("the model", "the optimizer"); `detail` the offending value.
 std::string refused_dtype(at::ScalarType from, at::ScalarType to, const std::string& what,
-                          const std::string& detail = "") {
+                          const std::string& detail) {
   std::string why = at::isComplexType(from) ? "the imaginary part would be dropped"
                     : to == at::kBool       ? "values would collapse to true/false"
                                             : "floating-point values would be truncated";
@@ -102,82 +81,24 @@ std::string refused_dtype(at::ScalarType from, at::ScalarType to, const std::str
          "; give " + what + "'s tensor a dtype that holds these values, or convert the checkpoint)";
 }
 
-// Counts tensors converted per (checkpoint dtype, receiving dtype) pair; report() logs one line.
-class ConversionLog {
- public:
-  void add(at::ScalarType from, at::ScalarType to) {
-    if (from != to) ++counts_[{from, to}];
+void ConversionLog::report(const std::string& call, const std::string& path, const std::string& noun,
+                           const std::string& whose) const {
+  if (counts_.empty()) return;
+  std::string line = "booster: " + call + " " + path + ": converted";
+  std::set<at::ScalarType> targets;
+  bool first = true;
+  for (const auto& [pair, n] : counts_) {
+    line += std::string(first ? " " : ", ") + std::to_string(n) + " " + noun + (n == 1 ? "" : "s") + " " +
+            dtype_str(pair.first) + " -> " + dtype_str(pair.second);
+    targets.insert(pair.second);
+    first = false;
   }
-  // Rank 0, when anything was converted: "booster: <call> <path>: converted 8 tensors BFloat16 ->
-  // Float (the model's dtype)".
-  void report(const std::string& call, const std::string& path, const std::string& noun,
-              const std::string& whose) const {
-    if (counts_.empty()) return;
-    std::string line = "booster: " + call + " " + path + ": converted";
-    std::set<at::ScalarType> targets;
-    bool first = true;
-    for (const auto& [pair, n] : counts_) {
-      line += std::string(first ? " " : ", ") + std::to_string(n) + " " + noun + (n == 1 ? "" : "s") + " " +
-              dtype_str(pair.first) + " -> " + dtype_str(pair.second);
-      targets.insert(pair.second);
-      first = false;
-    }
-    log::info(line + " (" + whose + (targets.size() == 1 ? " dtype)" : " dtypes)"));
-  }
-
- private:
-  std::map<std::pair<at::ScalarType, at::ScalarType>, int64_t> counts_;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Optimizer type name and options (per parameter group) as JSON, from the optimizer registry
-// (wrappers/optimizer_registry.h); its lookup errors become CheckpointError.
-
-std::string optimizer_type(torch::optim::Optimizer& o) {
-  try {
-    return optimizer_type_info(o).name();
-  } catch (const std::invalid_argument& e) {
-    throw CheckpointError(std::string("booster: cannot checkpoint the optimizer: ") + e.what());
-  }
+  log::info(line + " (" + whose + (targets.size() == 1 ? " dtype)" : " dtypes)"));
 }
 
-json options_to_json(const torch::optim::Optimizer& opt, torch::optim::OptimizerOptions& o) {
-  try {
-    return optimizer_type_info(opt).options_to_json(o);
-  } catch (const std::invalid_argument& e) {
-    throw CheckpointError(std::string("booster: cannot checkpoint the optimizer's options: ") + e.what());
-  }
-}
+}  // namespace io_detail
 
-void options_from_json(const torch::optim::Optimizer& opt, torch::optim::OptimizerOptions& o, const json& j) {
-  try {
-    optimizer_type_info(opt).options_from_json(j, o);
-  } catch (const std::invalid_argument& e) {
-    throw CheckpointError(std::string("booster: cannot restore the optimizer's options: ") + e.what());
-  }
-}
-
-// The dtype the wrapped optimizer keeps each parameter's state in (aligned with the wrapper's
-// parameters()): the dtype of the tensor it updates for that parameter, read from its param groups.
-// A group holding one tensor per parameter (the parameters or their master copies) gives each its
-// own; a group holding fewer tensors of one dtype (a sharded wrapper's master slice) gives that dtype
-// to all its parameters. Undefined where neither applies (the state then keeps its dtype and the
-// wrapper's load_param_states converts it).
-std::vector<at::ScalarType> optimizer_state_dtypes(OptimizerWrapper& wrapper) {
-  std::vector<at::ScalarType> out;
-  auto& groups = wrapper.optimizer().param_groups();
-  const auto& sizes = wrapper.param_group_sizes();
-  for (size_t g = 0; g < sizes.size(); ++g) {
-    const auto& held = g < groups.size() ? groups[g].params() : std::vector<at::Tensor>{};
-    at::ScalarType common = held.empty() ? at::ScalarType::Undefined : held.front().scalar_type();
-    for (const auto& t : held)
-      if (t.scalar_type() != common) common = at::ScalarType::Undefined;
-    for (size_t j = 0; j < sizes[g]; ++j) out.push_back(held.size() == sizes[g] ? held[j].scalar_type() : common);
-  }
-  return out;
-}
-
-}  // namespace
+using namespace io_detail;
 
 // ---------------------------------------------------------------------------------------------
 // Model
@@ -286,152 +207,6 @@ void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadT
     }
   });
   conversions.report("load_model", path, "tensor", "the model's");
-}
-
-// ---------------------------------------------------------------------------------------------
-// Optimizer
-
-void CheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& path, const SaveOptions& options) {
-  const auto& names = wrapper.parameter_names();
-  if (names.empty())
-    throw CheckpointError("booster: save_optimizer needs the optimizer returned by Booster::boost (it knows the "
-                          "parameter names)");
-  auto& opt = wrapper.optimizer();
-  std::string type = optimizer_type(opt);
-  // Full-shape state by parameter (a sharded wrapper gathers its slices here: collective).
-  std::vector<ParamOptimState> states = wrapper.gather_param_states();
-  StateDict tensors;
-  json groups = json::array(), scalars = json::object();
-  size_t i = 0;
-  const auto& sizes = wrapper.param_group_sizes();
-  for (size_t g = 0; g < sizes.size(); ++g) {
-    json jg;
-    jg["options"] = options_to_json(opt, opt.param_groups()[g].options());
-    jg["params"] = json::array();
-    for (size_t j = 0; j < sizes[g]; ++j, ++i) {
-      const std::string& name = names.at(i);
-      jg["params"].push_back(name);
-      for (auto& [k, t] : states[i].tensors) tensors.emplace_back(name + "." + k, t.detach());
-      for (auto& [k, v] : states[i].scalars) scalars[name][k] = v;
-    }
-    groups.push_back(jg);
-  }
-  json doc = {{"format", "booster-optimizer-v1"}, {"optimizer", type}, {"param_groups", groups}, {"scalars", scalars}};
-  auto ws = wrapper.state_dict();
-  doc["wrapper"]["skipped_steps"] = ws.skipped_steps;
-  if (ws.scaler)
-    doc["wrapper"]["loss_scaler"] = {{"scale", ws.scaler->scale},
-                                     {"growth_step", ws.scaler->growth_step},
-                                     {"hysteresis_step", ws.scaler->hysteresis_step}};
-  write_on_rank0(world_, [&] {
-    save_state_dict(path, tensors, options, "optimizer", {{"optimizer_groups.json", doc.dump(2)}});
-  });
-}
-
-void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& path) {
-  const auto& names = wrapper.parameter_names();
-  if (names.empty())
-    throw CheckpointError("booster: load_optimizer needs the optimizer returned by Booster::boost");
-  std::string groups_file = (fs::path(path) / "optimizer_groups.json").string();
-  json doc;
-  try {
-    doc = json::parse(read_text(groups_file));
-  } catch (const json::exception& e) {
-    throw CheckpointError("booster: " + groups_file + ": invalid JSON: " + e.what());
-  }
-  auto& opt = wrapper.optimizer();
-  std::string type = optimizer_type(opt);
-  try {
-    if (doc.at("format") != "booster-optimizer-v1")
-      throw CheckpointError("booster: " + groups_file + ": unknown format " + doc.at("format").dump());
-    if (doc.at("optimizer") != type)
-      throw CheckpointError("booster: " + path + " holds " + doc.at("optimizer").get<std::string>() +
-                            " state but the optimizer is " + type + "; build the same optimizer type");
-    const json& groups = doc.at("param_groups");
-    const auto& sizes = wrapper.param_group_sizes();
-    if (groups.size() != sizes.size())
-      throw CheckpointError("booster: " + path + " has " + std::to_string(groups.size()) + " parameter groups, the "
-                            "optimizer " + std::to_string(sizes.size()));
-    size_t i = 0;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const json& params = groups[g].at("params");
-      if (params.size() != sizes[g])
-        throw CheckpointError("booster: " + path + ": parameter group " + std::to_string(g) + " has " +
-                              std::to_string(params.size()) + " parameters, the optimizer's " + std::to_string(sizes[g]));
-      for (size_t j = 0; j < sizes[g]; ++j, ++i)
-        if (params[j] != names.at(i))
-          throw CheckpointError("booster: " + path + ": parameter group " + std::to_string(g) + " position " +
-                                std::to_string(j) + " is " + params[j].dump() + " in the checkpoint but " + names.at(i) +
-                                " in the optimizer");
-    }
-  } catch (const json::exception& e) {
-    throw CheckpointError("booster: " + groups_file + ": malformed: " + e.what());
-  }
-  StateDict loaded;
-  bool has_tensors = fs::exists(fs::path(path) / "optimizer.safetensors") ||
-                     fs::exists(fs::path(path) / "optimizer.safetensors.index.json") ||
-                     fs::exists(fs::path(path) / "optimizer.bin") || fs::exists(fs::path(path) / "optimizer.bin.index.json");
-  if (has_tensors) loaded = load_state_dict(path, "optimizer");
-  std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
-  loaded.clear();  // by_name holds the tensors; a converted one replaces its original there
-
-  // Build every new state first (validating shapes and dtypes, converting), then swap in: nothing
-  // changes on error.
-  std::vector<at::Tensor> params = wrapper.parameters();
-  const std::vector<at::ScalarType> state_dtypes = optimizer_state_dtypes(wrapper);
-  std::vector<ParamOptimState> new_states(params.size());
-  std::set<std::string> used;
-  ConversionLog conversions;
-  const json& scalars = doc.value("scalars", json::object());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = names.at(i);
-    const at::Tensor& p = params[i];
-    const at::ScalarType dtype = state_dtypes.at(i);
-    ParamOptimState& s = new_states[i];
-    std::string prefix = name + ".";
-    for (auto it = by_name.lower_bound(prefix); it != by_name.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
-      std::string key = it->first.substr(prefix.size());
-      if (key.find('.') != std::string::npos) continue;  // belongs to a longer parameter name
-      if (it->second.sizes() != p.sizes())
-        throw CheckpointError("booster: " + path + ": " + it->first + " has shape " + shape_str(it->second.sizes()) +
-                              " but parameter " + name + " has " + shape_str(p.sizes()));
-      if (dtype != at::ScalarType::Undefined && it->second.scalar_type() != dtype) {
-        if (!loadable_as(it->second.scalar_type(), dtype))
-          throw CheckpointError("booster: " + path + ": " + it->first + ": " +
-                                refused_dtype(it->second.scalar_type(), dtype, "the optimizer"));
-        conversions.add(it->second.scalar_type(), dtype);
-        it->second = it->second.to(dtype);
-      }
-      s.tensors[key] = it->second;
-      used.insert(it->first);
-    }
-    if (scalars.contains(name))
-      for (auto& [k, v] : scalars.at(name).items()) s.scalars[k] = v.get<int64_t>();
-  }
-  for (auto& [k, v] : by_name)
-    if (!used.count(k))
-      throw CheckpointError("booster: " + path + ": optimizer state " + k + " matches no parameter of the optimizer");
-  OptimizerWrapperState ws;
-  if (doc.contains("wrapper")) {
-    const json& w = doc["wrapper"];
-    ws.skipped_steps = w.value("skipped_steps", 0);
-    if (w.contains("loss_scaler")) {
-      const json& l = w["loss_scaler"];
-      ws.scaler = mixed_precision::ScalerState{l.at("scale").get<double>(), l.at("growth_step").get<int64_t>(),
-                                               l.at("hysteresis_step").get<int64_t>()};
-    }
-  }
-  if (ws.scaler.has_value() != static_cast<bool>(wrapper.options().scaler))
-    throw CheckpointError(std::string("booster: ") + path +
-                          (ws.scaler ? " has loss-scaler state but this optimizer has no loss scaler"
-                                     : " has no loss-scaler state but this optimizer uses a loss scaler") +
-                          " (saved with another mixed_precision setting?)");
-  // Commit.
-  wrapper.load_param_states(new_states);
-  const json& groups = doc.at("param_groups");
-  for (size_t g = 0; g < groups.size(); ++g) options_from_json(opt, opt.param_groups()[g].options(), groups[g].at("options"));
-  wrapper.load_state_dict(ws);
-  conversions.report("load_optimizer", path, "state tensor", "the optimizer's");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,12 +3,18 @@
 // serves every plugin whose model is replicated on each rank; a plugin with control_checkpoint_io()
 // supplies its own (e.g. to gather shards).
 //
-// All calls are collective: every rank calls them; rank 0 writes (then a barrier), every rank reads.
+// All calls are collective: every rank calls them; rank 0 writes (every rank its own file in the
+// sharded optimizer format), and every rank learns whether the write succeeded; every rank reads.
 //
-// Optimizer format (docs/checkpoint-format.md): state saved gathered and keyed by the parameter's
-// NAME, so it loads into any world size and any plugin that uses the same format:
-//   optimizer.safetensors (or optimizer-0000i-of-0000N.safetensors + optimizer.safetensors.index.json)
-//       "<param name>.<state key>" -> tensor in the parameter's shape (e.g. "fc1.weight.exp_avg")
+// Optimizer formats (docs/checkpoint-format.md), both keyed by the parameter's NAME, so either loads
+// into any world size and any plugin (DDP, ZeRO-1/2, FSDP):
+//  - gathered: full tensors, written by rank 0 (HF-like; the default for replicated state, DDP):
+//      optimizer.safetensors (or optimizer-0000i-of-0000N.safetensors + optimizer.safetensors.index.json)
+//          "<param name>.<state key>" -> tensor in the parameter's shape (e.g. "fc1.weight.exp_avg")
+//  - sharded (booster-sharded-v1, checkpoint/sharded_state.h; the default for ZeRO and FSDP): every
+//    rank writes the pieces of the flattened tensors it holds, nothing is gathered:
+//      optimizer-rank-0000r-of-0000N.safetensors + optimizer.sharded.json
+//  and in both
 //   optimizer_groups.json
 //       {"format": "booster-optimizer-v1", "optimizer": "AdamW",
 //        "param_groups": [{"options": {"lr": ..., ...}, "params": [names...]}],
@@ -34,6 +40,24 @@ class ProcessGroup;
 }
 
 namespace checkpoint {
+
+// Which optimizer format save_optimizer writes.
+enum class OptimizerFormat {
+  kAuto,      // kSharded when the wrapper's state is split across ranks (OptimizerWrapper::
+              // state_is_sharded(): ZeRO, FSDP on more than one rank) and use_safetensors; else kGathered
+  kGathered,  // full tensors, gathered to rank 0 and written there (shard, size_per_shard_mb and
+              // use_safetensors apply)
+  kSharded,   // every rank writes what it holds (safetensors only; shard / size_per_shard_mb do not apply)
+};
+
+// save_optimizer's options: the state-dict options (for the gathered format) plus the format.
+// A SaveOptions converts implicitly (format kAuto), so save_optimizer(o, path, save_options) works.
+struct OptimizerSaveOptions : SaveOptions {
+  OptimizerFormat format = OptimizerFormat::kAuto;
+  OptimizerSaveOptions() = default;
+  OptimizerSaveOptions(const SaveOptions& options, OptimizerFormat format = OptimizerFormat::kAuto)  // NOLINT
+      : SaveOptions(options), format(format) {}
+};
 
 struct ModelSaveOptions {
   bool shard = false;
@@ -73,18 +97,32 @@ class BOOSTER_API CheckpointIO {
   // "converted 8 tensors BFloat16 -> Float (the model's dtype)".
   virtual void load_model(torch::nn::Module& model, const std::string& path, bool strict = true);
 
-  // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper).
+  // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper) into
+  // directory `path` (replaced atomically; a failure on any rank leaves it unchanged and makes every
+  // rank throw CheckpointError). options.format (kAuto: sharded for ZeRO / FSDP, gathered for DDP):
+  //  - gathered: OptimizerWrapper::gather_param_states (a sharded wrapper all-gathers its slices:
+  //    collective), rank 0 writes the full tensors with save_state_dict;
+  //  - sharded: each rank's OptimizerWrapper::local_state_pieces with save_sharded_state over the
+  //    world (checkpoint/sharded_state.h): one file per rank, nothing gathered; rank 0 adds
+  //    optimizer_groups.json (scalars from its local_state_scalars).
   // Throws CheckpointError for an optimizer type that is not registered (wrappers/
-  // optimizer_registry.h: LibTorch's SGD, Adam, AdamW, RMSprop, Adagrad and any user registration)
-  // or a wrapper without parameter names (not made by boost()).
-  virtual void save_optimizer(OptimizerWrapper& optimizer, const std::string& path, const SaveOptions& options);
-  // Validates the files against the optimizer (same type, same parameter names per group, shapes,
-  // dtypes) before changing anything; then restores state, group options and the wrapper's scaler
-  // state. Each state tensor is converted to the dtype of the tensor the wrapped optimizer updates
+  // optimizer_registry.h: LibTorch's SGD, Adam, AdamW, RMSprop, Adagrad and any user registration),
+  // a wrapper without parameter names (not made by boost()), or kSharded with use_safetensors = false.
+  virtual void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
+                              const OptimizerSaveOptions& options);
+  // Loads either format (detected: <path>/optimizer.sharded.json marks a sharded one) saved at any
+  // world size by any plugin. Validates the files against the optimizer (same type, same parameter
+  // names per group, shapes, dtypes, every state tensor matching a parameter, a sharded tensor fully
+  // covered by its pieces) before changing anything; then OptimizerWrapper::load_state_ranges reads
+  // the ranges this rank keeps (its slices' pieces for ZeRO / FSDP, whole tensors for DDP: from a
+  // sharded checkpoint only those bytes are read; a gathered one is loaded whole on every rank),
+  // and the group options and the wrapper's scaler state are restored. Each state tensor is
+  // converted to the dtype of the tensor the wrapped optimizer updates
   // for its parameter (the fp32 master copy or ZeRO master slice when there is one, else the
   // parameter), under torch.can_cast (floating -> integer refused), and rank 0 logs the conversions
   // in one line. With master weights (the default) state is fp32 in every plugin and precision, so
-  // only a run without master weights (bf16 or fp16 state) converts.
+  // only a run without master weights (bf16 or fp16 state) converts. Local: every rank reads on its
+  // own; errors name the file and the mismatch.
   virtual void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
 
   // `path` is a file (lr_scheduler.json) holding LRScheduler::to_json(), written by rank 0 with
