@@ -6,16 +6,23 @@
 // fp32 (equal, to fp32 tolerance, to the same checkpoint loaded and trained in this process), and a
 // DDP fp32 checkpoint under ZeRO-2
 // bf16 (the loaded weights are exactly the bf16 rounding of the saved ones; training then stays
-// within bf16 tolerance of the uninterrupted fp32 run).
+// within bf16 tolerance of the uninterrupted fp32 run). And the sharded optimizer format: ZeRO-2 on 2
+// ranks and FSDP on 4 (FULL_SHARD, HYBRID_SHARD) write one file per rank, none holding the whole
+// state, and resume in ZeRO-1/2, DDP and FSDP at other world sizes like the uninterrupted run (DDP's
+// gathered checkpoint into FSDP too); `booster ckpt consolidate` of an FSDP checkpoint gives FSDP's
+// own gathered files.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include <torch/torch.h>
 
 #include "booster/checkpoint/checkpoint_io.h"
 #include "booster/checkpoint/safetensors.h"
+#include "booster/checkpoint/sharded_state.h"
 #include "booster/dist/process_group.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "common/test_util.h"
@@ -98,10 +105,12 @@ const std::vector<std::string> kZero2Bf16{"booster.plugin=\"low_level_zero\"", "
 
 // dist_worker's "resume" scenario: AdamW on the MLP, global batches of 8 rows, steps [start, stop).
 std::vector<ProcessResult> resume_run(int world, const std::string& out, int64_t start, int64_t stop,
-                                      const std::string& io_arg, const std::vector<std::string>& sets) {
+                                      const std::string& io_arg, const std::vector<std::string>& sets,
+                                      const std::vector<std::string>& more_args = {}) {
   std::filesystem::create_directories(out);
   std::vector<std::string> args{"scenario=resume", "steps=6", "global=8", "optimizer=adamw", "out=" + out,
                                 "start=" + std::to_string(start), "stop=" + std::to_string(stop), io_arg};
+  args.insert(args.end(), more_args.begin(), more_args.end());
   for (const auto& s : sets) args.push_back("set=" + s);
   auto results = run_workers(world, args);
   expect_all_ok(results);
@@ -132,8 +141,10 @@ void check_zero2_bf16_to_ddp_fp32(const std::vector<std::string>& zero_sets, at:
   auto model_file = booster::checkpoint::load_safetensors(ckpt + "/model/model.safetensors");
   ASSERT_EQ(model_file.size(), 8u);
   for (const auto& [name, t] : model_file) EXPECT_EQ(t.scalar_type(), at::kBFloat16) << name;
-  for (const auto& [name, t] : booster::checkpoint::load_safetensors(ckpt + "/optimizer/optimizer.safetensors"))
-    EXPECT_EQ(t.scalar_type(), state_dtype) << name;
+  // (ZeRO saves the optimizer sharded: one file per rank.)
+  booster::checkpoint::ShardedStateReader state(ckpt + "/optimizer");
+  ASSERT_EQ(state.tensors().size(), 16u);
+  for (const auto& t : state.tensors()) EXPECT_EQ(t.dtype, state_dtype) << t.name;
 
   auto results = resume_run(1, dir.file("b"), 3, 6, "load=" + ckpt, {});
   EXPECT_EQ(occurrences(results[0].output, "converted 8 tensors BFloat16 -> Float (the model's dtype)"), 1u)
@@ -237,4 +248,160 @@ TEST(Checkpoint, DdpFp32CheckpointContinuesUnderZero2Bf16) {
   }
   std::cout << "[ compare  ] ddp fp32 (2 ranks) -> zero2 bf16 (2 ranks) vs uninterrupted fp32: max |diff| = "
             << max_diff << ", " << used << " of the tolerance" << std::endl;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded optimizer checkpoints: ZeRO and FSDP save without gathering (every rank writes its own
+// file), and any plugin at any world size resumes from them by the ranges it keeps. Each resumed
+// run (steps 3..5) equals the uninterrupted one (steps 0..5 in this process) within the plugins'
+// tolerance, 1e-5 + 1e-4 |reference| per element.
+
+namespace {
+
+const std::vector<std::string> kZeroFp32{"booster.plugin=\"low_level_zero\"", "plugin.precision=\"fp32\"",
+                                         "plugin.reduce_bucket_size_in_m=0.0003"};
+
+std::vector<std::string> zero_fp32(int stage) {
+  auto sets = kZeroFp32;
+  sets.push_back("plugin.stage=" + std::to_string(stage));
+  return sets;
+}
+
+// torch_fsdp with rank 0's weights broadcast at boost (sync_module_states, as in fsdp_test.cpp).
+std::vector<std::string> fsdp(const std::string& strategy = "FULL_SHARD", std::vector<std::string> more = {}) {
+  std::vector<std::string> sets{"booster.plugin=\"torch_fsdp\"", "plugin.sync_module_states=true",
+                                "plugin.sharding_strategy=\"" + strategy + "\""};
+  sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
+// The MLP with AdamW on the resume scenario's global batches of 8 rows, `steps` steps in one process.
+std::vector<torch::Tensor> uninterrupted(int64_t steps) {
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("adamw", net->parameters());
+  auto batches = make_batches(steps, 8, 23);
+  for (int64_t s = 0; s < steps; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  return parameters_of(net);
+}
+
+// Resumes `ckpt` on `world` ranks with `sets` for steps 3..5; every rank equals the uninterrupted run.
+void expect_resumes(const std::string& ckpt, int world, const std::vector<std::string>& sets, const std::string& what) {
+  TempDir out;
+  resume_run(world, out.path(), 3, 6, "load=" + ckpt, sets);
+  const auto want = uninterrupted(6);
+  for (int r = 0; r < world; ++r)
+    expect_close(load_tensors(out.file("rank" + std::to_string(r) + ".pt")), want, what + ", rank " + std::to_string(r));
+}
+
+// The optimizer directory of a sharded save by `world` ranks: the files, every AdamW moment of the
+// MLP fully covered, and no rank holding the whole state: each rank's file is smaller than the
+// state's bytes. Returns the elements each rank saved.
+std::vector<int64_t> expect_sharded_files(const std::string& dir, int world) {
+  namespace fs = std::filesystem;
+  booster::checkpoint::ShardedStateReader reader(dir);
+  EXPECT_EQ(reader.world_size(), world);
+  EXPECT_FALSE(fs::exists(dir + "/optimizer.safetensors"));
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names.size(), static_cast<size_t>(world) + 2)
+      << "one file per rank + optimizer.sharded.json + optimizer_groups.json";
+  EXPECT_EQ(reader.tensors().size(), 16u);  // 8 parameters x {exp_avg, exp_avg_sq}
+  int64_t total = 0;
+  std::vector<int64_t> held(world, 0);
+  for (const auto& t : reader.tensors()) {
+    EXPECT_EQ(t.covered, t.numel) << t.name;
+    total += t.numel;
+    for (const auto& p : t.pieces) held.at(p.rank) += p.length;
+  }
+  EXPECT_EQ(total, 2 * 2788);
+  for (int r = 0; r < world; ++r) {
+    const auto bytes = static_cast<int64_t>(fs::file_size(reader.files().at(r)));
+    EXPECT_LT(bytes, total * 4) << "rank " << r << "'s file holds the whole state";
+    EXPECT_LT(held[r], total) << "rank " << r;
+  }
+  return held;
+}
+
+}  // namespace
+
+TEST(Checkpoint, Zero2ShardedOptimizerResumesInZero1DdpAndFsdp) {
+  TempDir dir;
+  const std::string ckpt = dir.file("zero2");
+  resume_run(2, dir.file("a"), 0, 3, "save=" + ckpt, zero_fp32(2));
+  auto held = expect_sharded_files(ckpt + "/optimizer", 2);
+  EXPECT_EQ(held[0], 2 * 1394);  // each rank its half of every group's flat layout (no padding)
+  EXPECT_EQ(held[1], 2 * 1394);
+  expect_resumes(ckpt, 4, zero_fp32(1), "zero2 (2 ranks, sharded) -> zero1 (4 ranks)");
+  expect_resumes(ckpt, 1, {}, "zero2 (2 ranks, sharded) -> ddp (1 rank)");
+  expect_resumes(ckpt, 2, fsdp(), "zero2 (2 ranks, sharded) -> fsdp (2 ranks)");
+}
+
+TEST(Checkpoint, FsdpShardedOptimizerResumesInDdpAndZero2AndDdpResumesInFsdp) {
+  TempDir dir;
+  const std::string ckpt = dir.file("fsdp");
+  resume_run(4, dir.file("a"), 0, 3, "save=" + ckpt, fsdp());
+  for (int64_t n : expect_sharded_files(ckpt + "/optimizer", 4)) EXPECT_GT(n, 0);
+  expect_resumes(ckpt, 1, {}, "fsdp (4 ranks, sharded) -> ddp (1 rank)");
+  expect_resumes(ckpt, 2, zero_fp32(2), "fsdp (4 ranks, sharded) -> zero2 (2 ranks)");
+  // The reverse: DDP writes the gathered format (one file), FSDP on 4 ranks cuts its shards from it.
+  const std::string ddp = dir.file("ddp");
+  resume_run(1, dir.file("b"), 0, 3, "save=" + ddp, {});
+  EXPECT_TRUE(std::filesystem::exists(ddp + "/optimizer/optimizer.safetensors"));
+  EXPECT_FALSE(booster::checkpoint::ShardedStateReader::exists(ddp + "/optimizer"));
+  expect_resumes(ddp, 4, fsdp(), "ddp (1 rank, gathered) -> fsdp (4 ranks)");
+}
+
+// HYBRID_SHARD and NO_SHARD replicate each shard across the replicate group: only one replica saves
+// it. NO_SHARD's state is not split (a shard group of one rank), so by default it is saved gathered.
+TEST(Checkpoint, ReplicatedFsdpShardsAreSavedFromOneReplica) {
+  TempDir dir;
+  const std::string ckpt = dir.file("hsdp");
+  resume_run(4, dir.file("a"), 0, 3, "save=" + ckpt, fsdp("HYBRID_SHARD", {"plugin.shard_group_size=2"}));
+  auto held = expect_sharded_files(ckpt + "/optimizer", 4);
+  int savers = 0;
+  for (int64_t n : held) savers += n > 0 ? 1 : 0;
+  EXPECT_EQ(savers, 2) << "one shard group's ranks";
+  expect_resumes(ckpt, 2, zero_fp32(1), "hybrid shard (4 ranks, sharded) -> zero1 (2 ranks)");
+
+  const std::string no_shard = dir.file("no_shard"), forced = dir.file("no_shard_sharded");
+  resume_run(2, dir.file("b"), 0, 3, "save=" + no_shard, fsdp("NO_SHARD"));
+  EXPECT_TRUE(std::filesystem::exists(no_shard + "/optimizer/optimizer.safetensors"));
+  resume_run(2, dir.file("c"), 0, 3, "save=" + forced, fsdp("NO_SHARD"), {"optimizer_format=sharded"});
+  booster::checkpoint::ShardedStateReader reader(forced + "/optimizer");
+  for (const auto& t : reader.tensors()) {
+    ASSERT_EQ(t.pieces.size(), 1u) << t.name;
+    EXPECT_EQ(t.pieces[0].rank, 0) << t.name;
+  }
+  expect_resumes(forced, 1, {}, "no shard (2 ranks, sharded) -> ddp (1 rank)");
+}
+
+// `booster ckpt consolidate` turns a sharded FSDP checkpoint into the gathered format: the same
+// tensors and groups file as FSDP's own gathered save, and it resumes the same way.
+TEST(Checkpoint, ConsolidatedFsdpCheckpointEqualsTheGatheredOne) {
+  TempDir dir;
+  const std::string sharded = dir.file("sharded"), gathered = dir.file("gathered"), joined = dir.file("joined");
+  resume_run(2, dir.file("a"), 0, 3, "save=" + sharded, fsdp());
+  resume_run(2, dir.file("b"), 0, 3, "save=" + gathered, fsdp(), {"optimizer_format=gathered"});
+  ASSERT_TRUE(std::filesystem::exists(gathered + "/optimizer/optimizer.safetensors"));
+  std::filesystem::create_directories(joined);
+  std::filesystem::copy(sharded + "/model", joined + "/model");
+  auto r = run_process({BOOSTER_CLI_PATH, "ckpt", "consolidate", sharded + "/optimizer", joined + "/optimizer"}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto want = booster::checkpoint::load_safetensors(gathered + "/optimizer/optimizer.safetensors");
+  auto got = booster::checkpoint::load_safetensors(joined + "/optimizer/optimizer.safetensors");
+  ASSERT_EQ(got.size(), want.size());
+  std::map<std::string, torch::Tensor> by_name(got.begin(), got.end());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_TRUE(torch::equal(by_name[name], t)) << name;
+  }
+  EXPECT_EQ(read_file(joined + "/optimizer/optimizer_groups.json"),
+            read_file(gathered + "/optimizer/optimizer_groups.json"));
+  expect_resumes(joined, 2, fsdp(), "fsdp sharded, consolidated -> fsdp (2 ranks)");
+  expect_resumes(joined, 1, {}, "fsdp sharded, consolidated -> ddp (1 rank)");
 }
