@@ -9,8 +9,8 @@
 //  - load_model reads the checkpoint one file at a time and copies into each rank's own shard
 //    the part of every parameter that lies in it (FlatLayout::piece): no communication, no gathered
 //    unit; validation, dtype conversion and errors are the default CheckpointIO's (load_targets).
-//  - Optimizer and LR scheduler: the default CheckpointIO's format through FsdpOptimizer's
-//    gather_param_states / load_param_states.
+//  - Optimizer and LR scheduler: the default CheckpointIO's (sharded optimizer format by default:
+//    FsdpOptimizer's local_state_pieces / load_state_ranges; the gathered format loads too).
 // All calls are collective over the world.
 #pragma once
 

@@ -45,7 +45,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 3;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 4;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
