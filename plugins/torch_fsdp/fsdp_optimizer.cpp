@@ -157,7 +157,6 @@ void FsdpOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sourc
 MemoryReport FsdpOptimizer::memory_report() const {
   MemoryReport r;
   auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
-  std::set<const void*> counted;
   for (auto& unit : state_->units())
     for (auto& f : unit.flats) {
       if (f->is_aliased()) continue;  // the module's storage (Booster counts it)
