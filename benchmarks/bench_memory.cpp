@@ -38,9 +38,10 @@
 // step_hwm: per step, VmRSS at its start, the peaks of the forward (+ loss), of the backward, VmRSS
 // right after the backward (gradients reduced, every FSDP unit freed again: the model states with
 // their gradients) and the peak of step() + zero_grad() (VmHWM reset before each phase).
-// plugin_stats: the plugin's ModelHooks::stats() after the steps (FSDP: all_gathers, prefetches,
-// reduce_scatters, max_gathered_units, max_gathered_bytes, ...); largest_unit_bytes: parameter bytes
-// of the largest Unit (fp32).
+// plugin_stats / plugin_stats_before: the plugin's ModelHooks::stats() right after / right before the
+// training steps (so their difference excludes the evaluation forwards; FSDP: all_gathers,
+// prefetches, reduce_scatters, max_gathered_units, max_gathered_bytes, ...); largest_unit_bytes:
+// parameter bytes of the largest Unit (fp32).
 // loss: the last step's training loss; initial_eval_loss / eval_loss: the loss on a fixed batch
 // before / after the steps (all averaged over ranks); checksum / checksum_sq: sum of all parameters and
 // of their squares in float64 after the steps, computed after the peaks were read, so their
@@ -204,6 +205,7 @@ int run(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     initial_eval_loss = local_loss(steps).item<double>();
   }
+  const std::map<std::string, int64_t> plugin_stats_before = boosted.model.hooks().stats();
   const bool reset_ok = reset_peak_rss();
 
   double t0 = booster::bench::now_s();
@@ -232,6 +234,7 @@ int run(int argc, char** argv) {
     phase_peak(step_hwm);
   }
   double train_s = booster::bench::now_s() - t0;
+  const std::map<std::string, int64_t> plugin_stats = boosted.model.hooks().stats();
   double eval_loss = 0;
   {
     torch::NoGradGuard no_grad;
@@ -242,7 +245,6 @@ int run(int argc, char** argv) {
   const int64_t final_rss = status_bytes("VmRSS");
   const int64_t vm_hwm = std::max(setup_hwm, train_hwm);
   auto report = booster.memory_report(boosted.model, boosted.optimizer.get());
-  const std::map<std::string, int64_t> plugin_stats = boosted.model.hooks().stats();
 
   // Model saves (collective): rank 0 writes; its RSS before and its peak during each save.
   std::vector<std::string> save_records;
@@ -311,9 +313,11 @@ int run(int argc, char** argv) {
       for (auto& p : net->parameters()) add(p);
     }
   }
-  std::vector<std::string> stats_kv;
-  for (const auto& [k, v] : plugin_stats) stats_kv.push_back(booster::bench::json_str(k) + ": " + std::to_string(v));
-  const std::string stats_json = "{" + join_items(stats_kv) + "}";
+  auto stats_json = [](const std::map<std::string, int64_t>& stats) {
+    std::vector<std::string> kv;
+    for (const auto& [k, v] : stats) kv.push_back(booster::bench::json_str(k) + ": " + std::to_string(v));
+    return "{" + join_items(kv) + "}";
+  };
 
   using namespace booster::bench;
   std::cout << "BENCH_MEMORY "
@@ -326,7 +330,8 @@ int run(int argc, char** argv) {
                          {"precision", json_str(a.str("precision", "fp32"))},
                          {"numel", json_int(numel)},
                          {"largest_unit_bytes", json_int(largest_unit_bytes)},
-                         {"plugin_stats", stats_json},
+                         {"plugin_stats", stats_json(plugin_stats)},
+                         {"plugin_stats_before", stats_json(plugin_stats_before)},
                          {"saves", "[" + join_items(save_records) + "]"},
                          {"parameters", json_int(report.parameters)},
                          {"gradients", json_int(report.gradients)},

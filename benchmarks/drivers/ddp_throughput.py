@@ -361,11 +361,12 @@ def run(ctx):
     notes.insert(1, "Setup: 2 ranks on 127.0.0.1, Gloo, 1 intra-op thread per rank (OMP_NUM_THREADS=1), "
                     "SGD lr 0.01 momentum 0.9, bucket_cap_mb 25 (first bucket 1 MiB), fp32, synthetic data "
                     "(same tensors on both sides), %d repetition(s), each a fresh job per side, interleaved "
-                    "ours → PyTorch → ours after-backward → ours 1 rank (→ ours with %s for the CNN, a diagnosis "
+                    "ours → PyTorch → (MLP, first %d repetitions: ours FSDP FULL_SHARD → ours FSDP SHARD_GRAD_OP) → "
+                    "ours after-backward → ours 1 rank (→ ours with %s for the CNN, a diagnosis "
                     "run; not in smoke mode). samples/s counts all ranks' samples; "
                     "samples/s = world size × batch / median step time on rank 0 (robust to load bursts on a shared "
                     "machine); ratio = median of the per-repetition ratios (min–max in brackets). Wall time %.0f s." % (
-                        reps, PAD_ENV_TEXT, wall))
+                        reps, 1 if smoke else FSDP_REPS, PAD_ENV_TEXT, wall))
     if fsdp_notes:
         notes += fsdp_notes
         notes.append(
@@ -373,23 +374,36 @@ def run(ctx):
             "Booster::save_model and read back with booster::checkpoint::load_state_dict, since FSDP's parameters "
             "are views of freed storage between iterations) agree with our DDP run of the same repetition "
             "(worst relative difference %.1e; tolerance as above)." % max(fsdp_diffs))
-        if not smoke:
+        fsdp_models = [m for m in models if (m["model"], "fsdp FULL_SHARD") in results]
+        if not smoke and fsdp_models:
+            mm = fsdp_models[0]["model"]
+            fk, dk = "fsdp FULL_SHARD", "fsdp ddp FULL_SHARD"
+            sgo = (mm, "fsdp SHARD_GRAD_OP") in results
             notes.append(
-                "**Why DDP wins here**: on 2 CPU ranks over Gloo, FSDP sends more bytes, waits for them, and "
-                "touches fresh memory every step. DDP allreduces the gradients once (bucketed, overlapped with "
-                "backward). FSDP FULL_SHARD all-gathers every unit's parameters twice (forward, then again in "
-                "backward) and reduce-scatters its gradients; Gloo in LibTorch 1.13 has neither collective, so "
+                "**Why DDP wins here** (%s; FSDP's side is FULL_SHARD unless named): FSDP sends more bytes, waits "
+                "for each collective where it is issued, and touches fresh memory every step. (1) Bytes: DDP "
+                "allreduces the gradients once. FSDP all-gathers every unit's parameters in forward and again in "
+                "backward and reduce-scatters its gradients; Gloo in LibTorch 1.13 has neither collective, so "
                 "`booster::dist::ProcessGroup` emulates the all-gather with one broadcast per rank and the "
                 "reduce-scatter with a full allreduce of a copy of the unit's gradient (process_group.h): the "
-                "reduce-scatters alone move what DDP's allreduce moves, and the all-gathers come on top (at N = 2 "
-                "each all-gather sends half a model per rank: FULL_SHARD 2x DDP's bytes, SHARD_GRAD_OP 1.5x). The forward "
-                "waits for each unit's all-gather (forward_prefetch is off by default), and the 2 cores are shared "
-                "by both ranks' compute and Gloo threads, so little of it overlaps. Each gathered unit and the "
-                "transient gradient buffers (3 per unit, see the memory benchmark) are fresh allocations of tens of "
-                "MiB (mmap'ed by glibc and returned at free), hence the minor page faults above. SHARD_GRAD_OP "
-                "skips the backward all-gather but keeps every unit gathered from forward to backward. What FSDP "
-                "buys is memory: its model states per rank are 1/N of DDP's (memory benchmark), at this cost in "
-                "speed on this backend.")
+                "reduce-scatters alone move what DDP's allreduce moves, and at N = 2 each all-gather adds half a "
+                "model per rank (FULL_SHARD 2x DDP's bytes, SHARD_GRAD_OP 1.5x). (2) Waiting: forward %.0f ms vs "
+                "DDP's %.0f, since each unit's all-gather is waited for before its forward (forward_prefetch is off "
+                "by default); backward %.0f ms vs %.0f, since FlatParameter::reduce_gradients waits for its "
+                "reduce-scatter inside the AccumulateGrad hook, so the next unit's backward starts only once this "
+                "unit's gradients are reduced, where DDP's bucket allreduces run while backward goes on (its "
+                "overlap gain above)%s. (3) Fresh memory: every gathered unit and the unit's transient gradient "
+                "buffers (three per unit: see the memory benchmark) are new allocations of tens of MiB, mmap'ed by "
+                "glibc and returned at free, so they are faulted in again each step (minor page faults above). "
+                "FSDP's optimizer step is cheaper (%.0f ms vs %.0f: SGD with momentum on 1/N of the parameters). What FSDP "
+                "buys is memory (model states 16Ψ/N instead of 16Ψ, memory benchmark), at this cost in speed on "
+                "this backend and machine." % (
+                    fsdp_models[0]["label"], med(mm, fk, "fwd_ms"), med(mm, dk, "fwd_ms"), med(mm, fk, "bwd_ms"),
+                    med(mm, dk, "bwd_ms"),
+                    ("; SHARD_GRAD_OP, which gathers nothing in backward, has the same backward (%.0f ms): the "
+                     "backward all-gather (prefetched) is not what costs" % med(mm, "fsdp SHARD_GRAD_OP", "bwd_ms"))
+                    if sgo else "",
+                    med(mm, fk, "step_ms"), med(mm, dk, "step_ms")))
     if losses:
         churn = [n for n in losses if med(n, "ours", "minor_faults_per_step") >
                  1.3 * med(n, "peer", "minor_faults_per_step")]

@@ -167,7 +167,7 @@ def _fsdp_section(ctx, results, fsdp, numel, layers):
         rest = max(x["final_rss_bytes"] - x["baseline_rss_bytes"] for x in recs.values())
         start = max(x["step_start_rss_bytes"][last] - x["baseline_rss_bytes"] for x in recs.values())
         held_at_rest = 12 * numel / shard  # after zero_grad: parameter shard + Adam moments
-        st = r0["plugin_stats"]
+        st, st0 = r0["plugin_stats"], r0["plugin_stats_before"]  # after / before the steps (no evaluation)
         steps = len(r0["step_start_rss_bytes"])
         # Accounting of the backward peak (every unit the same size, U): when the j-th unit in backward
         # order reduces its gradients, FSDP holds the units still gathered (FULL_SHARD / HYBRID: that one
@@ -191,7 +191,8 @@ def _fsdp_section(ctx, results, fsdp, numel, layers):
             f"{_mib(start + accounted)} ({step_peak / (start + accounted):.2f}x)",
             f"{_mib(rest)} ({rest / f:.2f}x of the formula; {rest / held_at_rest:.2f}x of 12Ψ/{sym} = "
             f"{_mib(held_at_rest)})",
-            f"{st['all_gathers'] / steps:.0f} / {st['reduce_scatters'] / steps:.0f}",
+            f"{(st['all_gathers'] - st0['all_gathers']) / steps:.0f} / "
+            f"{(st['reduce_scatters'] - st0['reduce_scatters']) / steps:.0f}",
         ])
     table = {
         "caption": (
