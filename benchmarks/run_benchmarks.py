@@ -69,6 +69,14 @@ def _output(cmd):
         return ""
 
 
+def _load():
+    """The 1-minute load average now, as text ("n/a" where the OS has none)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "n/a"
+
+
 def machine_info():
     cpu = ""
     try:
@@ -213,7 +221,8 @@ def render(sections, machine, date, args, total_s):
         table(["", ""], [["cores (nproc)", machine["cores"]], ["CPU", machine["cpu"]], ["BLAS", machine["blas"]],
                          ["memory", machine["memory"]], ["LibTorch", machine["libtorch"]], ["OS", machine["os"]],
                          ["kernel", machine["kernel"]], ["compiler", machine["compiler"]],
-                         ["build", f"{os.path.relpath(args.build_dir, SOURCE_DIR)} (Release)"]]),
+                         ["build", f"{os.path.relpath(args.build_dir, SOURCE_DIR)} (Release)"],
+                         ["load average (1 min)", machine.get("load", "unknown")]]),
         "",
         "## How to reproduce",
         "",
@@ -278,6 +287,7 @@ def main():
     ctx.log(f"benchmarks: {', '.join(i for i, _ in plan)} ({'smoke' if args.smoke else f'{args.reps} reps'})")
 
     t_start = time.monotonic()
+    load_start = _load()
     sections, failures = [], []
     try:
         for bench_id, path in plan:
@@ -292,6 +302,9 @@ def main():
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     total = time.monotonic() - t_start
+    machine["load"] = (f"{load_start} before the run / {_load()} after it (a shared machine: load before the run "
+                       f"is other processes competing for the {machine['cores']} cores, which slows absolute times "
+                       "more than the interleaved ratios)")
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
