@@ -130,7 +130,7 @@ void FlatParameter::reduce_gradients() {
     shard_grad = flat_grad;
   } else {
     shard_grad = at::empty({layout_.shard_numel}, reduce_options);
-    group_->reduce_scatter_tensor(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
+    group_->reduce_scatter_tensor_consuming(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
   }
   flat_grad = at::Tensor();
   if (options_.replicate_group && options_.replicate_group->size() > 1)

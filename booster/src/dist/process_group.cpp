@@ -353,14 +353,23 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
 }
 
 Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  at::Tensor copy = input;  // the emulation below reduces a copy, so `input` is left unchanged
+  return reduce_scatter_impl(output, copy, op, /*scratch=*/false);
+}
+
+Work ProcessGroup::reduce_scatter_tensor_consuming(at::Tensor& output, at::Tensor& input, ReduceOp op) {
+  return reduce_scatter_impl(output, input, op, /*scratch=*/true);
+}
+
+Work ProcessGroup::reduce_scatter_impl(at::Tensor& output, at::Tensor& input, ReduceOp op, bool scratch) {
   check_dense(output, "reduce_scatter_tensor");
   check_dense(input, "reduce_scatter_tensor");
   if (input.numel() != output.numel() * impl_->size || output.scalar_type() != input.scalar_type())
     throw DistError("booster: reduce_scatter_tensor needs an input of numel " +
                     std::to_string(output.numel() * impl_->size) + " and the output's dtype, got numel " +
                     std::to_string(input.numel()));
-  // Emulation: allreduce a copy of the whole input, keep this rank's chunk.
-  at::Tensor full = input.clone();
+  // Emulation: allreduce the whole input (a copy of it unless it is scratch), keep this rank's chunk.
+  at::Tensor full = scratch ? input : input.clone();
   Work inner = allreduce(full, op);
   auto impl = std::make_shared<Work::Impl>();
   int64_t n = output.numel();

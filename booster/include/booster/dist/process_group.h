@@ -94,6 +94,10 @@ class BOOSTER_API ProcessGroup {
   Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
   // input (numel = size() * output.numel()) is reduced across ranks; this rank gets chunk rank().
   Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM);
+  // As reduce_scatter_tensor, but `input` is scratch: its contents are unspecified once the work is
+  // waited for. The emulation then reduces `input` in place instead of a copy of it, so a caller that
+  // no longer needs its input (FSDP's flat gradient) saves one input-sized buffer.
+  Work reduce_scatter_tensor_consuming(at::Tensor& output, at::Tensor& input, ReduceOp op = ReduceOp::SUM);
   // Reduces `tensor` across ranks into root's `tensor` (in place there); on other ranks the
   // contents of `tensor` are unspecified afterwards (the backend may use it as scratch). Gloo has
   // it natively (SUM/MAX/MIN/PRODUCT; AVG and bf16 emulated as above).
@@ -140,6 +144,7 @@ class BOOSTER_API ProcessGroup {
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
 
  private:
+  Work reduce_scatter_impl(at::Tensor& output, at::Tensor& input, ReduceOp op, bool scratch);
   std::unique_ptr<Impl> impl_;
 };
 
