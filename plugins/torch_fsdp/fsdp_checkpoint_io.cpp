@@ -72,7 +72,10 @@ void FsdpCheckpointIO::save_model(torch::nn::Module& model, const std::string& p
         if (item.flat == nullptr) return item.buffer;
         gather_until(item.flat);
         const FlatLayout& l = item.flat->layout();
-        return gathered.narrow(0, l.offsets[item.param], l.numels[item.param]).view(specs[i].shape);
+        at::Tensor view = gathered.narrow(0, l.offsets[item.param], l.numels[item.param]).view(specs[i].shape);
+        // safetensors writes each tensor as it arrives; .bin keeps a shard file's tensors until the
+        // file is complete, and a view would keep its whole gathered unit alive until then.
+        return so.use_safetensors ? view : view.clone();
       });
     } catch (const std::exception& e) {
       error = e.what();

@@ -3,7 +3,7 @@
 //    in full precision (FlatParameter::gather_full), rank 0 hands its parameters to the streamed HF
 //    writer (checkpoint/state_dict_io.h save_state_dict_streamed) and drops it before the next, so
 //    no rank holds the whole model: rank 0's peak is one gathered FlatParameter plus what the writer
-//    buffers (one tensor for safetensors, one shard file for .bin). Buffers follow (replicated).
+//    buffers (one tensor for safetensors, one shard file's tensors, as compact copies, for .bin). Buffers follow (replicated).
 //    The files are the HF layout of the default CheckpointIO, names unchanged; tensors are in unit
 //    order (the root unit first), then buffers.
 //  - load_model reads the checkpoint one file at a time and copies into each rank's own shard
