@@ -172,10 +172,10 @@ def _fsdp_section(ctx, results, fsdp, numel, layers):
         # Accounting of the backward peak (every unit the same size, U): when the j-th unit in backward
         # order reduces its gradients, FSDP holds the units still gathered (FULL_SHARD / HYBRID: that one
         # and the one prefetched; SHARD_GRAD_OP: every unit not yet through its backward), j + 1 gradient
-        # shards of U/S, and 3U of transient full-size gradient buffers (see the notes).
+        # shards of U/S, and 2U of transient full-size gradient buffers (see the notes).
         n_units = st["flat_parameters"]
         keep_all = "SHARD_GRAD_OP" in name
-        accounted = max(min(n_units - j, n_units if keep_all else 2) * unit + 3 * unit + (j + 1) * unit / shard
+        accounted = max(min(n_units - j, n_units if keep_all else 2) * unit + 2 * unit + (j + 1) * unit / shard
                         for j in range(n_units))
         facts[(name, world)] = dict(bwd_end=bwd_end, step_peak=step_peak, rest=rest, start=start, f=f, g=g,
                                     g_units=g_units, unit=unit, states=states, held=held_at_rest, sym=sym,
@@ -203,7 +203,7 @@ def _fsdp_section(ctx, results, fsdp, numel, layers):
                     "formula", "RSS at the end of the last backward - baseline (nothing gathered, gradient "
                     "shards held)", "peak of the last step's forward + backward - baseline (/ formula)",
                     "formula + U (one unit's full-size gradient) and peak / it",
-                    "accounted: RSS at the step's start + gathered units + 3U + gradient shards so far (peak / it)",
+                    "accounted: RSS at the step's start + gathered units + 2U + gradient shards so far (peak / it)",
                     "RSS after the steps - baseline (after step + zero_grad)",
                     "all-gathers / reduce-scatters per step"],
         "rows": rows,
@@ -238,19 +238,19 @@ def _fsdp_section(ctx, results, fsdp, numel, layers):
         f"16Ψ/N + G{'' if ok_peak else ', above 1.25x'}** ({fs['step_peak'] / (fs['f'] + fs['unit']):.2f}x of "
         "16Ψ/N + G + U).")
     notes.append(
-        "**Why the backward peak exceeds the formula: three full-size gradient buffers per unit, not one.** "
+        "**Why the backward peak exceeds the formula: two full-size gradient buffers per unit, not one.** "
         "The peak is reached while a unit's gradients are reduced (FlatParameter::reduce_gradients, run from "
         "the AccumulateGrad post hook once the unit's last gradient arrived). At that moment the process holds, "
         "besides the gathered units and the gradient shards reduced so far: (1) the unit's weight gradient as "
         "autograd produced it: reduce_gradients resets p.grad, but the autograd engine keeps the hook's input "
         "gradients referenced until the post hook returns (engine.cpp call_function), so it is not freed; (2) "
-        "reduce_gradients' zero-filled flat gradient of the padded unit; (3) the copy ProcessGroup::"
-        "reduce_scatter_tensor makes of its input (Gloo in LibTorch 1.13 has no reduce-scatter: the emulation "
-        "allreduces a clone, since it may not destroy its input, though here the input is a temporary), plus its "
+        "reduce_gradients' zero-filled flat gradient of the padded unit, which the emulated reduce-scatter "
+        "(Gloo in LibTorch 1.13 has none: an allreduce) reduces in place (ProcessGroup::"
+        "reduce_scatter_tensor_consuming; reduce_scatter_tensor would allreduce a third, copied buffer), plus its "
         "U/N output. The accounting column adds exactly that to the RSS at the step's start and matches every "
         f"FSDP row within {max(abs(v['step_peak'] / (v['start'] + v['accounted']) - 1) for v in facts.values()):.1%}. "
-        "A reduce-scatter into the flat gradient in place and reducing after the hook returned (or from the "
-        "flat gradient's own hook) would leave one U: the 16Ψ/N + G + U column. Not glibc: the gathered unit "
+        "Accumulating the gradients into views of the flat gradient and reducing after the hook returned would "
+        "leave one U: the 16Ψ/N + G + U column. Not glibc: the gathered unit "
         "(49 MiB) is above glibc's 32 MiB mmap cap, so FlatParameter::reshard (storage freed through c10's CPU "
         "allocator, i.e. free()) returns it to the system at once"
         + (f", and with MALLOC_MMAP_THRESHOLD_ fixed at 1 MiB the peak is still {_mib(mm['step_peak'])} "
@@ -272,7 +272,7 @@ def _fsdp_section(ctx, results, fsdp, numel, layers):
             f"**SHARD_GRAD_OP and HYBRID_SHARD at N = {nmax}.** SHARD_GRAD_OP keeps every unit gathered from its "
             f"forward to its backward (G = {_mib(sgo['g'])}, all {sgo['g_units']} units), so its forward + "
             f"backward peak {_mib(sgo['step_peak'])} is {sgo['step_peak'] / sgo['f']:.2f}x of 16Ψ/N + 4Ψ, reached "
-            "when the first unit in backward reduces (all units still gathered + the 3U above). HYBRID_SHARD with "
+            "when the first unit in backward reduces (all units still gathered + the 2U above). HYBRID_SHARD with "
             f"S = {hyb['shard']} shards over pairs and replicates across them: 16Ψ/S = {_mib(hyb['states'])}, peak "
             f"{_mib(hyb['step_peak'])} = {hyb['step_peak'] / hyb['f']:.2f}x of 16Ψ/S + G (the replica allreduce of "
             "the U/S gradient shard is in place). Both match the accounting column.")
@@ -332,17 +332,12 @@ def _save_section(ctx, results, numel):
             f"{_mib(sts[0])} (sharded at {SAVE_SHARD_MB} MiB), {st[0] / unit:.2f}x and {sts[0] / unit:.2f}x of "
             f"one unit ({_mib(unit)}), below the bound of one unit + one shard file.")
         notes.append(
-            f"**FSDP save, .bin: above the bound** ({_mib(bs[0])} sharded = {bs[0] / unit:.1f} units, "
-            f"{_mib(b[0])} one file = {b[0] / unit:.1f} units, at N = {nmax}). Two causes, both visible in the "
-            "code: (1) the .bin writer keeps the tensors of the shard file being filled until the file is "
-            "complete, and each tensor fetched from FsdpCheckpointIO is a *view* of its unit's gathered "
-            "FlatParameter, so a 14 KiB bias waiting in the pending file pins its whole 49 MiB unit (with "
-            f"{SAVE_SHARD_MB} MiB shards the 4 biases share one file while each weight, over the limit, has a "
-            "file of its own: the biases pin every unit gathered so far); (2) write_bin clones every tensor that "
-            "does not own its whole storage (torch_pickle.cpp standalone(), so a view does not drag its storage "
-            "into the file), a second copy of what it writes. Returning a compact copy (clone) of small tensors "
-            "from the fetch, or cloning in the fetch for .bin only, would bound it by one unit + one shard file. "
-            "The default save (safetensors) is not affected.")
+            f"**FSDP save, .bin** ({_mib(bs[0])} sharded = {bs[0] / unit:.1f} units, "
+            f"{_mib(b[0])} one file = {b[0] / unit:.1f} units, at N = {nmax}): the .bin writer keeps the tensors of "
+            "the shard file being filled until the file is complete, so FsdpCheckpointIO hands it compact copies "
+            "(a view would pin its whole gathered unit until then); with them the rise is the pending file's "
+            f"tensors: {bs[0] / bs[1]:.2f}x and {b[0] / b[1]:.2f}x of the bound of one unit + one shard file"
+            f"{'' if bs[0] <= bs[1] and b[0] <= b[1] else ', **above** it'}.")
     if all(ddp):
         notes.append(
             f"DDP's save rises {'; '.join(f'{_mib(d[0])} ({labels[m]})' for d, (m, _) in zip(ddp, SAVE_MODES))} "
