@@ -43,6 +43,18 @@ void expect_run_outputs(const std::string& out) {
   EXPECT_THAT(config, ::testing::AnyOf(HasSubstr("plugin = 'torch_ddp'"), HasSubstr("plugin = \"torch_ddp\"")));
 }
 
+// The example on 2 ranks under `booster run` for 2 epochs of a 512-sample subset (the checkpoint
+// tests' size) with `config` and extra --set assignments; 180 s timeout.
+ProcessResult run_small_example(const std::string& config, const std::string& out, std::vector<std::string> sets) {
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                std::to_string(free_port()), kExample, "--config", config, "--output_dir", out};
+  for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
+                        "train.lr_scheduler.warmup_steps=2"})
+    sets.push_back(s);
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  return run_process(argv, {}, 180);
+}
+
 }  // namespace
 
 TEST(Example, TwoRanksUnderBoosterRun) {
@@ -189,15 +201,8 @@ TEST(Example, Zero2Bf16CheckpointResumesUnderDdpFp32) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   TempDir dir;
   std::string configs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
-  auto run = [&](const std::string& config, const std::string& out, std::vector<std::string> sets) {
-    std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                  std::to_string(free_port()), kExample, "--config", configs + config,
-                                  "--output_dir", out};
-    for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
-                          "train.lr_scheduler.warmup_steps=2"})
-      sets.push_back(s);
-    for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-    return run_process(argv, {}, 180);
+  auto run = [&](const std::string& config, const std::string& out, const std::vector<std::string>& sets) {
+    return run_small_example(configs + config, out, sets);
   };
   std::string zero_ckpt = dir.file("zero2_ckpt"), ddp_ckpt = dir.file("ddp_ckpt");
   auto zero = run("zero2.toml", dir.file("zero2"),
@@ -223,15 +228,8 @@ TEST(Example, FsdpCheckpointResumesUnderDdp) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   TempDir dir;
   std::string configs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
-  auto run = [&](const std::string& config, const std::string& out, std::vector<std::string> sets) {
-    std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                  std::to_string(free_port()), kExample, "--config", configs + config,
-                                  "--output_dir", out};
-    for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
-                          "train.lr_scheduler.warmup_steps=2"})
-      sets.push_back(s);
-    for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-    return run_process(argv, {}, 180);
+  auto run = [&](const std::string& config, const std::string& out, const std::vector<std::string>& sets) {
+    return run_small_example(configs + config, out, sets);
   };
   std::string fsdp_ckpt = dir.file("fsdp_ckpt"), ddp_ckpt = dir.file("ddp_ckpt");
   auto fsdp = run("fsdp.toml", dir.file("fsdp"),
