@@ -85,23 +85,10 @@ std::vector<ParamOptimState> FsdpOptimizer::gather_param_states() {
   std::vector<ParamOptimState> out(model_params_.size());
   auto& state = optimizer_->state();
   for (auto& s : shards_) {
-    const FlatLayout& layout = s.flat->layout();
     auto it = state.find(optimizer_state_key(s.flat->local_shard()));
     // Ranks agree on whether a shard has state: its FlatParameter was reduced on every rank or none.
     if (it == state.end()) continue;
-    ParamOptimState slice = info.extract_state(*it->second);
-    for (auto& [key, t] : slice.tensors) {
-      at::Tensor part = t.reshape({-1}).contiguous();
-      at::Tensor full = part;
-      if (s.flat->group().size() > 1) {
-        full = at::empty({layout.padded_numel}, t.options());
-        s.flat->group().all_gather_into_tensor(full, part).wait();
-      }
-      for (size_t j = 0; j < s.param_index.size(); ++j)
-        out[s.param_index[j]].tensors[key] =
-            full.narrow(0, layout.offsets[j], layout.numels[j]).view(s.flat->params()[j].second.sizes());
-    }
-    for (size_t idx : s.param_index) out[idx].scalars = slice.scalars;
+    gather_slice_state(info.extract_state(*it->second), s.flat->layout(), s.flat->group(), s.param_index, out);
   }
   return out;
 }

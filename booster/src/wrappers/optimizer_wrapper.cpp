@@ -311,6 +311,23 @@ std::vector<checkpoint::StatePiece> OptimizerWrapper::slice_state_pieces(const P
   return pieces;
 }
 
+void OptimizerWrapper::gather_slice_state(const ParamOptimState& slice, const FlatLayout& layout,
+                                          dist::ProcessGroup& group, const std::vector<size_t>& indices,
+                                          std::vector<ParamOptimState>& out) const {
+  for (const auto& [key, t] : slice.tensors) {
+    at::Tensor full = t.reshape({-1}).contiguous();
+    if (group.size() > 1) {
+      at::Tensor part = full;
+      full = at::empty({layout.padded_numel}, t.options());
+      group.all_gather_into_tensor(full, part).wait();
+    }
+    for (size_t j = 0; j < indices.size(); ++j)
+      out[indices[j]].tensors[key] =
+          full.narrow(0, layout.offsets[j], layout.numels[j]).view(model_params_.at(indices[j]).sizes());
+  }
+  for (size_t idx : indices) out[idx].scalars = slice.scalars;
+}
+
 ParamOptimState OptimizerWrapper::read_slice_state(const std::vector<ParamStateSource>& sources,
                                                    const StateRangeReader& read, const FlatLayout& layout, int rank,
                                                    const std::vector<size_t>& indices,

@@ -291,16 +291,7 @@ std::vector<ParamOptimState> ZeroOptimizer::gather_param_states() {
   for (auto& g : groups_) {
     auto it = state.find(optimizer_state_key(g->master));
     if (it == state.end()) continue;  // not stepped yet: the same on every rank
-    ParamOptimState slice = info.extract_state(*it->second);
-    for (auto& [key, t] : slice.tensors) {
-      at::Tensor full = at::empty({g->layout.padded_numel}, t.options());
-      at::Tensor part = t.reshape({-1}).contiguous();
-      options_.group->all_gather_into_tensor(full, part).wait();
-      for (size_t j = 0; j < g->params.size(); ++j)
-        out[g->indices[j]].tensors[key] =
-            full.narrow(0, g->layout.offsets[j], g->layout.numels[j]).view(g->params[j].sizes());
-    }
-    for (size_t j = 0; j < g->params.size(); ++j) out[g->indices[j]].scalars = slice.scalars;
+    gather_slice_state(info.extract_state(*it->second), g->layout, *options_.group, g->indices, out);
   }
   return out;
 }

@@ -197,6 +197,11 @@ class BOOSTER_API OptimizerWrapper {
   // layout.piece(j, rank) as a view of the slice's tensor (zero-length when it holds none).
   std::vector<checkpoint::StatePiece> slice_state_pieces(const ParamOptimState& slice, const FlatLayout& layout,
                                                          int rank, const std::vector<size_t>& indices) const;
+  // Its state in full shape for gather_param_states (collective over `group`, the layout's ranks):
+  // each state tensor is all-gathered (a group of one: taken as is) and out[indices[j]] gets the
+  // view of parameter j, shaped like it, and the slice's scalars.
+  void gather_slice_state(const ParamOptimState& slice, const FlatLayout& layout, dist::ProcessGroup& group,
+                          const std::vector<size_t>& indices, std::vector<ParamOptimState>& out) const;
   // Its new state for load_state_ranges: the union of the parameters' tensor keys, the largest of
   // their scalars; each tensor [shard_numel] with `options`, zeros (padding, parameters without the
   // key) where no piece is read. empty() when none of the parameters has state.
