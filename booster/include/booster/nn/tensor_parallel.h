@@ -1,0 +1,225 @@
+// tensor_parallel.h — Megatron-style tensor-parallel layers (Shoeybi et al., "Megatron-LM: Training
+// Multi-Billion Parameter Language Models Using Model Parallelism", 2019; Megatron-LM's
+// core/tensor_parallel/layers.py, mappings.py, cross_entropy.py): a linear layer split by output
+// columns or by input rows, a vocabulary-split embedding, and a cross entropy over vocabulary-split
+// logits that never gathers them.
+//
+// The group. Every layer shards over a tensor-parallel ("tp") group of T ranks. By default it is the
+// one of the tensor-parallel context the Booster publishes when it is constructed (its plugin's
+// Plugin::tensor_parallel_context(): hybrid_parallel's tp group; T = 1 for every other plugin), so a
+// model with these layers is built AFTER the Booster and BEFORE boost():
+//     booster::Booster booster(config);      // sets the context
+//     auto model = std::make_shared<GPT>(...);  // TP layers take the tp group now
+//     auto [m, opt, ...] = booster.boost(model, ...);
+// A layer built while no Booster exists (and without an explicit group in its options) throws
+// std::logic_error saying so. With T = 1 every layer IS the dense layer: same parameter shapes,
+// same initial values, same outputs and gradients as torch::nn::Linear / Embedding / cross_entropy.
+//
+// Initialisation is independent of T: each layer initialises the FULL weight (and bias) with the
+// global torch RNG (torch::manual_seed on every rank), exactly as the dense layer would, and keeps
+// its slice. So tp = 1 and tp = 2 start from the same model when every rank seeds alike.
+//
+// Parameter names are the dense layer's ("weight", "bias") and each sharded parameter is registered
+// with its TensorParallelSpec (tensor_parallel_spec below), from which checkpoints gather the full
+// dense tensor (and strip vocabulary padding). Parameters without a spec are replicated across the tp
+// group (identical on every tp rank): LayerNorm weights, RowParallelLinear's bias, position
+// embeddings.
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "booster/export.h"
+
+namespace booster {
+namespace dist {
+class ProcessGroup;
+}
+
+namespace nn {
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-parallel context
+
+struct TensorParallelContext {
+  // The tp group; null means T = 1 (dense layers, no communication).
+  std::shared_ptr<dist::ProcessGroup> group;
+  // VocabParallelEmbedding pads the vocabulary to a multiple of make_vocab_size_divisible_by * T
+  // when T does not divide it (ColossalAI's / Megatron's make_vocab_size_divisible_by, default 64).
+  int64_t make_vocab_size_divisible_by = 64;
+  int size() const;  // T (1 when group is null)
+  int rank() const;  // this rank in the tp group (0 when group is null)
+};
+
+// The context TP layers built now on this thread use. Throws std::logic_error when none was set
+// ("a tensor-parallel layer was built before the Booster: construct booster::Booster first, then the
+// model, then call boost()").
+BOOSTER_API const TensorParallelContext& tensor_parallel_context();
+BOOSTER_API bool has_tensor_parallel_context();
+// Set by the Booster's constructor (thread-local: each thread that builds models sees the context of
+// the last Booster constructed on it); std::nullopt clears it. Tests may set it directly.
+BOOSTER_API void set_tensor_parallel_context(std::optional<TensorParallelContext> context);
+
+// How a sharded parameter relates to its full (dense) tensor: the full tensor, padded along `dim` to
+// `padded_size`, is split into T equal contiguous chunks along `dim`; tp rank r holds chunk r. The
+// first `full_size` entries along `dim` are real, the rest (padded_size - full_size, vocabulary
+// padding) are not part of the dense model: checkpoints drop them on save and zero-fill them on load.
+struct TensorParallelSpec {
+  int64_t dim = 0;
+  int64_t full_size = 0;    // the dense size along dim
+  int64_t padded_size = 0;  // >= full_size, a multiple of tp_size
+  int tp_size = 1;
+  int tp_rank = 0;
+  std::shared_ptr<dist::ProcessGroup> group;  // null when tp_size == 1
+};
+// The spec of a parameter registered by a TP layer of this file with tp_size > 1 or padding; nullopt
+// for every other tensor (replicated). Keyed by the tensor's TensorImpl (survives Module::to(dtype),
+// which keeps it); thread-safe.
+BOOSTER_API std::optional<TensorParallelSpec> tensor_parallel_spec(const at::Tensor& param);
+BOOSTER_API void register_tensor_parallel_spec(const at::Tensor& param, TensorParallelSpec spec);
+// The vocabulary size VocabParallelEmbedding uses for `vocab_size` at tp size `tp`: vocab_size when tp
+// divides it, else rounded up to a multiple of divisible_by * tp.
+BOOSTER_API int64_t padded_vocab_size(int64_t vocab_size, int tp, int64_t divisible_by);
+
+// ---------------------------------------------------------------------------------------------
+// The conjugate communication operators (Megatron's mappings.py). x: any shape, floating dtype; the
+// "last dim" is x.dim() - 1. With T = 1 each is the identity.
+//   copy_to_tensor_parallel_region (f):     forward identity,              backward all-reduce (sum)
+//   reduce_from_tensor_parallel_region (g): forward all-reduce (sum),      backward identity
+//   gather_from_tensor_parallel_region:     forward all-gather (last dim), backward split (own chunk)
+//   scatter_to_tensor_parallel_region:      forward split (own chunk of the last dim, which T must
+//                                           divide: std::invalid_argument), backward all-gather
+// Collective over `group` (every tp rank calls them in the same order, forward and backward).
+BOOSTER_API at::Tensor copy_to_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
+BOOSTER_API at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
+BOOSTER_API at::Tensor gather_from_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
+BOOSTER_API at::Tensor scatter_to_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
+
+// ---------------------------------------------------------------------------------------------
+// Layers. Options: `group` overrides the context's group (tests; null = take the context);
+// `init_method` (optional) initialises the FULL weight in place instead of the dense layer's default
+// (e.g. normal std 0.02); with init_method the bias starts at zero (Megatron) unless
+// bias_init_method initialises the full bias.
+
+using InitMethod = std::function<void(at::Tensor& full)>;
+
+struct LinearParallelOptions {
+  LinearParallelOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  TORCH_ARG(bool, bias) = true;
+  // ColumnParallelLinear: all-gather the output (full out_features) instead of returning this rank's
+  // columns (Megatron's gather_output; default false, as the output usually feeds a RowParallelLinear).
+  TORCH_ARG(bool, gather_output) = false;
+  // RowParallelLinear: the input is already split along its last dim (the output of a
+  // ColumnParallelLinear; default true); false splits a full input first.
+  TORCH_ARG(bool, input_is_parallel) = true;
+  TORCH_ARG(InitMethod, init_method) = nullptr;
+  TORCH_ARG(InitMethod, bias_init_method) = nullptr;
+  TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
+};
+
+// Y = X A^T + b with A split by rows of the [out, in] weight (= output columns): this rank holds
+// weight [out/T, in] (float32) and bias [out/T]; T must divide out_features (std::invalid_argument).
+// forward: x [..., in] -> [..., out/T] (or [..., out] with gather_output). Input gradient all-reduced
+// over tp (f). Default init: torch::nn::Linear's (kaiming_uniform(a=sqrt(5)) on the full weight,
+// bias uniform(+-1/sqrt(in))), then sliced.
+class BOOSTER_API ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinearImpl> {
+ public:
+  ColumnParallelLinearImpl(int64_t in_features, int64_t out_features)
+      : ColumnParallelLinearImpl(LinearParallelOptions(in_features, out_features)) {}
+  explicit ColumnParallelLinearImpl(LinearParallelOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  LinearParallelOptions options;
+  at::Tensor weight, bias;
+  std::shared_ptr<dist::ProcessGroup> group;  // resolved at construction (null: T = 1)
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+// Y = X A^T + b with A split by input columns: this rank holds weight [out, in/T] and the full bias
+// [out] (replicated); T must divide in_features. forward: x [..., in/T] (input_is_parallel) or
+// [..., in] -> [..., out]; the partial products are all-reduced (g), then the bias is added once.
+class BOOSTER_API RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl> {
+ public:
+  RowParallelLinearImpl(int64_t in_features, int64_t out_features)
+      : RowParallelLinearImpl(LinearParallelOptions(in_features, out_features)) {}
+  explicit RowParallelLinearImpl(LinearParallelOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  LinearParallelOptions options;
+  at::Tensor weight, bias;
+  std::shared_ptr<dist::ProcessGroup> group;
+};
+TORCH_MODULE(RowParallelLinear);
+
+struct VocabParallelEmbeddingOptions {
+  VocabParallelEmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  TORCH_ARG(int64_t, num_embeddings);
+  TORCH_ARG(int64_t, embedding_dim);
+  TORCH_ARG(InitMethod, init_method) = nullptr;  // default: normal(0, 1) as torch::nn::Embedding
+  TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
+  // 0: the context's make_vocab_size_divisible_by.
+  TORCH_ARG(int64_t, make_vocab_size_divisible_by) = 0;
+};
+
+// An embedding table split by vocabulary rows: the vocabulary is padded to padded_vocab_size(V, T,
+// divisible_by) rows (padding rows exist only when T does not divide V), this rank holds rows
+// [r * Vp/T, (r+1) * Vp/T) as weight [Vp/T, dim]. forward: ids (int64, any shape [...], values in
+// [0, V); out of range: std::out_of_range naming the first bad id) -> [..., dim]: each rank looks up
+// the ids in its range (zeros elsewhere), the results are all-reduced (g).
+// lm_logits: the tied language-model head (Megatron's parallel_lm_logits): hidden [..., dim] ->
+// this rank's logits [..., Vp/T] = f(hidden) @ weight^T; feed them to vocab_parallel_cross_entropy.
+class BOOSTER_API VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbeddingImpl> {
+ public:
+  VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
+      : VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions(num_embeddings, embedding_dim)) {}
+  explicit VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& ids);
+  at::Tensor lm_logits(const at::Tensor& hidden);
+  int64_t padded_vocab() const { return padded_vocab_; }
+  int64_t vocab_start() const { return vocab_start_; }  // first vocabulary row this rank holds
+  VocabParallelEmbeddingOptions options;
+  at::Tensor weight;
+  std::shared_ptr<dist::ProcessGroup> group;
+
+ private:
+  int64_t padded_vocab_ = 0, vocab_start_ = 0;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// Mean cross entropy (nats, float32 scalar) of vocabulary-split logits (Megatron's
+// vocab_parallel_cross_entropy): local_logits [..., Vp/T] (this rank's columns, as lm_logits gives;
+// any floating dtype, computed in float32), target int64 [...] in [0, vocab_size). Only [...]-sized
+// tensors are all-reduced (max, target logit, sum of exp): the logits are never gathered. Columns of
+// vocabulary padding (index >= vocab_size; vocab_size <= 0: no padding) are excluded. With T = 1 it
+// equals torch::nn::functional::cross_entropy (mean reduction). Gradient: softmax - one_hot, on the
+// local columns. Collective over `group` (null: the context's).
+BOOSTER_API at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,
+                                                    int64_t vocab_size = -1,
+                                                    const std::shared_ptr<dist::ProcessGroup>& group = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Dropout inside the tensor-parallel region (on column-split activations, e.g. attention
+// probabilities) must differ per tp rank, dropout elsewhere must be the same on every tp rank
+// (Megatron's model-parallel RNG tracker: seed + 2718 + tp_rank inside). tensor_parallel_dropout
+// draws from a generator seeded with seed + 2718 + tp rank (set_tensor_parallel_seed, default seed
+// 1234; thread-local like the context); plain torch dropout uses the global RNG, which every rank
+// seeds alike. x any floating tensor; p in [0, 1) (std::invalid_argument otherwise); identity when
+// !training or p == 0.
+BOOSTER_API void set_tensor_parallel_seed(uint64_t seed);
+BOOSTER_API at::Tensor tensor_parallel_dropout(const at::Tensor& x, double p, bool training);
+
+}  // namespace nn
+}  // namespace booster
