@@ -73,7 +73,14 @@ struct Booster::Impl {
   double norm_type = 2.0;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
   std::vector<std::weak_ptr<OptimizerWrapper>> optimizers;  // boosted here (for after_model_load)
+  std::shared_ptr<int> context_token;  // identifies the tensor-parallel context this Booster published
 };
+
+namespace {
+// The Booster whose tensor-parallel context is current on this thread (weak: a destroyed Booster
+// clears only its own context).
+thread_local std::weak_ptr<int> published_context;
+}  // namespace
 
 Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->config = config;
@@ -114,6 +121,9 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
     throw PluginError("booster: plugin " + plugin_name + " does not support mixed_precision = \"" +
                       impl_->mixed_precision + "\" (it supports: " + list + ")");
   }
+  nn::set_tensor_parallel_context(impl_->plugin->tensor_parallel_context());
+  impl_->context_token = std::make_shared<int>(0);
+  published_context = impl_->context_token;
   const std::string precision = impl_->plugin->control_precision() ? "set by the plugin" : impl_->mixed_precision;
   log::info("booster: plugin " + plugin_name + ", precision " + precision + ", world size " +
             std::to_string(world->size()) + " (" + world->backend() + ")");
@@ -125,7 +135,10 @@ Booster Booster::from_file(const std::string& path, const std::vector<std::strin
   return Booster(c);
 }
 
-Booster::~Booster() = default;
+Booster::~Booster() {
+  if (impl_ && impl_->context_token && published_context.lock() == impl_->context_token)
+    nn::set_tensor_parallel_context(std::nullopt);
+}
 Booster::Booster(Booster&&) noexcept = default;
 Booster& Booster::operator=(Booster&&) noexcept = default;
 

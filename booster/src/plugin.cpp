@@ -85,6 +85,12 @@ ScopeGuard Plugin::no_sync(ModelHooks& hooks, OptimizerWrapper*) {
 
 std::shared_ptr<checkpoint::CheckpointIO> Plugin::checkpoint_io() { unsupported("checkpoint_io"); }
 
+PipelineOutput Plugin::execute_pipeline(ModelHooks&, const torch::Tensor&, const torch::Tensor&, const Criterion&,
+                                        OptimizerWrapper*, bool, bool) {
+  unsupported("execute_pipeline (pipeline parallelism); set booster.plugin = \"hybrid_parallel\" with "
+              "plugin.pp_size > 1, or train with model.forward + booster.backward");
+}
+
 std::shared_ptr<data::DataLoader> Plugin::prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                              const data::DataLoaderOptions& options) {
   const std::shared_ptr<dist::ProcessGroup> dp = data_parallel_group();

@@ -54,6 +54,9 @@ BOOSTER_API std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config&
 
 class BOOSTER_API Booster {
  public:
+  // Also publishes the plugin's tensor-parallel context (nn/tensor_parallel.h) on this thread, so
+  // tensor-parallel layers built after the Booster shard over the plugin's tp group; destroying the
+  // Booster clears it (when it is still this Booster's).
   // Reads [booster] (plugin = "torch_ddp", mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
   // (no clipping in step()), norm_type = 2.0 or inf (TOML float)), [mixed_precision] (fp16 loss scaler options,
   // see mixed_precision/precision.h) and loads the plugin with the [plugin] table (plugin.path =
@@ -92,7 +95,35 @@ class BOOSTER_API Booster {
   }
 
   // Backward of a scalar loss through the optimizer wrapper (loss scaling, plugin gradient sync).
+  // A pipelined model (hybrid_parallel with pp_size > 1) throws PluginError: use execute_pipeline.
   void backward(const torch::Tensor& loss, OptimizerWrapper& optimizer);
+
+  // One pipeline-parallel iteration (ColossalAI's booster.execute_pipeline): the batch (inputs and
+  // targets, split along dim 0 into the plugin's micro-batches) runs through the plugin's schedule
+  // (1F1B, interleaved) with forward, criterion(outputs, targets) and, when `optimizer` is given,
+  // backward and the gradient synchronisation; then call optimizer->step() and zero_grad() as usual.
+  // optimizer == nullptr: forward only under no-grad (evaluation). Every rank passes the batch of its
+  // data-parallel rank (all pipeline and tensor-parallel peers the same one); stage 0 reads inputs,
+  // the last stage reads targets. Returns {loss, outputs} on the last stage (plugin.h,
+  // PipelineOutput). Throws PluginError for a plugin without pipelines and std::invalid_argument for
+  // a batch that does not split into the configured micro-batches.
+  template <class M>
+  PipelineOutput execute_pipeline(const torch::Tensor& inputs, const torch::Tensor& targets, ModelWrapper<M>& model,
+                                  const Criterion& criterion, OptimizerWrapper* optimizer, bool return_loss = true,
+                                  bool return_outputs = false) {
+    return plugin().execute_pipeline(model.hooks(), inputs, targets, criterion, optimizer, return_loss,
+                                     return_outputs);
+  }
+  // The same with the next batch of a data loader's iterator (advanced by one), as ColossalAI's
+  // execute_pipeline(data_iter, ...).
+  template <class M>
+  PipelineOutput execute_pipeline(data::DataLoader::Iterator& data_iter, ModelWrapper<M>& model,
+                                  const Criterion& criterion, OptimizerWrapper* optimizer, bool return_loss = true,
+                                  bool return_outputs = false) {
+    data::Example batch = *data_iter;
+    ++data_iter;
+    return execute_pipeline(batch.data, batch.target, model, criterion, optimizer, return_loss, return_outputs);
+  }
 
   // Inside the returned guard gradients accumulate locally; the first backward after it ends
   // averages the accumulated gradients (gradient accumulation). Throws PluginError when the plugin

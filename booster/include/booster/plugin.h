@@ -24,6 +24,7 @@
 
 #include "booster/config.h"
 #include "booster/export.h"
+#include "booster/nn/tensor_parallel.h"
 
 namespace booster {
 
@@ -45,7 +46,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 4;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 5;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -129,6 +130,18 @@ struct Configured {
   std::shared_ptr<OptimizerWrapper> optimizer;  // null when no optimizer was given
 };
 
+// What execute_pipeline returns (ColossalAI's {"loss", "outputs"}). Only the last pipeline stage has
+// values; on the other stages both are undefined and is_last_stage is false.
+struct PipelineOutput {
+  // The mean of the micro-batch losses (float32 scalar, detached): the loss single-process training
+  // on the whole batch would report for a mean-reduced criterion. Undefined without return_loss.
+  torch::Tensor loss;
+  // The last stage's outputs of every micro-batch concatenated along dim 0 (detached), with
+  // return_outputs; undefined otherwise.
+  torch::Tensor outputs;
+  bool is_last_stage = true;
+};
+
 // Pauses the gradient synchronisation of `hooks` (set_require_grad_sync(false)) until the returned
 // guard ends: the body of no_sync for plugins whose hooks own the synchronisation.
 BOOSTER_API ScopeGuard pause_grad_sync(ModelHooks& hooks);
@@ -180,6 +193,18 @@ class BOOSTER_API Plugin {
   // DistributedSampler over data_parallel_group(): num_replicas = its size, rank = this rank in it.
   virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                                const data::DataLoaderOptions& options);
+  // The context tensor-parallel layers (nn/tensor_parallel.h) take their group from: the Booster
+  // publishes it when it is constructed, so a model built after the Booster shards over this
+  // plugin's tp group. Default: T = 1 (null group; the layers are the dense ones).
+  virtual nn::TensorParallelContext tensor_parallel_context() const { return {}; }
+  // One iteration of a pipelined model (Booster::execute_pipeline): splits inputs / targets (dim 0)
+  // into micro-batches, runs the plugin's schedule (forward and, with an optimizer, backward of
+  // criterion(outputs, targets) / num_microbatches), and synchronises the gradients; the caller then
+  // calls optimizer->step(). optimizer null: forward only, under no-grad (evaluation). Collective
+  // over the world. Default throws PluginError ("does not support execute_pipeline").
+  virtual PipelineOutput execute_pipeline(ModelHooks& hooks, const torch::Tensor& inputs, const torch::Tensor& targets,
+                                          const Criterion& criterion, OptimizerWrapper* optimizer, bool return_loss,
+                                          bool return_outputs);
 
  protected:
   [[noreturn]] void unsupported(const std::string& op) const;

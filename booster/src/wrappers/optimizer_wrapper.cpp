@@ -108,7 +108,7 @@ double OptimizerWrapper::global_grad_norm(double norm_type) {
   // One norm per gradient (in its dtype, as torch.nn.utils.clip_grad_norm_), combined in float64
   // with a single host sync per step instead of one per parameter.
   at::NoGradGuard no_grad;
-  auto grads = local_gradients();
+  auto grads = norm_gradients();
   dist::ProcessGroup* group = norm_group();
   bool inf = std::isinf(norm_type);
   double local = 0;

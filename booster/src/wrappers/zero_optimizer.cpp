@@ -194,6 +194,7 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 const FlatLayout& ZeroOptimizer::layout(size_t group) const { return groups_.at(group)->layout; }
 const at::Tensor& ZeroOptimizer::master_slice(size_t group) const { return groups_.at(group)->master; }
 const at::Tensor& ZeroOptimizer::flat_parameters(size_t group) const { return groups_.at(group)->flat; }
+const std::vector<size_t>& ZeroOptimizer::layout_parameters(size_t group) const { return groups_.at(group)->indices; }
 dist::ProcessGroup* ZeroOptimizer::norm_group() const { return options_.group.get(); }
 
 void ZeroOptimizer::set_require_grad_sync(bool required) {

@@ -186,6 +186,12 @@ class BOOSTER_API OptimizerWrapper {
   // The group over which gradient norms are summed (sharded plugins); null when gradients are
   // replicated, as after DDP's allreduce.
   virtual dist::ProcessGroup* norm_group() const { return nullptr; }
+  // The gradients (or parts of them) this rank counts in the global norm, which sums them over
+  // norm_group(): each element of the model's gradient must be counted on exactly one rank of that
+  // group. Default: local_gradients() (sharded: every rank its own part; replicated: no group).
+  // The hybrid plugin counts a tensor-parallel-replicated parameter on tp rank 0 only. Clipping still
+  // scales every one of local_gradients().
+  virtual std::vector<torch::Tensor> norm_gradients() const { return local_gradients(); }
 
   // read(param, key, offset, length), checked: a defined 1-D tensor of `length` elements (else
   // std::invalid_argument naming the parameter index, the key and the range).

@@ -94,6 +94,9 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   const FlatLayout& layout(size_t group) const;
   const at::Tensor& master_slice(size_t group) const;
   const at::Tensor& flat_parameters(size_t group) const;
+  // parameters() index of each tensor of layout(group) (tensor j of the layout is
+  // parameters()[layout_parameters(group)[j]]; frozen parameters are in no layout).
+  const std::vector<size_t>& layout_parameters(size_t group) const;
   const GradientReducer& reducer() const { return *reducer_; }
 
   struct Group;
