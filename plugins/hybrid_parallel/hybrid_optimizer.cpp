@@ -1,0 +1,59 @@
+// hybrid_optimizer.cpp — norm accounting of the hybrid plugin's optimizer wrappers.
+#include "hybrid_optimizer.h"
+
+#include "booster/core/flat_layout.h"
+#include "booster/dist/process_group.h"
+
+namespace booster::hybrid {
+
+HybridOptimizer::HybridOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                                 OptimizerWrapperOptions options, std::shared_ptr<dist::ProcessGroup> world,
+                                 bool dp_rank0, NormFilter counts)
+    : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options)),
+      world_(std::move(world)),
+      dp_rank0_(dp_rank0),
+      counts_(std::move(counts)) {}
+
+dist::ProcessGroup* HybridOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
+dist::ProcessGroup* HybridZeroOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
+
+std::vector<torch::Tensor> HybridOptimizer::norm_gradients() const {
+  std::vector<torch::Tensor> grads;
+  if (!dp_rank0_) return grads;  // dp replicas hold the same averaged gradients
+  for (const auto& p : model_params_)
+    if (p.grad().defined() && counts_(p)) grads.push_back(p.grad());
+  return grads;
+}
+
+HybridZeroOptimizer::HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                         std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
+                                         ZeroOptions zero,
+                                         const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
+                                         std::shared_ptr<dist::ProcessGroup> world, NormFilter counts)
+    : ZeroOptimizer(std::move(optimizer), std::move(hooks), std::move(options), zero, named_model_parameters),
+      world_(std::move(world)),
+      counts_(std::move(counts)) {
+  set_require_grad_sync(false);  // the plugin averages the gradients over dp after backward
+}
+
+std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {
+  // The slices' gradients (one per optimizer group), cut into each parameter's piece so that
+  // replicated parameters can be left out.
+  std::vector<torch::Tensor> grads;
+  const int rank = options_.group->rank();
+  const auto params = parameters();
+  for (size_t g = 0; g < num_groups(); ++g) {
+    const at::Tensor& slice = master_slice(g);
+    if (!slice.grad().defined()) continue;
+    const FlatLayout& layout = this->layout(g);
+    const auto& indices = layout_parameters(g);
+    for (size_t j = 0; j < indices.size(); ++j) {
+      FlatLayout::Piece piece = layout.piece(j, rank);
+      if (piece.length == 0 || !counts_(params[indices[j]])) continue;
+      grads.push_back(slice.grad().narrow(0, piece.shard_offset, piece.length));
+    }
+  }
+  return grads;
+}
+
+}  // namespace booster::hybrid

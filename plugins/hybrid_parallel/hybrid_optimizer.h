@@ -1,0 +1,59 @@
+// hybrid_optimizer.h — the optimizer wrappers of the hybrid_parallel plugin. Both count each
+// gradient element exactly once in the global norm across the (dp, pp, tp) world (Megatron-LM's
+// clip_grad_norm over model-parallel ranks): a parameter replicated across the tp group (no
+// TensorParallelSpec: LayerNorm, RowParallelLinear's bias, position embeddings) counts on tp rank 0
+// only, a parameter shared by several pipeline stages (tied embedding) on the first of them only; tp
+// shards and different stages' parameters are summed. Norms are summed over the world.
+//   zero_stage 0: OptimizerWrapper (fp32 master copies for bf16), gradients replicated over dp
+//                 (averaged by the plugin), so only dp rank 0 counts them.
+//   zero_stage 1: ZeroOptimizer over the dp group (optimizer states sharded across dp, ZeRO-1); its
+//                 gradient synchronisation is the plugin's (the reducer stays paused); each dp rank
+//                 counts its slice.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "booster/wrappers/optimizer_wrapper.h"
+#include "booster/wrappers/zero_optimizer.h"
+
+namespace booster::hybrid {
+
+// Whether parameters()[i]'s gradient counts in this rank's norm contribution (dp aside).
+using NormFilter = std::function<bool(const at::Tensor& param)>;
+
+class HybridOptimizer : public OptimizerWrapper {
+ public:
+  HybridOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                  OptimizerWrapperOptions options, std::shared_ptr<dist::ProcessGroup> world, bool dp_rank0,
+                  NormFilter counts);
+
+ protected:
+  std::vector<torch::Tensor> norm_gradients() const override;
+  dist::ProcessGroup* norm_group() const override;
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> world_;
+  bool dp_rank0_;
+  NormFilter counts_;
+};
+
+class HybridZeroOptimizer : public ZeroOptimizer {
+ public:
+  // named_model_parameters: this stage's parameters (the optimizer holds exactly these).
+  HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                      OptimizerWrapperOptions options, ZeroOptions zero,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
+                      std::shared_ptr<dist::ProcessGroup> world, NormFilter counts);
+
+ protected:
+  std::vector<torch::Tensor> norm_gradients() const override;
+  dist::ProcessGroup* norm_group() const override;
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> world_;
+  NormFilter counts_;
+};
+
+}  // namespace booster::hybrid

@@ -1,0 +1,429 @@
+// hybrid_parallel_plugin.cpp — ColossalAI's HybridParallelPlugin in C++: Megatron-style tensor
+// parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
+// (a PipelineModule's layers split into stages, 1F1B / interleaved schedules, execute_pipeline) and
+// data parallelism over dp (gradients averaged after backward; zero_stage = 1 shards the optimizer
+// states across dp with the core's ZeroOptimizer), on a (dp, pp, tp) mesh with tp fastest.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "booster/core/replica.h"
+#include "booster/dist/process_group.h"
+#include "booster/dist/process_mesh.h"
+#include "booster/logging.h"
+#include "booster/mixed_precision/precision.h"
+#include "booster/nn/pipeline.h"
+#include "booster/plugin.h"
+#include "hybrid_checkpoint_io.h"
+#include "hybrid_optimizer.h"
+#include "hybrid_state.h"
+
+namespace booster::hybrid {
+
+// ---------------------------------------------------------------------------------------------
+// Options ([plugin] table): names and defaults of ColossalAI's HybridParallelPlugin
+
+struct HybridOptions {
+  int tp_size = 1, pp_size = 1;
+  int zero_stage = 0;                     // 0 | 1
+  std::string precision = "fp16";         // "fp16" (CUDA only) | "bf16" | "fp32"
+  std::string pp_style = "1f1b";          // "1f1b" | "interleaved" (| "gpipe", the reference order)
+  int num_model_chunks = 1;
+  int64_t num_microbatches = 0;           // 0 = unset
+  int64_t microbatch_size = 0;            // 0 = unset
+  std::string pp_partition = "uniform";   // "uniform" (by layers) | "parameters" (balanced)
+  double ddp_bucket_cap_mb = 25;
+  double zero_bucket_size_in_m = 12;
+  double max_norm = 0.0;
+  double norm_type = 2.0;
+  int64_t make_vocab_size_divisible_by = 64;
+  std::shared_ptr<mixed_precision::MixedPrecision> mixed;
+};
+
+static HybridOptions parse_options(const Options& o, int world_size) {
+  HybridOptions t;
+  t.tp_size = static_cast<int>(o.get_int("tp_size", 1, 1, 1 << 20));
+  t.pp_size = static_cast<int>(o.get_int("pp_size", 1, 1, 1 << 20));
+  t.zero_stage = static_cast<int>(o.get_int("zero_stage", 0, 0, 2));
+  t.precision = o.get_choice("precision", t.precision, {"fp16", "bf16", "fp32"});
+  t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "gpipe"});
+  t.num_model_chunks = static_cast<int>(o.get_int("num_model_chunks", 1, 1, 1024));
+  t.num_microbatches = o.get_int("num_microbatches", 0, 0);
+  t.microbatch_size = o.get_int("microbatch_size", 0, 0);
+  t.pp_partition = o.get_choice("pp_partition", t.pp_partition, {"uniform", "parameters"});
+  t.ddp_bucket_cap_mb = o.get_double("ddp_bucket_cap_mb", t.ddp_bucket_cap_mb, 1e-6, 1e6);
+  t.zero_bucket_size_in_m = o.get_double("zero_bucket_size_in_m", t.zero_bucket_size_in_m, 1e-6, 1e6);
+  t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
+  t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
+  t.make_vocab_size_divisible_by = o.get_int("make_vocab_size_divisible_by", 64, 1, 1 << 20);
+  mixed_precision::DynamicGradScalerOptions scaler_defaults;
+  scaler_defaults.initial_scale = 65536.0;  // HybridParallelPlugin's initial_scale = 2^16
+  t.mixed = mixed_precision::make_mixed_precision(t.precision, o, scaler_defaults);  // + check_unknown
+  const std::string where = "hybrid_parallel: ";
+  if (t.precision == "fp16" && !torch::cuda::is_available())
+    throw PluginError(where + "precision = \"fp16\" (ColossalAI's default) needs a CUDA device, and this machine "
+                      "has none: LibTorch has no fp16 kernels for most CPU ops. Set plugin.precision = \"bf16\" "
+                      "(bf16 weights, fp32 master weights) or \"fp32\".");
+  if (t.zero_stage == 2)
+    throw PluginError(where + "zero_stage = 2 is not supported (ColossalAI's HybridParallelPlugin allows it only "
+                      "without pipelines; here the gradients are synchronised after backward, which stage 2 cannot "
+                      "shard). Use zero_stage = 1 (optimizer states sharded over dp) or the low_level_zero plugin.");
+  if (world_size % (t.tp_size * t.pp_size) != 0)
+    throw PluginError(where + "tp_size * pp_size = " + std::to_string(t.tp_size) + " * " + std::to_string(t.pp_size) +
+                      " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
+                      std::to_string(world_size) + "; the data-parallel size is world / (tp_size * pp_size). Choose "
+                      "sizes whose product divides " + std::to_string(world_size) + " (or launch more ranks)");
+  if (t.num_model_chunks > 1 && t.pp_style != "interleaved")
+    throw PluginError(where + "num_model_chunks = " + std::to_string(t.num_model_chunks) +
+                      " needs pp_style = \"interleaved\"");
+  if (t.pp_style == "interleaved" && t.num_model_chunks < 2)
+    throw PluginError(where + "pp_style = \"interleaved\" needs num_model_chunks >= 2 (ColossalAI's rule)");
+  if (t.pp_size > 1 && t.num_microbatches == 0 && t.microbatch_size == 0)
+    throw PluginError(where + "pp_size = " + std::to_string(t.pp_size) + " needs num_microbatches or "
+                      "microbatch_size (ColossalAI's rule): set plugin.num_microbatches (>= pp_size for 1f1b)");
+  if (t.num_microbatches > 0 && t.microbatch_size > 0)
+    throw PluginError(where + "set one of num_microbatches and microbatch_size, not both");
+  if (t.pp_size > 1 && t.pp_style != "gpipe" && t.num_microbatches > 0 && t.num_microbatches < t.pp_size)
+    throw PluginError(where + "num_microbatches = " + std::to_string(t.num_microbatches) + " < pp_size = " +
+                      std::to_string(t.pp_size) + ": the " + t.pp_style + " schedule needs at least one micro-batch "
+                      "per stage; raise num_microbatches or lower pp_size");
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient synchronisation after backward
+
+// Averages `grads` over `group` in place, coalesced into buffers of one dtype of at most
+// bucket_bytes (bytes), one SUM allreduce each, divided by the group size.
+static void allreduce_coalesced(dist::ProcessGroup& group, const std::vector<at::Tensor>& grads, int64_t bucket_bytes,
+                                bool average) {
+  if (group.size() == 1 || grads.empty()) return;
+  at::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& g : grads) by_dtype[g.scalar_type()].push_back(g);
+  for (auto& [dtype, list] : by_dtype) {
+    size_t i = 0;
+    while (i < list.size()) {
+      std::vector<at::Tensor> bucket;
+      int64_t bytes = 0;
+      while (i < list.size() && (bucket.empty() || bytes + list[i].nbytes() <= static_cast<size_t>(bucket_bytes))) {
+        bytes += static_cast<int64_t>(list[i].nbytes());
+        bucket.push_back(list[i++]);
+      }
+      std::vector<at::Tensor> flat_parts;
+      for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
+      at::Tensor flat = at::cat(flat_parts);
+      group.allreduce(flat, dist::ReduceOp::SUM).wait();
+      if (average) flat.div_(group.size());
+      int64_t off = 0;
+      for (auto& t : bucket) {
+        t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+        off += t.numel();
+      }
+    }
+  }
+}
+
+class HybridHooks : public ModelHooks {
+ public:
+  HybridHooks(std::shared_ptr<ModelState> state, Topology topo, int64_t bucket_bytes)
+      : state_(std::move(state)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes) {}
+  torch::nn::Module& module() override { return *state_->module; }
+  void pre_forward() override {
+    if (topo_.pp > 1)
+      throw PluginError("hybrid_parallel: the model is split into pp_size = " + std::to_string(topo_.pp) +
+                        " pipeline stages, so model.forward cannot run it whole; use booster.execute_pipeline(inputs, "
+                        "targets, model, criterion, optimizer) for training and execute_pipeline(..., nullptr) to "
+                        "evaluate");
+  }
+  void backward(const torch::Tensor& loss) override {
+    if (topo_.pp > 1)
+      throw PluginError("hybrid_parallel: booster.backward does not work on a pipelined model (pp_size = " +
+                        std::to_string(topo_.pp) + "): booster.execute_pipeline runs forward and backward of every "
+                        "micro-batch; call it instead of model.forward + booster.backward");
+    loss.backward();
+    sync_gradients();
+  }
+  // After the last backward of an iteration: average over dp, sum shared parameters over stages.
+  void sync_gradients() {
+    std::vector<at::Tensor> grads;
+    for (const auto& [name, p] : state_->named_parameters)
+      if (state_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
+    allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
+    for (const auto& s : state_->shared) {
+      if (!s.param.grad().defined()) s.param.mutable_grad() = at::zeros_like(s.param);
+      std::vector<at::Tensor> one{s.param.grad()};
+      allreduce_coalesced(*s.group, one, bucket_bytes_, false);
+    }
+  }
+  std::map<std::string, int64_t> stats() const override {
+    int64_t held = 0;
+    for (const auto& [name, h] : state_->held) held += h;
+    return {{"dp_size", topo_.dp}, {"pp_size", topo_.pp}, {"tp_size", topo_.tp},
+            {"pp_rank", topo_.pp_rank}, {"tensors_on_stage", held},
+            {"model_chunks", state_->runner ? state_->runner->chunks() : 1}};
+  }
+  const std::shared_ptr<ModelState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<ModelState> state_;
+  Topology topo_;
+  int64_t bucket_bytes_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Plugin
+
+class HybridParallelPlugin : public Plugin {
+ public:
+  explicit HybridParallelPlugin(const PluginContext& ctx)
+      : Plugin(ctx), options_(parse_options(ctx.options, ctx.world->size())) {
+    Topology& t = topo_;
+    t.tp = options_.tp_size;
+    t.pp = options_.pp_size;
+    t.dp = world()->size() / (t.tp * t.pp);
+    t.mesh = std::make_shared<dist::ProcessMesh>(world(), std::vector<dist::ProcessMesh::Dim>{
+                                                              {"dp", t.dp}, {"pp", t.pp}, {"tp", t.tp}});
+    t.dp_rank = t.mesh->coordinate("dp");
+    t.pp_rank = t.mesh->coordinate("pp");
+    t.tp_rank = t.mesh->coordinate("tp");
+    t.dp_group = t.mesh->group("dp");
+    t.pp_group = t.mesh->group("pp");
+    t.tp_group = t.mesh->group("tp");
+    if (world()->rank() == 0)
+      log::info("hybrid_parallel: mesh dp " + std::to_string(t.dp) + " x pp " + std::to_string(t.pp) + " x tp " +
+                std::to_string(t.tp) + ", precision " + options_.precision + ", zero_stage " +
+                std::to_string(options_.zero_stage) + (t.pp > 1 ? ", pp_style " + options_.pp_style : ""));
+  }
+
+  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+  bool control_precision() const override { return true; }
+  bool control_checkpoint_io() const override { return true; }
+  std::vector<ShadowedSetting> shadowed_settings() const override {
+    return {{"booster.mixed_precision", "plugin.precision", shadowed_value(options_.precision)},
+            {"mixed_precision", "the plugin's loss-scaler options (plugin.initial_scale, ...)", ""},
+            {"booster.max_norm", "plugin.max_norm", shadowed_value(options_.max_norm)},
+            {"booster.norm_type", "plugin.norm_type", shadowed_value(options_.norm_type)}};
+  }
+  nn::TensorParallelContext tensor_parallel_context() const override {
+    nn::TensorParallelContext c;
+    if (topo_.tp > 1) c.group = topo_.tp_group;
+    c.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by;
+    return c;
+  }
+  std::shared_ptr<dist::ProcessGroup> data_parallel_group() const override { return topo_.dp_group; }
+  Criterion wrap_criterion(Criterion criterion) const override {
+    return options_.mixed->wrap_criterion(std::move(criterion));
+  }
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
+    return std::make_shared<HybridCheckpointIO>(world(), topo_, registry_);
+  }
+
+  Configured configure(std::shared_ptr<torch::nn::Module> model,
+                       std::shared_ptr<torch::optim::Optimizer> optimizer) override;
+  PipelineOutput execute_pipeline(ModelHooks& hooks, const torch::Tensor& inputs, const torch::Tensor& targets,
+                                  const Criterion& criterion, OptimizerWrapper* optimizer, bool return_loss,
+                                  bool return_outputs) override;
+
+ private:
+  void split_into_stages(ModelState& state);
+  NormFilter norm_filter(const std::shared_ptr<ModelState>& state) const;
+
+  HybridOptions options_;
+  Topology topo_;
+  std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
+  std::map<const torch::nn::Module*, std::weak_ptr<HybridHooks>> hooks_;
+};
+
+// The parameters and buffers (by TensorImpl) a module list uses.
+static std::set<const void*> tensors_of(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  std::set<const void*> out;
+  for (const auto& m : modules) {
+    if (!m) continue;
+    for (const auto& p : m->parameters(true)) out.insert(p.unsafeGetTensorImpl());
+    for (const auto& b : m->buffers(true)) out.insert(b.unsafeGetTensorImpl());
+  }
+  return out;
+}
+
+void HybridParallelPlugin::split_into_stages(ModelState& state) {
+  auto* pm = dynamic_cast<nn::PipelineModule*>(state.module.get());
+  if (!pm)
+    throw PluginError("hybrid_parallel: pp_size = " + std::to_string(topo_.pp) + " needs a model that derives from "
+                      "booster::nn::PipelineModule (booster/nn/pipeline.h) and lists its layers in "
+                      "pipeline_layers(); this model does not. Set pp_size = 1 or implement pipeline_layers()");
+  std::vector<nn::PipelineLayer> layers = pm->pipeline_layers();
+  const int stages = topo_.pp * options_.num_model_chunks;
+  std::vector<std::set<const void*>> layer_tensors;
+  std::vector<int64_t> weights;
+  for (const auto& l : layers) {
+    if (!l.forward) throw PluginError("hybrid_parallel: pipeline layer \"" + l.name + "\" has no forward function");
+    layer_tensors.push_back(tensors_of(l.modules));
+    int64_t w = 0;
+    for (const auto& m : l.modules)
+      if (m) for (const auto& p : m->parameters(true)) w += p.numel();
+    weights.push_back(std::max<int64_t>(w, 1));
+  }
+  std::vector<std::pair<int, int>> ranges;
+  try {
+    ranges = partition_layers(static_cast<int>(layers.size()), stages, options_.pp_partition == "parameters", weights);
+  } catch (const std::invalid_argument& e) {
+    throw PluginError(std::string("hybrid_parallel: ") + e.what());
+  }
+  // Virtual stage v runs on pp rank v % pp; a tensor's stages are those of the layers using it.
+  std::map<const void*, std::set<int>> stages_of;
+  for (int v = 0; v < stages; ++v)
+    for (int i = ranges[v].first; i < ranges[v].second; ++i)
+      for (const void* t : layer_tensors[i]) stages_of[t].insert(v % topo_.pp);
+  std::vector<std::string> orphans;
+  for (auto* list : {&state.named_parameters, &state.named_buffers})
+    for (const auto& [name, t] : *list)
+      if (!stages_of.count(t.unsafeGetTensorImpl())) orphans.push_back(name);
+  if (!orphans.empty()) {
+    std::string names;
+    for (size_t i = 0; i < orphans.size() && i < 5; ++i) names += (i ? ", " : "") + orphans[i];
+    throw PluginError("hybrid_parallel: " + std::to_string(orphans.size()) + " tensor(s) of the model belong to no "
+                      "pipeline layer (" + names + "); list the module that holds them in a PipelineLayer's modules");
+  }
+  // Parameters on several stages: one group per distinct stage set, made by one split each, in an
+  // order every rank agrees on (first appearance in registration order).
+  std::vector<std::set<int>> stage_sets;
+  for (const auto& [name, p] : state.named_parameters) {
+    const auto& s = stages_of.at(p.unsafeGetTensorImpl());
+    if (s.size() > 1 && std::find(stage_sets.begin(), stage_sets.end(), s) == stage_sets.end()) stage_sets.push_back(s);
+  }
+  std::vector<std::shared_ptr<dist::ProcessGroup>> set_groups;
+  for (const auto& s : stage_sets) {
+    const bool member = s.count(topo_.pp_rank) > 0;
+    const int color = member ? topo_.dp_rank * topo_.tp + topo_.tp_rank : -1;
+    set_groups.push_back(world()->split(color, topo_.pp_rank));
+  }
+  at::NoGradGuard no_grad;
+  for (auto* list : {&state.named_parameters, &state.named_buffers}) {
+    for (auto& [name, t] : *list) {
+      const auto& s = stages_of.at(t.unsafeGetTensorImpl());
+      state.owner_stage[name] = *s.begin();
+      const bool held = s.count(topo_.pp_rank) > 0;
+      state.held[name] = held;
+      if (list == &state.named_parameters && s.size() > 1 && held) {
+        const size_t k = std::find(stage_sets.begin(), stage_sets.end(), s) - stage_sets.begin();
+        state.shared.push_back({name, t, std::vector<int>(s.begin(), s.end()), set_groups[k]});
+      }
+      if (!held) t.set_data(at::empty({0}, t.options()));  // another stage's: released
+    }
+  }
+  std::vector<std::pair<int, int>> mine;
+  for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[c * topo_.pp + topo_.pp_rank]);
+  state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group,
+                                                  schedule_kind_from_name(options_.pp_style, options_.num_model_chunks));
+  if (world()->rank() == 0) {
+    std::string listing;
+    for (int v = 0; v < stages; ++v)
+      listing += (v ? ", " : "") + std::to_string(v) + ": layers " + std::to_string(ranges[v].first) + "-" +
+                 std::to_string(ranges[v].second - 1);
+    log::info("hybrid_parallel: " + std::to_string(state.runner ? ranges.size() : 0) + " pipeline stages (" + listing + ")");
+  }
+}
+
+NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<ModelState>& state) const {
+  std::set<const void*> skip;  // counted on another rank
+  for (const auto& [name, p] : state->named_parameters)
+    if (topo_.tp_rank != 0 && !nn::tensor_parallel_spec(p)) skip.insert(p.unsafeGetTensorImpl());
+  for (const auto& s : state->shared)
+    if (topo_.pp_rank != s.stages.front()) skip.insert(s.param.unsafeGetTensorImpl());
+  return [skip](const at::Tensor& p) { return !skip.count(p.unsafeGetTensorImpl()); };
+}
+
+Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> model,
+                                           std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  options_.mixed->prepare_model(*model);
+  auto state = std::make_shared<ModelState>();
+  state->module = model;
+  state->named_parameters = named_parameters_of(*model, false);
+  state->named_buffers = named_buffers_of(*model);
+  for (auto* list : {&state->named_parameters, &state->named_buffers})
+    for (const auto& [name, t] : *list) {
+      state->held[name] = true;
+      state->owner_stage[name] = 0;
+      state->local_shape[name] = t.sizes().vec();
+    }
+  if (topo_.pp > 1) split_into_stages(*state);
+  if (options_.precision == "bf16") mixed_precision::cast_floating_point(*model, at::kBFloat16);
+  // dp replicas identical at start (tp shards and stages differ, so over the dp group only).
+  sync_replicas(*topo_.dp_group, *model);
+
+  auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb));
+  registry_->states[model.get()] = state;
+  hooks_[model.get()] = hooks;
+  Configured c;
+  c.hooks = options_.mixed->wrap_hooks(hooks);
+  if (!optimizer) return c;
+  // The optimizer keeps this stage's parameters only.
+  std::set<const void*> released;
+  for (const auto& [name, p] : state->named_parameters)
+    if (!state->held.at(name)) released.insert(p.unsafeGetTensorImpl());
+  for (auto& group : optimizer->param_groups()) {
+    auto& params = group.params();
+    params.erase(std::remove_if(params.begin(), params.end(),
+                                [&](const at::Tensor& p) { return released.count(p.unsafeGetTensorImpl()) > 0; }),
+                 params.end());
+  }
+  OptimizerWrapperOptions wo = options_.mixed->optimizer_options();
+  wo.max_norm = options_.max_norm;
+  wo.norm_type = options_.norm_type;
+  NormFilter counts = norm_filter(state);
+  if (options_.zero_stage == 0) {
+    wo.group = world();
+    c.optimizer = std::make_shared<HybridOptimizer>(optimizer, c.hooks, wo, world(), topo_.dp_rank == 0, counts);
+  } else {
+    wo.group = topo_.dp_group;
+    ZeroOptions zo;
+    zo.stage = 1;
+    zo.reduce_bucket_elements = std::max<int64_t>(1, static_cast<int64_t>(options_.zero_bucket_size_in_m * (1 << 20)));
+    std::vector<std::pair<std::string, torch::Tensor>> stage_params;
+    for (const auto& [name, p] : state->named_parameters)
+      if (state->held.at(name)) stage_params.emplace_back(name, p);
+    try {
+      c.optimizer = std::make_shared<HybridZeroOptimizer>(optimizer, c.hooks, wo, zo, stage_params, world(), counts);
+    } catch (const std::invalid_argument& e) {
+      throw PluginError(std::string("hybrid_parallel: ") + e.what());
+    }
+  }
+  return c;
+}
+
+PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const torch::Tensor& inputs,
+                                                      const torch::Tensor& targets, const Criterion& criterion,
+                                                      OptimizerWrapper* optimizer, bool return_loss,
+                                                      bool return_outputs) {
+  auto it = hooks_.find(&hooks.module());
+  auto mine = it == hooks_.end() ? nullptr : it->second.lock();
+  if (!mine) throw PluginError("hybrid_parallel: execute_pipeline got a model this plugin did not boost");
+  ModelState& state = *mine->state();
+  if (!state.runner)
+    throw PluginError("hybrid_parallel: execute_pipeline needs pp_size > 1 (this model is not pipelined: pp_size = 1); "
+                      "train it with model.forward + booster.backward");
+  PipelineRunner::Options o;
+  const int64_t batch = inputs.defined() && inputs.dim() > 0 ? inputs.size(0) : 0;
+  if (options_.num_microbatches > 0) {
+    o.microbatches = static_cast<int>(options_.num_microbatches);
+  } else {
+    if (batch % options_.microbatch_size != 0)
+      throw std::invalid_argument("booster: execute_pipeline: batch size " + std::to_string(batch) +
+                                  " is not a multiple of microbatch_size = " + std::to_string(options_.microbatch_size));
+    o.microbatches = static_cast<int>(batch / options_.microbatch_size);
+  }
+  o.train = optimizer != nullptr;
+  o.return_loss = return_loss;
+  o.return_outputs = return_outputs;
+  PipelineOutput out = state.runner->run(inputs, targets, criterion, o);
+  if (o.train) mine->sync_gradients();
+  return out;
+}
+
+}  // namespace booster::hybrid
+
+BOOSTER_PLUGIN("hybrid_parallel", "0.1.0", booster::hybrid::HybridParallelPlugin)

@@ -1,0 +1,68 @@
+// hybrid_state.h — what the hybrid_parallel plugin knows about one boosted model: the (dp, pp, tp)
+// mesh, which parameters and buffers this rank's pipeline stage holds, the parameters shared by
+// several stages (a tied embedding), and the pipeline runner. Shared by the plugin, its optimizer
+// wrappers and its checkpoint IO.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "booster/dist/process_mesh.h"
+#include "pipeline_stage.h"
+
+namespace booster::hybrid {
+
+// The mesh ColossalAI's HybridParallelPlugin builds: dims ("dp", "pp", "tp"), tp fastest.
+struct Topology {
+  std::shared_ptr<dist::ProcessMesh> mesh;
+  int dp = 1, pp = 1, tp = 1;
+  int dp_rank = 0, pp_rank = 0, tp_rank = 0;
+  std::shared_ptr<dist::ProcessGroup> dp_group, pp_group, tp_group;  // never null
+};
+
+// A parameter held by more than one pipeline stage (its gradients are summed across them).
+struct SharedParameter {
+  std::string name;
+  at::Tensor param;
+  std::vector<int> stages;                     // the pp stages holding it, ascending
+  std::shared_ptr<dist::ProcessGroup> group;   // this rank's peers on those stages (same dp, tp)
+};
+
+struct ModelState {
+  std::shared_ptr<torch::nn::Module> module;
+  // Every parameter and buffer of the full model, registration order (names as in the dense
+  // model); tensors of other stages are released (0 elements) when pp > 1.
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters, named_buffers;
+  // name -> the pp stage that writes it in checkpoints (the first stage holding it); -1 for none.
+  std::map<std::string, int> owner_stage;
+  // name -> true when this rank's stage holds it (its tensor is live).
+  std::map<std::string, bool> held;
+  // name -> shape and dtype on a holding rank (tp shard shape), as before the release.
+  std::map<std::string, std::vector<int64_t>> local_shape;
+  std::vector<SharedParameter> shared;
+  std::unique_ptr<PipelineRunner> runner;  // pp > 1
+};
+
+// The models a plugin boosted (the checkpoint IO finds a model's or an optimizer's state here).
+struct Registry {
+  std::map<const torch::nn::Module*, std::weak_ptr<ModelState>> states;
+  std::shared_ptr<ModelState> find(const torch::nn::Module& module) const {
+    auto it = states.find(&module);
+    return it == states.end() ? nullptr : it->second.lock();
+  }
+  // The state whose model holds `param` (an optimizer's parameter); null when none.
+  std::shared_ptr<ModelState> find_by_parameter(const at::Tensor& param) const {
+    for (const auto& [m, weak] : states)
+      if (auto s = weak.lock())
+        for (const auto& [name, p] : s->named_parameters)
+          if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return s;
+    return nullptr;
+  }
+};
+
+}  // namespace booster::hybrid

@@ -1,0 +1,186 @@
+// pipeline_stage.cpp — layer partitioning and the schedule executor.
+#include "pipeline_stage.h"
+
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "booster/dist/process_group.h"
+
+namespace booster::hybrid {
+
+std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanced, const std::vector<int64_t>& weights) {
+  if (stages < 1) throw std::invalid_argument("booster: pipeline partition: the number of stages must be >= 1");
+  if (n < stages)
+    throw std::invalid_argument("booster: the model has " + std::to_string(n) +
+                                " pipeline layers (PipelineModule::pipeline_layers), fewer than pp_size * "
+                                "num_model_chunks = " + std::to_string(stages) +
+                                " stages; lower pp_size or num_model_chunks, or split the model into more layers");
+  std::vector<std::pair<int, int>> out;
+  if (!balanced) {
+    const int base = n / stages, extra = n % stages;
+    int begin = 0;
+    for (int s = 0; s < stages; ++s) {
+      const int len = base + (s < extra ? 1 : 0);
+      out.emplace_back(begin, begin + len);
+      begin += len;
+    }
+    return out;
+  }
+  if (static_cast<int>(weights.size()) != n)
+    throw std::invalid_argument("booster: pipeline partition: one weight per layer needed");
+  auto parts_needed = [&](int64_t bound) {
+    int parts = 1;
+    int64_t sum = 0;
+    for (int64_t w : weights) {
+      if (sum + w > bound) {
+        ++parts;
+        sum = 0;
+      }
+      sum += w;
+    }
+    return parts;
+  };
+  int64_t lo = *std::max_element(weights.begin(), weights.end());
+  int64_t hi = std::accumulate(weights.begin(), weights.end(), int64_t{0});
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (parts_needed(mid) <= stages) hi = mid;
+    else lo = mid + 1;
+  }
+  int begin = 0;
+  int64_t sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const int stages_after_current = stages - static_cast<int>(out.size()) - 1;
+    if (i > begin && (sum + weights[i] > lo || n - i == stages_after_current)) {
+      out.emplace_back(begin, i);
+      begin = i;
+      sum = 0;
+    }
+    sum += weights[i];
+  }
+  out.emplace_back(begin, n);
+  return out;
+}
+
+PipelineRunner::PipelineRunner(std::vector<nn::PipelineLayer> layers, std::vector<std::pair<int, int>> chunk_ranges,
+                               std::shared_ptr<dist::ProcessGroup> pp_group, ScheduleKind kind)
+    : layers_(std::move(layers)), ranges_(std::move(chunk_ranges)), pp_group_(std::move(pp_group)), kind_(kind) {
+  pp_ = pp_group_->size();
+  rank_ = pp_group_->rank();
+}
+
+at::Tensor PipelineRunner::run_chunk(int chunk, at::Tensor x) const {
+  for (int i = ranges_[chunk].first; i < ranges_[chunk].second; ++i) x = layers_[i].forward(x);
+  return x;
+}
+
+namespace {
+
+// Tags: one per (micro-batch, sending virtual stage, direction), unique within one run().
+int message_tag(int microbatch, int virtual_stage, int stages, bool backward) {
+  return (microbatch * stages + virtual_stage) * 2 + (backward ? 1 : 0);
+}
+
+struct Slot {
+  at::Tensor input;   // received activation (requires grad) or the micro-batch's inputs
+  at::Tensor output;  // the chunk's output, or the scaled loss on the last virtual stage
+};
+
+}  // namespace
+
+PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
+                                   const Options& o) {
+  using Clock = std::chrono::steady_clock;
+  const int m = o.microbatches;
+  const int chunks = this->chunks();
+  const int stages = pp_ * chunks;
+  for (const auto& [what, t] : {std::pair<const char*, const at::Tensor*>{"inputs", &inputs}, {"targets", &targets}}) {
+    if (!t->defined() || t->dim() < 1 || t->size(0) % m != 0)
+      throw std::invalid_argument(std::string("booster: execute_pipeline: ") + what + " of batch size " +
+                                  (t->defined() && t->dim() >= 1 ? std::to_string(t->size(0)) : std::string("(none)")) +
+                                  " do not split into num_microbatches = " + std::to_string(m) +
+                                  " equal micro-batches; make the batch size a multiple of it (or set microbatch_size)");
+  }
+  if (o.train && !criterion) throw std::invalid_argument("booster: execute_pipeline: training needs a criterion");
+  const auto schedule = make_schedule(kind_, pp_, rank_, m, chunks, !o.train);
+  const auto in_parts = inputs.chunk(m, 0);
+  const auto target_parts = targets.chunk(m, 0);
+  std::map<std::pair<int, int>, Slot> slots;  // (microbatch, chunk)
+  std::vector<std::pair<dist::Work, at::Tensor>> sends;
+  std::vector<at::Tensor> outputs;
+  at::Tensor loss_sum;
+  compute_s_ = 0;
+  int backwards_left = 0;
+  for (const auto& a : schedule) backwards_left += a.kind == PipelineAction::Kind::kBackward;
+
+  std::optional<at::NoGradGuard> no_grad;
+  if (!o.train) no_grad.emplace();
+  for (const auto& a : schedule) {
+    const int vs = a.chunk * pp_ + rank_;
+    const bool first = vs == 0, last = vs == stages - 1;
+    Slot& slot = slots[{a.microbatch, a.chunk}];
+    if (a.kind == PipelineAction::Kind::kForward) {
+      if (first) {
+        slot.input = in_parts[a.microbatch];
+      } else {
+        slot.input = pp_group_->recv_tensor((vs - 1) % pp_, message_tag(a.microbatch, vs - 1, stages, false));
+        if (o.train && at::isFloatingType(slot.input.scalar_type())) slot.input.requires_grad_(true);
+      }
+      const auto t0 = Clock::now();
+      at::Tensor out = run_chunk(a.chunk, slot.input);
+      if (last) {
+        if (o.return_outputs) outputs.push_back(out.detach());
+        if (criterion && (o.train || o.return_loss)) {
+          at::Tensor loss = criterion(out, target_parts[a.microbatch]);
+          if (loss.numel() != 1)
+            throw std::invalid_argument("booster: execute_pipeline: the criterion must return a scalar loss");
+          at::Tensor l = loss.detach().to(at::kFloat).reshape({});
+          loss_sum = loss_sum.defined() ? loss_sum + l : l;
+          slot.output = o.train ? loss / m : at::Tensor();
+        }
+        compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      } else {
+        compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+        at::Tensor wire = out.detach().contiguous();
+        sends.emplace_back(pp_group_->isend_tensor(wire, (vs + 1) % pp_, message_tag(a.microbatch, vs, stages, false)), wire);
+        slot.output = o.train ? out : at::Tensor();
+      }
+      if (!o.train) slots.erase({a.microbatch, a.chunk});
+      continue;
+    }
+    // Backward.
+    --backwards_left;
+    if (o.set_grad_sync) o.set_grad_sync(backwards_left == 0);
+    at::Tensor grad;
+    if (!last) grad = pp_group_->recv_tensor((vs + 1) % pp_, message_tag(a.microbatch, vs + 1, stages, true));
+    const auto t0 = Clock::now();
+    if (slot.output.defined() && slot.output.requires_grad()) {
+      if (last) torch::autograd::backward({slot.output});
+      else torch::autograd::backward({slot.output}, {grad.to(slot.output.scalar_type())});
+    }
+    compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!first) {
+      at::Tensor g = slot.input.grad();
+      if (!g.defined()) g = at::zeros_like(slot.input);
+      g = g.contiguous();
+      sends.emplace_back(pp_group_->isend_tensor(g, (vs - 1) % pp_, message_tag(a.microbatch, vs, stages, true)), g);
+    }
+    slots.erase({a.microbatch, a.chunk});
+  }
+  for (auto& [work, tensor] : sends) work.wait();
+
+  PipelineOutput result;
+  result.is_last_stage = is_last_stage();
+  if (result.is_last_stage) {
+    if (o.return_loss && loss_sum.defined()) result.loss = loss_sum / m;
+    if (o.return_outputs && !outputs.empty()) result.outputs = at::cat(outputs, 0);
+  }
+  return result;
+}
+
+}  // namespace booster::hybrid

@@ -1,0 +1,77 @@
+// pipeline_stage.h — partitioning a PipelineModule's layers into stages, and the executor that runs a
+// schedule (pipeline_schedule.h) on this rank's stage with point-to-point activations and gradients.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "booster/nn/pipeline.h"
+#include "booster/plugin.h"
+#include "pipeline_schedule.h"
+
+namespace booster {
+namespace dist {
+class ProcessGroup;
+}
+
+namespace hybrid {
+
+// Splits n layers into `stages` contiguous runs [begin, end), stage 0 first, every run non-empty.
+// uniform: by layer count (sizes differ by at most one; the larger runs come first);
+// balanced ("parameters"): minimises the largest sum of `weights` (a layer's parameter count) over a
+// stage (exact linear partition by binary search on the bound). Throws std::invalid_argument when
+// n < stages ("the model has 3 pipeline layers, fewer than pp_size * num_model_chunks = 4 stages"),
+// weights.size() != n for balanced, or stages < 1.
+std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanced, const std::vector<int64_t>& weights);
+
+// Runs schedules on this rank's model chunks. Chunk c of this rank is virtual stage c * pp + rank
+// and runs layers[ranges[c].first, ranges[c].second) in order.
+class PipelineRunner {
+ public:
+  // pp_group: the ranks that differ from this one only in the pipeline coordinate (rank = stage).
+  PipelineRunner(std::vector<nn::PipelineLayer> layers, std::vector<std::pair<int, int>> chunk_ranges,
+                 std::shared_ptr<dist::ProcessGroup> pp_group, ScheduleKind kind);
+
+  struct Options {
+    int microbatches = 1;
+    bool train = true;  // false: forward only, under no-grad
+    bool return_loss = true;
+    bool return_outputs = false;
+    // Called with false before every backward but the last one of this rank, and with true before
+    // the last (the plugin's data-parallel gradient synchronisation follows the last).
+    std::function<void(bool)> set_grad_sync;
+  };
+  // One iteration: inputs and targets split along dim 0 into options.microbatches equal parts (their
+  // dim 0 must be divisible: std::invalid_argument naming the sizes). Stage 0 reads inputs, the last
+  // stage targets; loss per micro-batch criterion(output, target) / microbatches (training) is
+  // back-propagated; activations go forward and gradients backward with ProcessGroup::isend_tensor /
+  // recv_tensor. Returns the PipelineOutput of plugin.h (values on the last stage only).
+  PipelineOutput run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
+                     const Options& options);
+
+  bool is_first_stage() const { return rank_ == 0; }
+  bool is_last_stage() const { return rank_ == pp_ - 1; }
+  int chunks() const { return static_cast<int>(ranges_.size()); }
+  const std::vector<std::pair<int, int>>& chunk_ranges() const { return ranges_; }
+  // Seconds this rank spent computing (forward + backward of its chunks, loss included) in the last
+  // run(), for the bubble benchmark: the rest of run()'s wall time is waiting.
+  double last_compute_seconds() const { return compute_s_; }
+
+ private:
+  at::Tensor run_chunk(int chunk, at::Tensor x) const;
+
+  std::vector<nn::PipelineLayer> layers_;
+  std::vector<std::pair<int, int>> ranges_;
+  std::shared_ptr<dist::ProcessGroup> pp_group_;
+  ScheduleKind kind_;
+  int pp_ = 1, rank_ = 0;
+  double compute_s_ = 0;
+};
+
+}  // namespace hybrid
+}  // namespace booster

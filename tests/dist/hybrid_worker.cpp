@@ -1,0 +1,95 @@
+// hybrid_worker — one rank of a hybrid_parallel test (started N times by booster_dist_tests with the
+// torchrun environment). Trains hybrid_common.h's TinyLM (tensor-parallel layers, pipeline layers)
+// on make_token_batches' global batches: each data-parallel rank takes its contiguous share of the
+// rows; pp > 1 runs booster.execute_pipeline, else model.forward + booster.backward.
+// Arguments are key=value:
+//   out=DIR steps=K batch=B (global) optimizer=sgd|adamw first_step=F (skip the first F batches)
+//   load=DIR (load model_dir/ and optimizer/ from DIR before training) save=DIR (save them after)
+//   plugin=NAME set=key=value (repeatable; config overrides)
+// Results: DIR/model (the trained model, booster.save_model), DIR/rank<r>.txt ("loss <step> <v>" on
+// the last stage, "norm <step> <v>" with max_norm).
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+
+#include "booster/booster.h"
+#include "dist/hybrid_common.h"
+
+using namespace booster::testing;
+
+namespace {
+
+std::map<std::string, std::string> args;
+std::vector<std::string> overrides;
+
+std::string arg(const std::string& k, const std::string& def) {
+  auto it = args.find(k);
+  return it == args.end() ? def : it->second;
+}
+int64_t iarg(const std::string& k, int64_t def) { return std::stoll(arg(k, std::to_string(def))); }
+
+int run() {
+  auto config = booster::Config::from_string("[booster]\nplugin = \"" + arg("plugin", "hybrid_parallel") +
+                                             "\"\n[distributed]\ntimeout_s = 60\nthreads_per_rank = 1\n");
+  config.apply_overrides(overrides);
+  std::vector<std::string> no_args;
+  auto world = booster::launch_from_config(config, no_args);
+  booster::Booster booster(config);
+  torch::manual_seed(7);
+  TinyLM net;  // after the Booster: the TP layers take its tp group
+  auto optimizer = make_lm_optimizer(arg("optimizer", "sgd"), net->parameters());
+  auto [model, opt, criterion, loader, scheduler] = booster.boost(net, optimizer, tiny_lm_loss);
+  if (arg("load", "") != "") {
+    booster.load_model(model, arg("load", "") + "/model");
+    booster.load_optimizer(*opt, arg("load", "") + "/optimizer");
+  }
+  const auto dp = booster.plugin().data_parallel_group();
+  const int64_t steps = iarg("steps", 3), batch = iarg("batch", 8), first = iarg("first_step", 0);
+  const auto data = make_token_batches(first + steps, batch, 11);
+  const int64_t share = batch / dp->size();
+  const bool pipelined = model.hooks().stats().count("pp_size") && model.hooks().stats().at("pp_size") > 1;
+  std::ofstream log(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".txt");
+  log << std::setprecision(17);
+  for (int64_t s = first; s < first + steps; ++s) {
+    auto x = data.tokens[s].narrow(0, dp->rank() * share, share);
+    auto y = data.targets[s].narrow(0, dp->rank() * share, share);
+    torch::Tensor loss;
+    if (pipelined) {
+      loss = booster.execute_pipeline(x, y, model, criterion, opt.get()).loss;
+    } else {
+      loss = criterion(model.forward(x), y);
+      booster.backward(loss, *opt);
+    }
+    opt->step();
+    if (loss.defined()) log << "loss " << s << " " << loss.item<double>() << "\n";
+    if (opt->options().max_norm > 0) log << "norm " << s << " " << opt->last_grad_norm() << "\n";
+    opt->zero_grad();
+  }
+  booster.save_model(model, arg("out", ".") + "/model");
+  if (arg("save", "") != "") {
+    booster.save_model(model, arg("save", "") + "/model");
+    booster.save_optimizer(*opt, arg("save", "") + "/optimizer");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto eq = a.find('=');
+    if (eq == std::string::npos) continue;
+    if (a.substr(0, eq) == "set") overrides.push_back(a.substr(eq + 1));
+    else args[a.substr(0, eq)] = a.substr(eq + 1);
+  }
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::cerr << "hybrid_worker: " << e.what() << std::endl;
+    return 1;
+  }
+}
