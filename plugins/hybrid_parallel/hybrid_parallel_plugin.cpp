@@ -159,12 +159,19 @@ class HybridHooks : public ModelHooks {
       allreduce_coalesced(*s.group, one, bucket_bytes_, false);
     }
   }
+  // dp/pp/tp sizes, this rank's pp coordinate, tensors held on its stage, model chunks, and with
+  // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds).
   std::map<std::string, int64_t> stats() const override {
     int64_t held = 0;
     for (const auto& [name, h] : state_->held) held += h;
-    return {{"dp_size", topo_.dp}, {"pp_size", topo_.pp}, {"tp_size", topo_.tp},
-            {"pp_rank", topo_.pp_rank}, {"tensors_on_stage", held},
-            {"model_chunks", state_->runner ? state_->runner->chunks() : 1}};
+    std::map<std::string, int64_t> out{{"dp_size", topo_.dp}, {"pp_size", topo_.pp}, {"tp_size", topo_.tp},
+                                       {"pp_rank", topo_.pp_rank}, {"tensors_on_stage", held},
+                                       {"model_chunks", state_->runner ? state_->runner->chunks() : 1}};
+    if (state_->runner) {  // the last execute_pipeline: compute time of this rank vs wall time (bubble)
+      out["pipeline_compute_us"] = static_cast<int64_t>(state_->runner->last_compute_seconds() * 1e6);
+      out["pipeline_wall_us"] = static_cast<int64_t>(state_->runner->last_wall_seconds() * 1e6);
+    }
+    return out;
   }
   const std::shared_ptr<ModelState>& state() const { return state_; }
 

@@ -96,6 +96,7 @@ struct Slot {
 PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
                                    const Options& o) {
   using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   const int m = o.microbatches;
   const int chunks = this->chunks();
   const int stages = pp_ * chunks;
@@ -173,6 +174,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     slots.erase({a.microbatch, a.chunk});
   }
   for (auto& [work, tensor] : sends) work.wait();
+  wall_s_ = std::chrono::duration<double>(Clock::now() - start).count();
 
   PipelineOutput result;
   result.is_last_stage = is_last_stage();

@@ -61,6 +61,7 @@ class PipelineRunner {
   // Seconds this rank spent computing (forward + backward of its chunks, loss included) in the last
   // run(), for the bubble benchmark: the rest of run()'s wall time is waiting.
   double last_compute_seconds() const { return compute_s_; }
+  double last_wall_seconds() const { return wall_s_; }  // of the whole last run()
 
  private:
   at::Tensor run_chunk(int chunk, at::Tensor x) const;
@@ -70,7 +71,7 @@ class PipelineRunner {
   std::shared_ptr<dist::ProcessGroup> pp_group_;
   ScheduleKind kind_;
   int pp_ = 1, rank_ = 0;
-  double compute_s_ = 0;
+  double compute_s_ = 0, wall_s_ = 0;
 };
 
 }  // namespace hybrid
