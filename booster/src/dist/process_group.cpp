@@ -2,6 +2,8 @@
 // Gloo lacks.
 #include "booster/dist/process_group.h"
 
+#include "process_group_impl.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -20,13 +22,6 @@ namespace booster::dist {
 // ---------------------------------------------------------------------------------------------
 // Work
 
-struct Work::Impl {
-  c10::intrusive_ptr<c10d::Work> work;  // null for a work that finished synchronously
-  std::function<void()> finish;         // runs once after the backend work completed
-  std::string what;                     // "allreduce of 1048576 float elements" for errors
-  bool done = false;
-};
-
 bool Work::is_completed() const {
   if (!impl_ || impl_->done) return true;
   return !impl_->work || impl_->work->isCompleted();
@@ -39,34 +34,32 @@ void Work::wait() {
   } catch (const std::exception& e) {
     impl_->done = true;
     throw DistError("booster: " + impl_->what + " failed: " + e.what() +
-                    "\n(another rank may have exited or raised an error, or the collective timed out;"
+                    "\n(another rank may have exited or raised an error, or the operation timed out;"
                     " see that rank's log)");
   }
   impl_->done = true;
   if (impl_->finish) impl_->finish();
 }
 
-// ---------------------------------------------------------------------------------------------
-// ProcessGroup::Impl
+namespace detail {
 
-struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;  // the world's store; sub-groups share it
-  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  // devices shared by sub-groups
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null for a sub-group of one rank (local collectives)
-  int rank = 0;
-  int size = 1;
-  std::string backend;
-  double timeout_s = 1800;
-  // What the backend does natively (NCCL would); Gloo in LibTorch 1.13 has neither, so emulated.
-  bool native_avg = false;
-  bool native_bf16 = false;
-  // Store keys of the sub-groups made from this group start with key_prefix + "/"; each
-  // new_group/split call takes the next id, on every rank, so the prefixes agree across ranks.
-  std::string key_prefix = "booster_groups";
-  int64_t next_child_id = 0;
-  std::vector<int> ranks_in_parent;
-  std::vector<int> global_ranks;
-};
+std::string describe(const char* op, const at::Tensor& t) {
+  return std::string(op) + " of " + std::to_string(t.numel()) + " " +
+         std::string(c10::toString(t.scalar_type())) + " elements";
+}
+
+Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what) {
+  auto impl = std::make_shared<Work::Impl>();
+  impl->work = std::move(w);
+  impl->finish = std::move(finish);
+  impl->what = std::move(what);
+  return Work(impl);
+}
+
+}  // namespace detail
+
+using detail::describe;
+using detail::make_work;
 
 namespace {
 
@@ -81,24 +74,11 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-std::string describe(const char* op, const at::Tensor& t) {
-  return std::string(op) + " of " + std::to_string(t.numel()) + " " +
-         std::string(c10::toString(t.scalar_type())) + " elements";
-}
-
 void check_dense(const at::Tensor& t, const char* op) {
   if (!t.defined()) throw DistError(std::string("booster: ") + op + ": tensor is undefined");
   if (!t.is_contiguous())
     throw DistError(std::string("booster: ") + op +
                     ": tensor must be contiguous (call .contiguous() and copy the result back)");
-}
-
-Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what) {
-  auto impl = std::make_shared<Work::Impl>();
-  impl->work = std::move(w);
-  impl->finish = std::move(finish);
-  impl->what = std::move(what);
-  return Work(impl);
 }
 
 std::string list_text(const std::vector<int>& ranks) {

@@ -18,6 +18,9 @@
 // They connect through the world's store under a key prefix of their own (no new store or store
 // port) and share the world's Gloo device; a sub-group of one rank has no backend at all (its
 // collectives are local copies).
+//
+// Point-to-point (isend/irecv, send/recv, batch_isend_irecv, isend_tensor/recv_tensor) is
+// torch.distributed's, for pipeline stages: see "Point-to-point" below.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -39,6 +42,15 @@ class BOOSTER_API DistError : public std::runtime_error {
 };
 
 enum class ReduceOp { SUM, AVG, MAX, MIN, PRODUCT };
+
+// One operation of ProcessGroup::batch_isend_irecv (torch.distributed.P2POp): send `tensor` to, or
+// receive it from, rank `peer` of the group with `tag`.
+struct P2POp {
+  enum class Kind { kSend, kRecv } kind;
+  at::Tensor tensor;
+  int peer;
+  int tag = 0;
+};
 
 // Handle of an asynchronous collective. wait() blocks until done, rethrows the backend's error as
 // DistError, then runs the finishing step (copy-back, division). Waiting twice is a no-op.
@@ -113,6 +125,58 @@ class BOOSTER_API ProcessGroup {
   // Blocking broadcast of a byte string from root (length first, then bytes).
   std::string broadcast_string(const std::string& value, int root);
 
+  // ---- Point-to-point (torch.distributed.send/recv/isend/irecv/batch_isend_irecv)
+  //
+  // `peer` is a rank of THIS group (on a sub-group, its rank inside the sub-group), in [0, size())
+  // and not rank(). A receive matches the send from `peer` with the same tag; it fills `tensor` in
+  // place, which must have the sent tensor's numel and dtype (any dtype; bfloat16 included, the
+  // bytes travel as they are). Messages between one pair with different tags match independently,
+  // in any order of posting; messages with the same tag match in posting order (Gloo keeps one
+  // FIFO queue per peer and tag). Point-to-point never matches a collective (Gloo's collectives use
+  // other slots) nor another group's traffic.
+  //
+  // Gloo's tcp transport transmits a send only once the peer posted the matching receive: isend
+  // and irecv never block the caller, but a blocking send() returns only after the peer posted its
+  // recv, so two ranks that both send() before they recv() deadlock (use isend, or
+  // batch_isend_irecv). A numel mismatch is NOT detected: a smaller message fills the start of
+  // `tensor` and leaves the rest, a larger one makes Gloo's network thread abort the process. Use
+  // isend_tensor/recv_tensor when the receiver does not know the shape.
+  //
+  // Tags: user tags are in [0, kMaxP2PTag] (2^30 - 1); isend_tensor/recv_tensor use the internal
+  // tag kMaxP2PTag + 1 + tag for both their header and their data, so they never match plain
+  // isend/irecv on any tag.
+  //
+  // Throw std::invalid_argument, before any communication, for an undefined, sparse, non-CPU or
+  // non-contiguous tensor, a peer outside [0, size()) or equal to rank() (naming both), a tag
+  // outside [0, kMaxP2PTag], and on a group of one rank (it has no peer). The backend's failure or
+  // timeout is a DistError from the call or from wait(), e.g. "booster: isend of 6 Float elements
+  // to rank 1 (tag 0) failed: ..."; after a timeout Gloo has closed the group's connections and the
+  // group is unusable.
+  static constexpr int kMaxP2PTag = (1 << 30) - 1;
+
+  // Asynchronous: the tensors must stay alive and unchanged (isend) / unread (irecv) until wait().
+  Work isend(const at::Tensor& tensor, int peer, int tag = 0);
+  Work irecv(at::Tensor& tensor, int peer, int tag = 0);
+  // Blocking: isend/irecv, then wait().
+  void send(const at::Tensor& tensor, int peer, int tag = 0);
+  void recv(at::Tensor& tensor, int peer, int tag = 0);
+  // Posts every op in order (all arguments are checked first) and returns one Work per op, in the
+  // same order; the recv ops' tensors are filled when their Work is waited for.
+  std::vector<Work> batch_isend_irecv(std::vector<P2POp>& ops);
+
+  // A tensor whose shape and dtype the receiver does not know (a pipeline stage's activation): a
+  // header of kP2PHeaderLen int64 (a check word, c10::ScalarType code, ndim, numel, sizes) then
+  // the data (none for numel 0), in that order on one internal tag, so several isend_tensor on one
+  // peer and tag arrive in posting order (one thread receives per peer and tag). Any
+  // dense tensor (a non-contiguous one is sent as a contiguous copy) of at most kMaxP2PDims
+  // dimensions (std::invalid_argument otherwise). recv_tensor blocks and returns a new contiguous
+  // CPU tensor of the sent shape and dtype; DistError for a header that is not one (a peer
+  // sending something else on the internal tag).
+  static constexpr int kMaxP2PDims = 8;
+  static constexpr int kP2PHeaderLen = 4 + kMaxP2PDims;
+  Work isend_tensor(const at::Tensor& tensor, int peer, int tag = 0);
+  at::Tensor recv_tensor(int peer, int tag = 0);
+
   // ---- Sub-groups
 
   // torch.distributed.new_group: the group of this group's ranks listed in `ranks` (ranks of this
@@ -145,6 +209,10 @@ class BOOSTER_API ProcessGroup {
 
  private:
   Work reduce_scatter_impl(at::Tensor& output, at::Tensor& input, ReduceOp op, bool scratch);
+  // Point-to-point: checks a call's arguments (std::invalid_argument; tensor may be null), and
+  // posts one Gloo send/recv on `wire_tag` (`what` starts its error messages).
+  void check_p2p(const char* op, const at::Tensor* tensor, int peer, int tag) const;
+  Work post_p2p(bool send, const at::Tensor& tensor, int peer, int wire_tag, std::string what);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -66,7 +66,9 @@ struct TensorParallelContext {
 BOOSTER_API const TensorParallelContext& tensor_parallel_context();
 BOOSTER_API bool has_tensor_parallel_context();
 // Set by the Booster's constructor (thread-local: each thread that builds models sees the context of
-// the last Booster constructed on it); std::nullopt clears it. Tests may set it directly.
+// the last Booster constructed on it); std::nullopt clears it. Tests may set it directly. Setting it
+// also re-seeds this thread's tensor_parallel_dropout generator on its next use (the tp rank may
+// have changed).
 BOOSTER_API void set_tensor_parallel_context(std::optional<TensorParallelContext> context);
 
 // How a sharded parameter relates to its full (dense) tensor: the full tensor, padded along `dim` to
@@ -83,11 +85,16 @@ struct TensorParallelSpec {
 };
 // The spec of a parameter registered by a TP layer of this file with tp_size > 1 or padding; nullopt
 // for every other tensor (replicated). Keyed by the tensor's TensorImpl (survives Module::to(dtype),
-// which keeps it); thread-safe.
+// which keeps it; a clone or copy is a new tensor without a spec); thread-safe. The registry holds
+// weak references: a destroyed tensor's entry is dropped and never passes to a new tensor.
+// register_tensor_parallel_spec replaces an existing entry; std::invalid_argument for an undefined
+// tensor or an inconsistent spec (dim outside the tensor, padded_size < full_size or not a multiple
+// of tp_size, tp_rank outside [0, tp_size)).
 BOOSTER_API std::optional<TensorParallelSpec> tensor_parallel_spec(const at::Tensor& param);
 BOOSTER_API void register_tensor_parallel_spec(const at::Tensor& param, TensorParallelSpec spec);
 // The vocabulary size VocabParallelEmbedding uses for `vocab_size` at tp size `tp`: vocab_size when tp
-// divides it, else rounded up to a multiple of divisible_by * tp.
+// divides it, else rounded up to a multiple of divisible_by * tp. std::invalid_argument unless all three
+// are >= 1.
 BOOSTER_API int64_t padded_vocab_size(int64_t vocab_size, int tp, int64_t divisible_by);
 
 // ---------------------------------------------------------------------------------------------
@@ -98,7 +105,9 @@ BOOSTER_API int64_t padded_vocab_size(int64_t vocab_size, int tp, int64_t divisi
 //   gather_from_tensor_parallel_region:     forward all-gather (last dim), backward split (own chunk)
 //   scatter_to_tensor_parallel_region:      forward split (own chunk of the last dim, which T must
 //                                           divide: std::invalid_argument), backward all-gather
-// Collective over `group` (every tp rank calls them in the same order, forward and backward).
+// Collective over `group` (every tp rank calls them in the same order, forward and backward); a
+// null group or one of one rank makes them the identity. std::invalid_argument for a tensor that is
+// not floating-point. bf16 works (the adapter carries it as float32 on Gloo).
 BOOSTER_API at::Tensor copy_to_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
 BOOSTER_API at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
 BOOSTER_API at::Tensor gather_from_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
@@ -108,7 +117,12 @@ BOOSTER_API at::Tensor scatter_to_tensor_parallel_region(const at::Tensor& x, co
 // Layers. Options: `group` overrides the context's group (tests; null = take the context);
 // `init_method` (optional) initialises the FULL weight in place instead of the dense layer's default
 // (e.g. normal std 0.02); with init_method the bias starts at zero (Megatron) unless
-// bias_init_method initialises the full bias.
+// bias_init_method initialises the full bias. A group of one rank counts as T = 1: the layer's
+// `group` member is then null and it is exactly the dense layer (no communication).
+// reset() (Cloneable) re-creates the parameters: it draws the full tensors from the global RNG again
+// and re-registers "weight"/"bias" with their specs. Unlike LibTorch's layers it may also be called
+// directly on a built layer (their second reset() throws "already defined"); parameters handed to an
+// optimizer before are then no longer the module's.
 
 using InitMethod = std::function<void(at::Tensor& full)>;
 
@@ -169,7 +183,8 @@ struct VocabParallelEmbeddingOptions {
   TORCH_ARG(int64_t, embedding_dim);
   TORCH_ARG(InitMethod, init_method) = nullptr;  // default: normal(0, 1) as torch::nn::Embedding
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
-  // 0: the context's make_vocab_size_divisible_by.
+  // 0: the context's make_vocab_size_divisible_by (64 when the layer is built with an explicit group
+  // and no context). The constructor writes the value it used here.
   TORCH_ARG(int64_t, make_vocab_size_divisible_by) = 0;
 };
 
@@ -180,6 +195,8 @@ struct VocabParallelEmbeddingOptions {
 // the ids in its range (zeros elsewhere), the results are all-reduced (g).
 // lm_logits: the tied language-model head (Megatron's parallel_lm_logits): hidden [..., dim] ->
 // this rank's logits [..., Vp/T] = f(hidden) @ weight^T; feed them to vocab_parallel_cross_entropy.
+// Padding rows start at zero and receive no gradient from forward or from the cross entropy.
+// ids not int64: std::invalid_argument.
 class BOOSTER_API VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbeddingImpl> {
  public:
   VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
@@ -202,10 +219,16 @@ TORCH_MODULE(VocabParallelEmbedding);
 // Mean cross entropy (nats, float32 scalar) of vocabulary-split logits (Megatron's
 // vocab_parallel_cross_entropy): local_logits [..., Vp/T] (this rank's columns, as lm_logits gives;
 // any floating dtype, computed in float32), target int64 [...] in [0, vocab_size). Only [...]-sized
-// tensors are all-reduced (max, target logit, sum of exp): the logits are never gathered. Columns of
-// vocabulary padding (index >= vocab_size; vocab_size <= 0: no padding) are excluded. With T = 1 it
-// equals torch::nn::functional::cross_entropy (mean reduction). Gradient: softmax - one_hot, on the
-// local columns. Collective over `group` (null: the context's).
+// tensors are all-reduced (max; then target logit and sum of exp together, one [2, ...] all-reduce):
+// the logits are never gathered. Columns of vocabulary padding (index >= vocab_size; vocab_size <= 0:
+// no padding) are excluded. With T = 1 it equals torch::nn::functional::cross_entropy (mean
+// reduction; without padding it IS that function, applied to the logits cast to float32). Gradient:
+// (softmax - one_hot) * upstream / N on the local columns (zero on padding columns), in the logits'
+// dtype. Collective over `group` (null: the
+// context's; std::logic_error when there is none). Errors, thrown before any communication (so every
+// rank throws alike): std::out_of_range naming the first target outside [0, vocab_size) (or outside
+// the whole vocabulary when vocab_size <= 0); std::invalid_argument for a target that is not int64 or
+// not shaped like the logits without their last dim, or vocab_size > Vp.
 BOOSTER_API at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,
                                                     int64_t vocab_size = -1,
                                                     const std::shared_ptr<dist::ProcessGroup>& group = nullptr);

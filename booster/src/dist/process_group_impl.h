@@ -1,0 +1,52 @@
+// process_group_impl.h — private to libbooster: the state behind dist::ProcessGroup and dist::Work,
+// shared by process_group.cpp (rendezvous, sub-groups, collectives) and process_group_p2p.cpp
+// (point-to-point).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "booster/dist/process_group.h"
+
+namespace booster::dist {
+
+struct Work::Impl {
+  c10::intrusive_ptr<c10d::Work> work;  // null for a work that finished synchronously
+  std::function<void()> finish;         // runs once after the backend work completed
+  std::string what;                     // "allreduce of 1048576 float elements" for errors
+  bool done = false;
+};
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;  // the world's store; sub-groups share it
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  // devices shared by sub-groups
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null for a sub-group of one rank (local collectives)
+  int rank = 0;
+  int size = 1;
+  std::string backend;
+  double timeout_s = 1800;
+  // What the backend does natively (NCCL would); Gloo in LibTorch 1.13 has neither, so emulated.
+  bool native_avg = false;
+  bool native_bf16 = false;
+  // Store keys of the sub-groups made from this group start with key_prefix + "/"; each
+  // new_group/split call takes the next id, on every rank, so the prefixes agree across ranks.
+  std::string key_prefix = "booster_groups";
+  int64_t next_child_id = 0;
+  std::vector<int> ranks_in_parent;
+  std::vector<int> global_ranks;
+};
+
+namespace detail {
+
+// "allreduce of 1048576 float elements": the start of an error message.
+std::string describe(const char* op, const at::Tensor& t);
+// A Work over the backend's work `w` (null: finished synchronously); `finish` runs once after it.
+Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what);
+
+}  // namespace detail
+}  // namespace booster::dist

@@ -1,0 +1,295 @@
+// tensor_parallel.cpp — the layer half of tensor_parallel.h: the thread-local tensor-parallel
+// context, the registry of parameter specs, and ColumnParallelLinear, RowParallelLinear and
+// VocabParallelEmbedding. The communication operators, the cross entropy and the dropout are in
+// tensor_parallel_ops.cpp.
+#include "booster/nn/tensor_parallel.h"
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <mutex>
+#include <unordered_map>
+
+#include "booster/dist/process_group.h"
+
+namespace booster::nn {
+
+using Group = std::shared_ptr<dist::ProcessGroup>;
+
+void reset_tensor_parallel_dropout_generator();  // tensor_parallel_ops.cpp
+
+// ---------------------------------------------------------------------------------------------
+// The context
+
+namespace {
+thread_local std::optional<TensorParallelContext> tls_context;
+}  // namespace
+
+int TensorParallelContext::size() const { return group ? group->size() : 1; }
+int TensorParallelContext::rank() const { return group ? group->rank() : 0; }
+
+const TensorParallelContext& tensor_parallel_context() {
+  if (!tls_context)
+    throw std::logic_error(
+        "booster::nn: a tensor-parallel layer was built before the Booster: construct booster::Booster first, then the "
+        "model, then call boost() (or pass an explicit group in the layer's options)");
+  return *tls_context;
+}
+
+bool has_tensor_parallel_context() { return tls_context.has_value(); }
+
+void set_tensor_parallel_context(std::optional<TensorParallelContext> context) {
+  tls_context = std::move(context);
+  reset_tensor_parallel_dropout_generator();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The spec registry. Keyed by TensorImpl address; each entry holds a weak reference to its
+// TensorImpl, which keeps the TensorImpl's memory (not its storage) allocated while the entry
+// exists, so the address cannot be reused by another tensor until the entry is dropped. Entries of
+// destroyed tensors are dropped when looked up and by a sweep whenever the map has doubled.
+
+namespace {
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+struct SpecEntry {
+  WeakImpl impl;
+  TensorParallelSpec spec;
+};
+
+struct SpecRegistry {
+  std::mutex mutex;
+  std::unordered_map<const c10::TensorImpl*, SpecEntry> entries;
+  size_t sweep_at = 64;
+};
+
+SpecRegistry& spec_registry() {
+  static auto* registry = new SpecRegistry();  // never destroyed: used until the process exits
+  return *registry;
+}
+
+}  // namespace
+
+std::optional<TensorParallelSpec> tensor_parallel_spec(const at::Tensor& param) {
+  if (!param.defined()) return std::nullopt;
+  auto& reg = spec_registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.entries.find(param.unsafeGetTensorImpl());
+  if (it == reg.entries.end()) return std::nullopt;
+  if (it->second.impl.expired()) {  // cannot happen while `param` holds this impl; kept for clarity
+    reg.entries.erase(it);
+    return std::nullopt;
+  }
+  return it->second.spec;
+}
+
+void register_tensor_parallel_spec(const at::Tensor& param, TensorParallelSpec spec) {
+  if (!param.defined()) throw std::invalid_argument("booster::nn::register_tensor_parallel_spec: undefined tensor");
+  if (spec.tp_size < 1 || spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size || spec.full_size < 0 ||
+      spec.padded_size < spec.full_size || spec.padded_size % spec.tp_size != 0 || spec.dim < 0 || spec.dim >= param.dim())
+    throw std::invalid_argument("booster::nn::register_tensor_parallel_spec: inconsistent spec (dim " +
+                                std::to_string(spec.dim) + ", full_size " + std::to_string(spec.full_size) +
+                                ", padded_size " + std::to_string(spec.padded_size) + ", tp " +
+                                std::to_string(spec.tp_rank) + "/" + std::to_string(spec.tp_size) + ") for a tensor of " +
+                                std::to_string(param.dim()) + " dims");
+  auto& reg = spec_registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  if (reg.entries.size() >= reg.sweep_at) {
+    for (auto it = reg.entries.begin(); it != reg.entries.end();)
+      it = it->second.impl.expired() ? reg.entries.erase(it) : std::next(it);
+    reg.sweep_at = std::max<size_t>(64, 2 * reg.entries.size());
+  }
+  reg.entries.insert_or_assign(param.unsafeGetTensorImpl(), SpecEntry{WeakImpl(param.getIntrusivePtr()), std::move(spec)});
+}
+
+int64_t padded_vocab_size(int64_t vocab_size, int tp, int64_t divisible_by) {
+  if (vocab_size < 1 || tp < 1 || divisible_by < 1)
+    throw std::invalid_argument("booster::nn::padded_vocab_size: needs vocab_size, tp and divisible_by >= 1, got " +
+                                std::to_string(vocab_size) + ", " + std::to_string(tp) + ", " +
+                                std::to_string(divisible_by));
+  if (vocab_size % tp == 0) return vocab_size;
+  const int64_t multiple = divisible_by * tp;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers
+
+namespace {
+
+// options.group, else the context's; a group of one rank becomes null (T = 1: the dense layer).
+Group resolve_group(const Group& explicit_group) {
+  Group g = explicit_group ? explicit_group : tensor_parallel_context().group;
+  return g && g->size() > 1 ? g : nullptr;
+}
+
+int tp_size(const Group& g) { return g ? g->size() : 1; }
+int tp_rank(const Group& g) { return g ? g->rank() : 0; }
+
+void check_positive(const char* layer, const char* what, int64_t size) {
+  if (size < 1)
+    throw std::invalid_argument(std::string("booster::nn::") + layer + ": " + what + " must be >= 1, got " +
+                                std::to_string(size));
+}
+
+void check_divisible(const char* layer, const char* what, int64_t size, int t) {
+  check_positive(layer, what, size);
+  if (size % t != 0)
+    throw std::invalid_argument(std::string("booster::nn::") + layer + ": " + what + " (" + std::to_string(size) +
+                                ") is not divisible by the tensor-parallel size " + std::to_string(t) + "; make " + what +
+                                " a multiple of " + std::to_string(t) + " or use a tp size that divides it");
+}
+
+
+// The full Linear weight [out, in] and bias [out] (undefined without bias) drawn from the global RNG
+// exactly as torch::nn::Linear draws them, or with the options' init methods.
+std::pair<at::Tensor, at::Tensor> init_full_linear(const LinearParallelOptions& o) {
+  torch::NoGradGuard no_grad;
+  at::Tensor w = at::empty({o.out_features(), o.in_features()});
+  at::Tensor b;
+  if (o.init_method()) {
+    o.init_method()(w);
+  } else {
+    torch::nn::init::kaiming_uniform_(w, std::sqrt(5));
+  }
+  if (o.bias()) {
+    b = at::empty({o.out_features()});
+    if (o.bias_init_method()) {
+      o.bias_init_method()(b);
+    } else if (o.init_method()) {
+      b.zero_();
+    } else {
+      const double bound = 1 / std::sqrt(static_cast<double>(o.in_features()));
+      torch::nn::init::uniform_(b, -bound, bound);
+    }
+  }
+  return {w, b};
+}
+
+TensorParallelSpec make_spec(int64_t dim, int64_t full, int64_t padded, const Group& g) {
+  TensorParallelSpec s;
+  s.dim = dim;
+  s.full_size = full;
+  s.padded_size = padded;
+  s.tp_size = tp_size(g);
+  s.tp_rank = tp_rank(g);
+  s.group = g;
+  return s;
+}
+
+// This rank's chunk along dim, as a fresh contiguous tensor.
+at::Tensor shard(const at::Tensor& full, int64_t dim, const Group& g) {
+  const int t = tp_size(g);
+  if (t == 1) return full;
+  const int64_t chunk = full.size(dim) / t;
+  return full.narrow(dim, tp_rank(g) * chunk, chunk).clone().contiguous();
+}
+
+}  // namespace
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(LinearParallelOptions options_)
+    : options(std::move(options_)), group(resolve_group(options.group())) {
+  check_positive("ColumnParallelLinear", "in_features", options.in_features());
+  check_divisible("ColumnParallelLinear", "out_features", options.out_features(), tp_size(group));
+  reset();
+}
+
+void ColumnParallelLinearImpl::reset() {
+  parameters_.clear();  // reset() may be called again: it re-creates weight and bias
+  auto [w, b] = init_full_linear(options);
+  weight = register_parameter("weight", shard(w, 0, group));
+  bias = register_parameter("bias", b.defined() ? shard(b, 0, group) : at::Tensor(), /*requires_grad=*/b.defined());
+  if (group) {
+    register_tensor_parallel_spec(weight, make_spec(0, options.out_features(), options.out_features(), group));
+    if (bias.defined()) register_tensor_parallel_spec(bias, make_spec(0, options.out_features(), options.out_features(), group));
+  }
+}
+
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
+  if (!group) return at::linear(x, weight, bias);
+  at::Tensor y = at::linear(copy_to_tensor_parallel_region(x, group), weight, bias);
+  return options.gather_output() ? gather_from_tensor_parallel_region(y, group) : y;
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(LinearParallelOptions options_)
+    : options(std::move(options_)), group(resolve_group(options.group())) {
+  check_positive("RowParallelLinear", "out_features", options.out_features());
+  check_divisible("RowParallelLinear", "in_features", options.in_features(), tp_size(group));
+  reset();
+}
+
+void RowParallelLinearImpl::reset() {
+  parameters_.clear();  // reset() may be called again: it re-creates weight and bias
+  auto [w, b] = init_full_linear(options);
+  weight = register_parameter("weight", shard(w, 1, group));
+  bias = register_parameter("bias", b, /*requires_grad=*/b.defined());  // replicated: no spec
+  if (group) register_tensor_parallel_spec(weight, make_spec(1, options.in_features(), options.in_features(), group));
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
+  if (!group) return at::linear(x, weight, bias);
+  at::Tensor in = options.input_is_parallel() ? x : scatter_to_tensor_parallel_region(x, group);
+  at::Tensor y = reduce_from_tensor_parallel_region(at::linear(in, weight), group);
+  return bias.defined() ? y + bias : y;
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions options_)
+    : options(std::move(options_)), group(resolve_group(options.group())) {
+  check_positive("VocabParallelEmbedding", "num_embeddings", options.num_embeddings());
+  check_positive("VocabParallelEmbedding", "embedding_dim", options.embedding_dim());
+  if (options.make_vocab_size_divisible_by() < 0)
+    throw std::invalid_argument("booster::nn::VocabParallelEmbedding: make_vocab_size_divisible_by must be >= 0");
+  if (options.make_vocab_size_divisible_by() == 0)
+    options.make_vocab_size_divisible_by(has_tensor_parallel_context() ? tensor_parallel_context().make_vocab_size_divisible_by
+                                                                      : TensorParallelContext{}.make_vocab_size_divisible_by);
+  reset();
+}
+
+void VocabParallelEmbeddingImpl::reset() {
+  parameters_.clear();  // reset() may be called again: it re-creates weight and bias
+  const int t = tp_size(group);
+  const int64_t v = options.num_embeddings();
+  padded_vocab_ = padded_vocab_size(v, t, options.make_vocab_size_divisible_by());
+  vocab_start_ = tp_rank(group) * (padded_vocab_ / t);
+  at::Tensor full = at::empty({v, options.embedding_dim()});
+  {
+    torch::NoGradGuard no_grad;
+    if (options.init_method()) {
+      options.init_method()(full);
+    } else {
+      torch::nn::init::normal_(full);
+    }
+    if (padded_vocab_ > v) full = at::cat({full, at::zeros({padded_vocab_ - v, options.embedding_dim()})}, 0);
+  }
+  weight = register_parameter("weight", shard(full, 0, group));
+  if (t > 1 || padded_vocab_ > v) register_tensor_parallel_spec(weight, make_spec(0, v, padded_vocab_, group));
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  if (!ids.defined() || ids.scalar_type() != at::kLong)
+    throw std::invalid_argument("booster::nn::VocabParallelEmbedding: ids must be an int64 tensor");
+  const int64_t v = options.num_embeddings();
+  if (ids.numel() > 0) {
+    at::Tensor bad = (ids < 0).logical_or_(ids >= v).reshape({-1});
+    if (bad.any().item<bool>()) {
+      const int64_t first = bad.nonzero()[0][0].item<int64_t>();
+      throw std::out_of_range("booster::nn::VocabParallelEmbedding: id " +
+                              std::to_string(ids.reshape({-1})[first].item<int64_t>()) + " (element " +
+                              std::to_string(first) + ") is outside the vocabulary [0, " + std::to_string(v) + ")");
+    }
+  }
+  if (!group) return at::embedding(weight, ids);
+  const int64_t local = weight.size(0);
+  at::Tensor outside = (ids < vocab_start_).logical_or_(ids >= vocab_start_ + local);
+  at::Tensor local_ids = (ids - vocab_start_).masked_fill_(outside, 0);
+  at::Tensor y = at::embedding(weight, local_ids).masked_fill(outside.unsqueeze(-1), 0);
+  return reduce_from_tensor_parallel_region(y, group);
+}
+
+at::Tensor VocabParallelEmbeddingImpl::lm_logits(const at::Tensor& hidden) {
+  return at::linear(copy_to_tensor_parallel_region(hidden, group), weight);
+}
+
+}  // namespace booster::nn
