@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -161,6 +164,168 @@ TEST(HybridParallel, ZeroStage1DataPipeline2x2MatchesSingleProcess) {
 }
 TEST(HybridParallel, Bf16PipelineTensor2x2TracksSingleProcess) {
   check_hybrid({4, {"plugin.pp_size=2", "plugin.tp_size=2", "plugin.num_microbatches=2"}, "adamw", 0, true});
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: a mesh shape's model and optimizer continue at another shape or in another plugin
+// exactly as the uninterrupted single-process run (AdamW, so the optimizer state matters).
+
+struct Leg {
+  int world;
+  std::vector<std::string> sets;  // "plugin=torch_ddp" selects the plugin, the rest are set=...
+};
+
+std::vector<std::string> leg_args(const Leg& leg) {
+  std::vector<std::string> args;
+  for (const auto& s : leg.sets) args.push_back(s.rfind("plugin=", 0) == 0 ? s : "set=" + s);
+  bool hybrid = true;
+  for (const auto& s : leg.sets) hybrid = hybrid && s.rfind("plugin=", 0) != 0;
+  if (hybrid) args.push_back("set=plugin.precision=fp32");
+  return args;
+}
+
+// `first` trains steps [0, 2) and saves; `second` loads and trains steps [2, 4).
+// `inspect` (optional) looks at the checkpoint directory.
+void check_resume(const Leg& first, const Leg& second, const std::string& what,
+                  const std::function<void(const TempDir& ckpt)>& inspect = nullptr) {
+  TempDir a, b, ckpt;
+  const int64_t batch = 8;
+  auto args1 = leg_args(first);
+  for (const std::string& s : {"out=" + a.path(), std::string("steps=2"), "batch=" + std::to_string(batch),
+                               std::string("optimizer=adamw"), "save=" + ckpt.path()})
+    args1.push_back(s);
+  expect_all_ok(run_hybrid(first.world, args1));
+  if (inspect) inspect(ckpt);
+  auto args2 = leg_args(second);
+  for (const std::string& s : {"out=" + b.path(), std::string("steps=2"), std::string("first_step=2"),
+                               "batch=" + std::to_string(batch), std::string("optimizer=adamw"), "load=" + ckpt.path()})
+    args2.push_back(s);
+  expect_all_ok(run_hybrid(second.world, args2));
+  const Reference ref = reference_lm(4, batch, "adamw");
+  expect_model_close(b.file("model"), ref, kAtol, kRtol, what);
+  int with_loss = 0;
+  double max_diff = 0;
+  for (int r = 0; r < second.world; ++r) {
+    auto log = read_log(b.file("rank" + std::to_string(r) + ".txt"));
+    if (log["loss"].empty()) continue;
+    ++with_loss;
+    for (int64_t s = 2; s < 4; ++s) {
+      EXPECT_NEAR(log["loss"][s], ref.losses[s], 1e-5) << what << " rank " << r << " step " << s;
+      max_diff = std::max(max_diff, std::abs(log["loss"][s] - ref.losses[s]));
+    }
+  }
+  EXPECT_GT(with_loss, 0) << what;
+  std::cout << "[ compare  ] " << what << ": losses of steps 2, 3 within " << max_diff << " of the reference" << std::endl;
+}
+
+const std::vector<std::string> kTp2Pp2{"plugin.tp_size=2", "plugin.pp_size=2", "plugin.num_microbatches=4"};
+
+TEST(HybridParallel, CheckpointPipelineTensor2x2ResumesInTorchDdp) {
+  check_resume({4, kTp2Pp2}, {1, {"plugin=torch_ddp"}}, "tp2·pp2 (2 steps) -> torch_ddp 1 rank (2 steps)",
+               [](const TempDir& ckpt) {
+                 // One file per stage, numbered as one checkpoint, one index; the optimizer sharded.
+                 for (const char* f : {"model/model-00001-of-00002.safetensors", "model/model-00002-of-00002.safetensors",
+                                       "model/model.safetensors.index.json", "optimizer/optimizer.sharded.json",
+                                       "optimizer/optimizer_groups.json"})
+                   EXPECT_TRUE(std::filesystem::exists(ckpt.file(f))) << f;
+                 const std::string index = read_file(ckpt.file("model/model.safetensors.index.json"));
+                 EXPECT_NE(index.find("\"ln_f.weight\": \"model-00002-of-00002.safetensors\""), std::string::npos) << index;
+                 EXPECT_NE(index.find("\"wte.weight\": \"model-00001-of-00002.safetensors\""), std::string::npos) << index;
+               });
+}
+TEST(HybridParallel, CheckpointTorchDdpResumesInPipelineTensor2x2) {
+  check_resume({1, {"plugin=torch_ddp"}}, {4, kTp2Pp2}, "torch_ddp 1 rank (2 steps) -> tp2·pp2 (2 steps)");
+}
+TEST(HybridParallel, CheckpointZeroStage1DataTensor2x2ResumesInPipeline2) {
+  check_resume({4, {"plugin.tp_size=2", "plugin.zero_stage=1"}},
+               {2, {"plugin.pp_size=2", "plugin.num_microbatches=2"}}, "dp2·tp2 zero_stage 1 -> pp2");
+}
+
+// A tp2 model's safetensors file, read by Python's torch (the header parsed by hand: the image has
+// no safetensors package), equals the reference's dense tensors (the vocabulary padding dropped).
+TEST(HybridParallel, CheckpointTensor2ModelReadByPythonTorch) {
+  TempDir dir;
+  expect_all_ok(run_hybrid(2, {"out=" + dir.path(), "steps=1", "batch=8", "optimizer=adamw",
+                               "set=plugin.tp_size=2", "set=plugin.precision=fp32"}));
+  const Reference ref = reference_lm(1, 8, "adamw");
+  booster::checkpoint::StateDict want;
+  for (const auto& [name, t] : ref.params) want.emplace_back(name, t);
+  booster::checkpoint::SaveOptions bin;
+  bin.use_safetensors = false;
+  booster::checkpoint::save_state_dict(dir.file("reference"), want, bin);  // pytorch_model.bin: torch.load
+  if (std::system((std::string(BOOSTER_PYTHON) + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    expect_model_close(dir.file("model"), ref, kAtol, kRtol, "tp2 model (no Python torch: read in C++)");
+    return;
+  }
+  const std::string script = R"PY(
+import json, struct, sys, torch
+path, ref_path = sys.argv[1], sys.argv[2]
+data = open(path, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
+got = {}
+for name, info in header.items():
+    if name == "__metadata__":
+        continue
+    begin, end = info["data_offsets"]
+    raw = bytearray(data[8 + n + begin:8 + n + end])
+    got[name] = torch.frombuffer(raw, dtype=dtypes[info["dtype"]]).reshape(info["shape"])
+ref = torch.load(ref_path)
+assert sorted(got) == sorted(ref), (sorted(got), sorted(ref))
+worst = 0.0
+for name, t in ref.items():
+    assert got[name].shape == t.shape, (name, got[name].shape, t.shape)
+    assert torch.allclose(got[name].float(), t, rtol=1e-4, atol=1e-5), name
+    worst = max(worst, (got[name].float() - t).abs().max().item())
+print("python torch", torch.__version__, "read", len(got), "tensors; wte.weight", list(got["wte.weight"].shape),
+      "; max |diff|", worst)
+)PY";
+  {
+    std::ofstream(dir.file("check.py")) << script;
+  }
+  const std::string cmd = std::string(BOOSTER_PYTHON) + " " + dir.file("check.py") + " " +
+                          dir.file("model/model.safetensors") + " " + dir.file("reference/pytorch_model.bin") +
+                          " > " + dir.file("python.txt") + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string out = read_file(dir.file("python.txt"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("wte.weight [37, 16]"), std::string::npos) << out;
+  std::cout << "[ python   ] " << out;
+}
+
+// pp = 1: the model directory is byte for byte the default CheckpointIO's (torch_ddp) for the same
+// weights (the untrained model: tp2 gathers it exactly).
+TEST(HybridParallel, CheckpointTensor2ModelFilesEqualTorchDdps) {
+  TempDir hybrid, ddp;
+  expect_all_ok(run_hybrid(2, {"out=" + hybrid.path(), "steps=0", "set=plugin.tp_size=2", "set=plugin.precision=fp32"}));
+  expect_all_ok(run_hybrid(1, {"out=" + ddp.path(), "steps=0", "plugin=torch_ddp"}));
+  const std::string a = read_file(hybrid.file("model/model.safetensors")), b = read_file(ddp.file("model/model.safetensors"));
+  EXPECT_GT(a.size(), 1000u);
+  EXPECT_TRUE(a == b) << a.size() << " vs " << b.size() << " bytes";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(hybrid.file("model")), {}), 1);
+}
+
+// A checkpoint whose tensor has the wrong shape: every rank throws a CheckpointError naming it, and
+// the model is unchanged (it then equals the initial model).
+TEST(HybridParallel, CheckpointWrongShapeIsRefusedAndModelUnchanged) {
+  TempDir dir, bad;
+  const Reference initial = reference_lm(0, 8, "adamw");
+  booster::checkpoint::StateDict state;
+  for (const auto& [name, t] : initial.params)
+    state.emplace_back(name, name == "h.1.fc.weight" ? t.narrow(0, 0, 63).contiguous() : t + 1);
+  booster::checkpoint::save_state_dict(bad.file("model"), state, {});
+  expect_all_ok(run_hybrid(4, {"out=" + dir.path(), "steps=0", "batch=8", "optimizer=adamw", "bad_load=" + bad.path(),
+                               "set=plugin.tp_size=2", "set=plugin.pp_size=2", "set=plugin.num_microbatches=4",
+                               "set=plugin.precision=fp32"}));
+  for (int r = 0; r < 4; ++r) {
+    const std::string err = read_file(dir.file("rank" + std::to_string(r) + ".err"));
+    EXPECT_NE(err.find("h.1.fc.weight: shape [63, 16] in the checkpoint, [64, 16] in the model"), std::string::npos)
+        << "rank " << r << ": " << err;
+    if (r == 0) std::cout << "[ error    ] " << err;
+  }
+  expect_model_close(dir.file("model"), initial, 0, 0, "model after the refused load (must be the initial one)");
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // Arguments are key=value:
 //   out=DIR steps=K batch=B (global) optimizer=sgd|adamw first_step=F (skip the first F batches)
 //   load=DIR (load model_dir/ and optimizer/ from DIR before training) save=DIR (save them after)
+//   bad_load=DIR (booster.load_model from DIR/model expecting a CheckpointError: its message, or
+//   "no error", goes to out/rank<r>.err; then training goes on)
 //   plugin=NAME set=key=value (repeatable; config overrides)
 // Results: DIR/model (the trained model, booster.save_model), DIR/rank<r>.txt ("loss <step> <v>" on
 // the last stage, "norm <step> <v>" with max_norm).
@@ -42,6 +44,15 @@ int run() {
   TinyLM net;  // after the Booster: the TP layers take its tp group
   auto optimizer = make_lm_optimizer(arg("optimizer", "sgd"), net->parameters());
   auto [model, opt, criterion, loader, scheduler] = booster.boost(net, optimizer, tiny_lm_loss);
+  if (arg("bad_load", "") != "") {
+    std::string message = "no error";
+    try {
+      booster.load_model(model, arg("bad_load", "") + "/model");
+    } catch (const booster::checkpoint::CheckpointError& e) {
+      message = e.what();
+    }
+    std::ofstream(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".err") << message << "\n";
+  }
   if (arg("load", "") != "") {
     booster.load_model(model, arg("load", "") + "/model");
     booster.load_optimizer(*opt, arg("load", "") + "/optimizer");
