@@ -75,7 +75,10 @@ int run() {
       booster.backward(loss, *opt);
     }
     opt->step();
-    if (loss.defined()) log << "loss " << s << " " << loss.item<double>() << "\n";
+    // The mean over the data-parallel ranks' shares: the loss of the whole global batch.
+    if (loss.defined())
+      log << "loss " << s << " " << dp->allreduce_scalar(loss.item<double>(), booster::dist::ReduceOp::SUM) / dp->size()
+          << "\n";
     if (opt->options().max_norm > 0) log << "norm " << s << " " << opt->last_grad_norm() << "\n";
     opt->zero_grad();
   }
