@@ -126,6 +126,36 @@ void check_hybrid(const HybridCase& c) {
   EXPECT_GT(ranks_with_loss, 0) << what;
 }
 
+// Every bad input is refused on every rank with a message that names the problem and the fix.
+TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
+  TempDir dir;
+  auto results = run_hybrid(2, {"scenario=errors", "out=" + dir.path()});
+  expect_all_ok(results);
+  const std::map<std::string, std::vector<std::string>> want{
+      {"indivisible_mesh", {"tp_size * pp_size = 3 * 1 = 3 does not divide the world size 2"}},
+      {"too_few_microbatches", {"num_microbatches = 1 < pp_size = 2", "raise num_microbatches"}},
+      {"no_microbatches", {"needs num_microbatches or microbatch_size"}},
+      {"not_a_pipeline_module", {"booster::nn::PipelineModule", "pipeline_layers()"}},
+      {"too_few_layers", {"6 pipeline layers", "fewer than pp_size * num_model_chunks = 8"}},
+      {"forward_on_pipelined_model", {"use booster.execute_pipeline"}},
+      {"backward_on_pipelined_model", {"booster.backward does not work on a pipelined model"}},
+      {"batch_not_divisible", {"batch size 3", "num_microbatches = 2"}},
+      {"valid_pipeline_after_errors", {"no error"}}};
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, std::string> got;
+    std::istringstream in(read_file(dir.file("rank" + std::to_string(r) + ".err")));
+    std::string line;
+    while (std::getline(in, line)) {
+      auto colon = line.find(": ");
+      if (colon != std::string::npos) got[line.substr(0, colon)] = line.substr(colon + 2);
+    }
+    for (const auto& [name, parts] : want) {
+      ASSERT_TRUE(got.count(name)) << "rank " << r << " case " << name;
+      for (const auto& part : parts) EXPECT_NE(got[name].find(part), std::string::npos) << name << ": " << got[name];
+    }
+  }
+}
+
 TEST(HybridParallel, TensorParallel2MatchesSingleProcess) {
   check_hybrid({2, {"plugin.tp_size=2"}, "adamw"});
 }

@@ -8,11 +8,14 @@
 //   bad_load=DIR (booster.load_model from DIR/model expecting a CheckpointError: its message, or
 //   "no error", goes to out/rank<r>.err; then training goes on)
 //   plugin=NAME set=key=value (repeatable; config overrides)
+//   scenario=errors: 2 ranks; each bad input below is tried on every rank and "<case>: <message>"
+//   (or "<case>: no error") appended to out/rank<r>.err
 // Results: DIR/model (the trained model, booster.save_model), DIR/rank<r>.txt ("loss <step> <v>" on
 // the last stage, "norm <step> <v>" with max_norm).
 #include <torch/torch.h>
 
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -33,7 +36,65 @@ std::string arg(const std::string& k, const std::string& def) {
 }
 int64_t iarg(const std::string& k, int64_t def) { return std::stoll(arg(k, std::to_string(def))); }
 
+// Each case's message (every rank must fail the same way, before any rank waits for another).
+int run_errors() {
+  std::vector<std::pair<std::string, std::string>> results;
+  auto config_with = [](const std::string& plugin_table) {
+    return booster::Config::from_string("[booster]\nplugin = \"hybrid_parallel\"\n[distributed]\ntimeout_s = 60\n"
+                                        "threads_per_rank = 1\n[plugin]\nprecision = \"fp32\"\n" + plugin_table);
+  };
+  auto attempt = [&](const std::string& name, const std::function<void()>& body) {
+    try {
+      body();
+      results.emplace_back(name, "no error");
+    } catch (const std::exception& e) {
+      results.emplace_back(name, e.what());
+    }
+  };
+  std::vector<std::string> no_args;
+  auto world = booster::launch_from_config(config_with(""), no_args);
+  attempt("indivisible_mesh", [&] { booster::Booster b(config_with("tp_size = 3\n")); });
+  attempt("too_few_microbatches", [&] { booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 1\n")); });
+  attempt("no_microbatches", [&] { booster::Booster b(config_with("pp_size = 2\n")); });
+  attempt("not_a_pipeline_module", [&] {
+    booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
+    torch::manual_seed(7);
+    auto plain = std::make_shared<TinyBlockImpl>();
+    b.boost(plain);
+  });
+  attempt("too_few_layers", [&] {
+    booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 4\npp_style = \"interleaved\"\nnum_model_chunks = 4\n"));
+    torch::manual_seed(7);
+    TinyLM net;  // 6 layers < 2 * 4 stages
+    b.boost(net);
+  });
+  {
+    booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
+    torch::manual_seed(7);
+    TinyLM net;
+    auto [model, opt, criterion, loader, scheduler] =
+        b.boost(net, make_lm_optimizer("sgd", net->parameters()), tiny_lm_loss);
+    const auto data = make_token_batches(1, 4, 11);
+    attempt("forward_on_pipelined_model", [&] { model.forward(data.tokens[0]); });
+    attempt("backward_on_pipelined_model", [&] {
+      auto loss = (net->wpe->weight * 2).sum();  // any loss: booster.backward must refuse a pipelined model
+      b.backward(loss, *opt);
+    });
+    attempt("batch_not_divisible", [&] {
+      b.execute_pipeline(data.tokens[0].narrow(0, 0, 3), data.targets[0].narrow(0, 0, 3), model, criterion, opt.get());
+    });
+    // The plugin still works after the refused calls.
+    attempt("valid_pipeline_after_errors", [&] {
+      b.execute_pipeline(data.tokens[0], data.targets[0], model, criterion, opt.get());
+    });
+  }
+  std::ofstream out(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".err");
+  for (const auto& [name, message] : results) out << name << ": " << message << "\n";
+  return 0;
+}
+
 int run() {
+  if (arg("scenario", "train") == "errors") return run_errors();
   auto config = booster::Config::from_string("[booster]\nplugin = \"" + arg("plugin", "hybrid_parallel") +
                                              "\"\n[distributed]\ntimeout_s = 60\nthreads_per_rank = 1\n");
   config.apply_overrides(overrides);
