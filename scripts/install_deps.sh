@@ -12,7 +12,7 @@ PKGS=(
   libgtest-dev libgmock-dev
   libcli11-dev libspdlog-dev libfmt-dev
   zlib1g-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist bible-kjv
   python3-torch procps
   clang libclang-rt-14-dev
 )

@@ -1,0 +1,153 @@
+// model.cpp — the GPT-2-style model of model.h.
+#include "model.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace gpt {
+
+torch::nn::Linear column_parallel_linear(int64_t in_features, int64_t out_features) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(true));
+}
+
+torch::nn::Linear row_parallel_linear(int64_t in_features, int64_t out_features) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(true));
+}
+
+torch::nn::Embedding vocab_embedding(int64_t vocab_size, int64_t n_embd) {
+  return torch::nn::Embedding(vocab_size, n_embd);
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
+  return torch::nn::functional::cross_entropy(flat, targets.reshape({-1}));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
+    : head_dim(config.n_embd / config.n_head), dropout(config.dropout) {
+  if (config.n_head <= 0 || config.n_embd % config.n_head != 0)
+    throw std::invalid_argument("gpt: n_embd (" + std::to_string(config.n_embd) + ") must be a multiple of n_head (" +
+                                std::to_string(config.n_head) + ")");
+  c_attn = register_module("c_attn", column_parallel_linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", row_parallel_linear(config.n_embd, config.n_embd));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  // [B, T, 3 * H * D] -> [3, B, H, T, D]; H is whatever this rank's c_attn produces.
+  auto qkv = c_attn(x).view({B, T, 3, -1, head_dim}).permute({2, 0, 3, 1, 4});
+  auto q = qkv[0], k = qkv[1], v = qkv[2];
+  const int64_t H = q.size(1);
+  // Scores with the causal mask fused into the GEMM: mask + (q kᵀ) / sqrt(D), mask = -inf above the
+  // diagonal. [B H, T, T].
+  auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), q.options())
+                  .triu(1)
+                  .expand({B * H, T, T});
+  auto att = torch::baddbmm(mask, q.reshape({B * H, T, head_dim}), k.reshape({B * H, T, head_dim}).transpose(1, 2),
+                            /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(static_cast<double>(head_dim)))
+                 .softmax(-1);
+  if (dropout > 0 && is_training()) att = torch::dropout(att, dropout, true);
+  auto y = torch::bmm(att.to(v.scalar_type()), v.reshape({B * H, T, head_dim}));  // [B H, T, D]
+  y = y.view({B, H, T, head_dim}).transpose(1, 2).reshape({B, T, -1});           // [B, T, H * D]
+  y = c_proj(y);
+  if (dropout > 0 && is_training()) y = torch::dropout(y, dropout, true);
+  return y;
+}
+
+MLPImpl::MLPImpl(const GPTConfig& config) : dropout(config.dropout), gelu_tanh(config.gelu_tanh) {
+  c_fc = register_module("c_fc", column_parallel_linear(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", row_parallel_linear(4 * config.n_embd, config.n_embd));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  auto y = c_proj(torch::gelu(c_fc(x), gelu_tanh ? "tanh" : "none"));
+  if (dropout > 0 && is_training()) y = torch::dropout(y, dropout, true);
+  return y;
+}
+
+BlockImpl::BlockImpl(const GPTConfig& config) {
+  auto ln = [&] {
+    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_eps));
+  };
+  ln_1 = register_module("ln_1", ln());
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", ln());
+  mlp = register_module("mlp", MLP(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+TransformerImpl::TransformerImpl(const GPTConfig& config) {
+  wte = register_module("wte", vocab_embedding(config.vocab_size, config.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(config.n_ctx, config.n_embd));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    booster::nn::Unit<Block> block(config);
+    h->push_back(block);
+    blocks.push_back(block);
+  }
+  ln_f = register_module(
+      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_eps)));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
+  transformer = register_module("transformer", Transformer(config));
+  torch::NoGradGuard no_grad;
+  const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    auto ends_with = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight"))
+      p.fill_(1.0);
+    else if (ends_with(".bias"))
+      p.zero_();
+    else if (ends_with("c_proj.weight"))
+      p.normal_(0.0, proj_std);
+    else
+      p.normal_(0.0, std);  // wte, wpe, c_attn, c_fc
+  }
+}
+
+torch::Tensor GPTImpl::embed(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  if (T > config.n_ctx)
+    throw std::invalid_argument("gpt: sequence length " + std::to_string(T) + " exceeds n_ctx " +
+                                std::to_string(config.n_ctx));
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto x = transformer->wte(idx) + transformer->wpe(pos);  // [B, T, C] + [T, C]
+  if (config.dropout > 0 && is_training()) x = torch::dropout(x, config.dropout, true);
+  return x;
+}
+
+torch::Tensor GPTImpl::run_blocks(torch::Tensor x, int64_t first, int64_t last) {
+  const int64_t n = static_cast<int64_t>(transformer->blocks.size());
+  if (last < 0) last = n;
+  for (int64_t i = first; i < last; ++i) x = transformer->blocks[static_cast<size_t>(i)]->forward(x);
+  return x;
+}
+
+torch::Tensor GPTImpl::head(const torch::Tensor& x) {
+  // Tied LM head: the token embedding's [V, C] weight used as a Linear weight (out = V).
+  return torch::nn::functional::linear(transformer->ln_f(x), transformer->wte->weight);
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) { return head(run_blocks(embed(idx))); }
+
+int64_t GPTImpl::num_parameters() const {
+  std::unordered_set<const void*> seen;
+  int64_t n = 0;
+  for (const auto& p : parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+  return n;
+}
+
+}  // namespace gpt

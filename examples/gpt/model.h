@@ -1,0 +1,141 @@
+// model.h — a GPT-2-style byte-level decoder language model for the gpt example.
+//
+// Architecture (GPT-2): token embedding + learned position embedding, n_layer pre-LayerNorm blocks
+// (causal multi-head self-attention, then a GELU MLP, each added to the residual stream), a final
+// LayerNorm and an LM head TIED to the token embedding (logits = ln_f(x) · wte.weightᵀ).
+//
+// Parameter names are GPT-2's (HuggingFace GPT2LMHeadModel without the tied lm_head):
+//   transformer.wte.weight [vocab, C]          transformer.wpe.weight [n_ctx, C]
+//   transformer.h.<i>.ln_1.{weight,bias} [C]   transformer.h.<i>.attn.c_attn.{weight [3C, C], bias [3C]}
+//   transformer.h.<i>.attn.c_proj.{weight [C, C], bias [C]}
+//   transformer.h.<i>.ln_2.{weight,bias} [C]   transformer.h.<i>.mlp.c_fc.{weight [4C, C], bias [4C]}
+//   transformer.h.<i>.mlp.c_proj.{weight [C, 4C], bias [C]}
+//   transformer.ln_f.{weight,bias} [C]
+// Weight layout: torch::nn::Linear's [out_features, in_features]. HuggingFace's GPT-2 stores these
+// matrices in its Conv1D layout, which is the transpose ([in, out]); converting a checkpoint between
+// the two transposes every c_attn / c_proj / c_fc weight.
+//
+// Shard units: every block is a booster::nn::Unit<Block>, so a parameter-sharding plugin (FSDP)
+// gathers and frees one block at a time; the embeddings and ln_f form the root unit. Units add no
+// level to the names.
+//
+// Later parallelism (the structure is kept ready for it):
+//  - Tensor parallelism replaces the layers built by the four factory functions below (each layer
+//    type is constructed there and nowhere else): column_parallel_linear -> ColumnParallelLinear
+//    (c_attn, c_fc), row_parallel_linear -> RowParallelLinear (both c_proj), vocab_embedding ->
+//    VocabParallelEmbedding (wte), and lm_loss -> a vocab-parallel cross entropy. Attention reads its
+//    local head count from the local width of c_attn's output (reshape with -1), so it runs
+//    unchanged with n_head / tp heads per rank.
+//  - Pipeline parallelism splits GPTImpl::forward, which is exactly embed -> blocks -> head.
+//
+// Dtypes: token ids int64 (bytes 0..255); activations and logits in the parameters' dtype (float32,
+// or bfloat16 under a bf16 plugin / autocast); lm_loss returns float32.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "booster/nn/unit.h"
+
+namespace gpt {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;  // byte-level
+  int64_t n_ctx = 256;       // maximum sequence length (rows of wpe)
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 256;      // C; must be a multiple of n_head
+  double dropout = 0.0;      // embedding, attention-probability and residual dropout (training only)
+  double layer_norm_eps = 1e-5;
+  bool gelu_tanh = false;    // GPT-2's tanh approximation of GELU; false: exact (erf) GELU, which is
+                             // markedly faster on CPU in bf16
+};
+
+// ---- The layers tensor parallelism will replace (the one construction site of each).
+// Linear whose output features would be split across tensor-parallel ranks (c_attn, c_fc).
+torch::nn::Linear column_parallel_linear(int64_t in_features, int64_t out_features);
+// Linear whose input features would be split across tensor-parallel ranks (both c_proj).
+torch::nn::Linear row_parallel_linear(int64_t in_features, int64_t out_features);
+// The token embedding [vocab, C] (its rows would be split: VocabParallelEmbedding).
+torch::nn::Embedding vocab_embedding(int64_t vocab_size, int64_t n_embd);
+
+// Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, V] (any floating dtype),
+// targets int64 [B, T]. The one place the loss is computed (a vocab-parallel version replaces it).
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// ---- Modules.
+
+// Causal multi-head self-attention: x [B, T, C] -> [B, T, C]. c_attn's output is laid out as
+// [3 (q, k, v), heads, head_dim] along its last dimension (tensor parallelism must keep that layout
+// per rank).
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_attn{nullptr};  // C -> 3C
+  torch::nn::Linear c_proj{nullptr};  // C -> C
+  int64_t head_dim;
+  double dropout;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+// x [B, T, C] -> c_proj(gelu(c_fc(x))) [B, T, C].
+struct MLPImpl : torch::nn::Module {
+  explicit MLPImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};    // C -> 4C
+  torch::nn::Linear c_proj{nullptr};  // 4C -> C
+  double dropout;
+  bool gelu_tanh;
+};
+TORCH_MODULE(MLP);
+
+// Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(·)). [B, T, C] -> [B, T, C].
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+// The `transformer` sub-module: holds wte, wpe, h (ModuleList of Unit<Block>), ln_f.
+struct TransformerImpl : torch::nn::Module {
+  explicit TransformerImpl(const GPTConfig& config);
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<booster::nn::Unit<Block>> blocks;  // the same modules as h, typed
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(Transformer);
+
+struct GPTImpl : torch::nn::Module {
+  // Builds the model and initialises it as GPT-2 from the current torch RNG state (the caller seeds
+  // it with torch::manual_seed(seed) on every rank): every Linear and Embedding weight ~ N(0, 0.02),
+  // the c_proj weights ~ N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weight 1 / bias 0.
+  explicit GPTImpl(const GPTConfig& config);
+
+  // idx int64 [B, T] (T <= n_ctx) -> logits [B, T, vocab]: head(blocks(embed(idx))).
+  torch::Tensor forward(const torch::Tensor& idx);
+  // The pipeline stages of forward.
+  torch::Tensor embed(const torch::Tensor& idx);      // [B, T] -> [B, T, C] (wte + wpe, dropout)
+  torch::Tensor run_blocks(torch::Tensor x, int64_t first = 0, int64_t last = -1);  // blocks [first, last)
+  torch::Tensor head(const torch::Tensor& x);         // [B, T, C] -> ln_f -> · wteᵀ -> [B, T, V]
+
+  int64_t num_parameters() const;  // each tensor once (wte counted once: the head is tied)
+
+  GPTConfig config;
+  Transformer transformer{nullptr};
+};
+TORCH_MODULE(GPT);
+
+}  // namespace gpt
