@@ -7,6 +7,7 @@
 #   bash scripts/run_gpt.sh                               # examples/configs/gpt_ddp.toml
 #   GPT_CONFIG=examples/configs/gpt_zero2.toml bash scripts/run_gpt.sh
 #   bash scripts/run_gpt.sh --set train.max_minutes=5     # extra arguments go to the example
+#   GPT_CONFIG=examples/configs/gpt_hybrid_tp2pp2.toml GPT_NPROC=4 bash scripts/run_gpt.sh   # 4 ranks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config="${GPT_CONFIG:-examples/configs/gpt_ddp.toml}"
@@ -22,4 +23,4 @@ if [[ -n "$plugin" && -d "plugins/$plugin" ]]; then targets+=("booster_plugin_$p
 build_args=()
 for t in "${targets[@]}"; do build_args+=(--target "$t"); done
 bash scripts/build.sh "${build_args[@]}"
-exec build/bin/booster run --nproc_per_node 2 build/bin/gpt --config "$config" "$@"
+exec build/bin/booster run --nproc_per_node "${GPT_NPROC:-2}" build/bin/gpt --config "$config" "$@"

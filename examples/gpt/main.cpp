@@ -86,6 +86,19 @@ std::string fmt(double v, int precision) {
   return buf;
 }
 
+// The plugin's tensor- and pipeline-parallel sizes (1 and 1 except under hybrid_parallel).
+struct Parallel {
+  int64_t tp = 1, pp = 1;
+  int64_t pipeline_batch = 1;  // rows that split into the plugin's micro-batches (generation)
+  booster::dist::ProcessGroup* world = nullptr;
+  // The last pipeline stage's loss on every rank (each last-stage rank of a dp replica holds the
+  // loss of its own batch: their mean).
+  double from_last_stage(const booster::PipelineOutput& out) const {
+    const double mine = out.is_last_stage && out.loss.defined() ? out.loss.item<double>() : 0.0;
+    return world->allreduce_scalar(mine, booster::dist::ReduceOp::SUM) / static_cast<double>(world->size() / pp);
+  }
+};
+
 // One micro-batch: x = window[:, :-1], y = window[:, 1:], int64 [B, T].
 struct Batch {
   torch::Tensor x, y;
@@ -104,9 +117,24 @@ Batch sample_batch(const torch::Tensor& data, int64_t B, int64_t T, std::mt19937
 // The training step (forward, booster.backward, optimizer step) on `micro` micro-batches: all but
 // the last accumulate gradients locally (no_sync), the last one synchronises them. Steps the LR
 // scheduler. Returns this rank's mean loss in nats.
+// With pipeline parallelism (hybrid_parallel pp_size > 1) the micro-batches go to
+// booster.execute_pipeline as one batch (the plugin splits it into its own micro-batches) and the
+// loss, known on the last stage, is shared with every rank.
 double train_step(booster::Booster& booster, Model& model, booster::OptimizerWrapper& optimizer,
                   booster::LRScheduler& scheduler, const booster::Criterion& criterion,
-                  const std::vector<Batch>& micro) {
+                  const std::vector<Batch>& micro, const Parallel& par) {
+  if (par.pp > 1) {
+    std::vector<torch::Tensor> xs, ys;
+    for (const auto& b : micro) {
+      xs.push_back(b.x);
+      ys.push_back(b.y);
+    }
+    auto out = booster.execute_pipeline(torch::cat(xs), torch::cat(ys), model, criterion, &optimizer);
+    optimizer.step();
+    optimizer.zero_grad();
+    scheduler.step();
+    return par.from_last_stage(out);
+  }
   double loss_sum = 0;
   const double n = static_cast<double>(micro.size());
   for (size_t i = 0; i < micro.size(); ++i) {
@@ -130,32 +158,45 @@ double train_step(booster::Booster& booster, Model& model, booster::OptimizerWra
 // the count is rounded down to a multiple of the data-parallel size and split into contiguous equal
 // parts (so every rank runs the same number of forwards: FSDP's forwards are collective); the sums
 // are allreduced over the data-parallel group.
-double evaluate(Model& model, const booster::Criterion& criterion, const torch::Tensor& val, int64_t T,
-                int64_t batch_size, int64_t limit, booster::dist::ProcessGroup& dp) {
+double evaluate(booster::Booster& booster, Model& model, const booster::Criterion& criterion,
+                const torch::Tensor& val, int64_t T, int64_t batch_size, int64_t limit, booster::dist::ProcessGroup& dp,
+                const Parallel& par) {
   torch::NoGradGuard no_grad;
   model->eval();
   const int64_t total = (val.size(0) - 1) / T;
   int64_t n = (limit > 0 && limit < total) ? limit : total;
   n -= n % dp.size();
   if (n <= 0) throw std::runtime_error("gpt: the validation text has fewer windows than data-parallel ranks");
-  const int64_t per_rank = n / dp.size(), first = per_rank * dp.rank();
+  int64_t per_rank = n / dp.size();
+  if (par.pp > 1) per_rank -= per_rank % batch_size;  // whole batches: the pipeline's micro-batches divide them
+  if (per_rank <= 0) throw std::runtime_error("gpt: fewer validation windows per rank than one batch");
+  n = per_rank * dp.size();
+  const int64_t first = per_rank * dp.rank();
   double loss_sum = 0;
   for (int64_t b = 0; b < per_rank; b += batch_size) {
     const int64_t len = std::min(batch_size, per_rank - b);
     auto starts = torch::empty({len, 1}, torch::kLong);
     for (int64_t i = 0; i < len; ++i) starts.data_ptr<int64_t>()[i] = (first + b + i) * total / n * T;
     auto windows = val.index({starts + torch::arange(T + 1, torch::kLong)}).to(torch::kLong);
-    auto loss = criterion(model.forward(windows.narrow(1, 0, T)), windows.narrow(1, 1, T).contiguous());
-    loss_sum += loss.item<double>() * static_cast<double>(len);
+    auto x = windows.narrow(1, 0, T), y = windows.narrow(1, 1, T).contiguous();
+    const double loss = par.pp > 1 ? par.from_last_stage(booster.execute_pipeline(x, y, model, criterion, nullptr)) *
+                                         static_cast<double>(dp.size())  // undo the mean over dp: summed below
+                                   : criterion(model.forward(x), y).item<double>();
+    loss_sum += loss * static_cast<double>(len);
   }
   model->train();
+  if (par.pp > 1) return loss_sum / static_cast<double>(n);  // from_last_stage already summed over dp
   return dp.allreduce_scalar(loss_sum, booster::dist::ReduceOp::SUM) / static_cast<double>(n);
 }
 
 // Continues `prompt` by `length` bytes (temperature sampling; greedy when temperature <= 0). Every
 // rank runs it with the same seed (the boosted forward may be collective); the result is the same.
-std::string generate(Model& model, const std::string& prompt, int64_t length, double temperature, uint64_t seed,
-                     int64_t n_ctx) {
+// Under tensor parallelism the logits are gathered over the tp group; under pipeline parallelism the
+// last stage computes them (execute_pipeline forward only, the context repeated to fill the
+// plugin's micro-batches) and the chosen byte is broadcast from it.
+std::string generate(booster::Booster& booster, Model& model, const booster::Criterion& criterion,
+                     const std::string& prompt, int64_t length, double temperature, uint64_t seed, int64_t n_ctx,
+                     const Parallel& par) {
   torch::NoGradGuard no_grad;
   model->eval();
   std::mt19937_64 rng(seed);
@@ -165,14 +206,30 @@ std::string generate(Model& model, const std::string& prompt, int64_t length, do
   for (int64_t i = 0; i < length; ++i) {
     const int64_t T = std::min<int64_t>(n_ctx, static_cast<int64_t>(ids.size()));
     auto ctx = torch::from_blob(ids.data() + ids.size() - T, {1, T}, torch::kLong).clone();
-    auto logits = model.forward(ctx).select(1, T - 1).squeeze(0).to(torch::kFloat64);  // [V]
-    int64_t next;
-    if (temperature <= 0) {
-      next = logits.argmax().item<int64_t>();
+    torch::Tensor local;  // [1, T, V / tp] on the ranks that computed logits
+    if (par.pp > 1) {
+      auto batch = ctx.repeat({par.pipeline_batch, 1});
+      auto out = booster.execute_pipeline(batch, batch, model, criterion, nullptr, false, true);
+      if (out.is_last_stage) local = out.outputs.narrow(0, 0, 1);
     } else {
-      auto p = torch::softmax(logits / temperature, 0).contiguous();
-      std::discrete_distribution<int64_t> dist(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
-      next = dist(rng);
+      local = model.forward(ctx);
+    }
+    int64_t next = 0;
+    if (local.defined()) {
+      auto logits = booster::nn::gather_from_tensor_parallel_region(local, booster::nn::tensor_parallel_context().group)
+                        .select(1, T - 1).squeeze(0).narrow(0, 0, 256).to(torch::kFloat64);  // [V]
+      if (temperature <= 0) {
+        next = logits.argmax().item<int64_t>();
+      } else {
+        auto p = torch::softmax(logits / temperature, 0).contiguous();
+        std::discrete_distribution<int64_t> dist(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
+        next = dist(rng);
+      }
+    }
+    if (par.pp > 1) {  // the first last-stage rank's choice (dp 0, tp 0) for everyone
+      auto t = torch::tensor({next}, torch::kLong);
+      par.world->broadcast(t, static_cast<int>((par.pp - 1) * par.tp)).wait();
+      next = t.item<int64_t>();
     }
     ids.push_back(next);
   }
@@ -238,12 +295,23 @@ int run(int argc, char** argv) {
     return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + std::cos(M_PI * p));
   };
   auto scheduler = std::make_shared<booster::LambdaLR>(*adamw, schedule);
-  booster::Criterion criterion_fn = [](const torch::Tensor& logits, const torch::Tensor& targets) {
-    return gpt::lm_loss(logits, targets);
+  booster::Criterion criterion_fn = [vocab = opt.model.vocab_size](const torch::Tensor& logits,
+                                                                  const torch::Tensor& targets) {
+    return gpt::lm_loss(logits, targets, vocab);
   };
   auto [model, optimizer, criterion, unused_loader, lr_scheduler] =
       booster.boost(net, adamw, criterion_fn, nullptr, scheduler);
 
+  Parallel par;
+  par.world = world.get();
+  {
+    auto stats = model.hooks().stats();
+    if (stats.count("tp_size")) par.tp = stats.at("tp_size");
+    if (stats.count("pp_size")) par.pp = stats.at("pp_size");
+    booster::Options plugin = booster.config().section("plugin");
+    if (par.pp > 1)
+      par.pipeline_batch = std::max(plugin.get_int("num_microbatches", 0), plugin.get_int("microbatch_size", 0));
+  }
   const int64_t tokens_per_step = opt.batch_size * T * opt.gradient_accumulation_steps * dp->size();
   booster::log::info("gpt: " + std::to_string(net->num_parameters()) + " parameters (" +
                      std::to_string(opt.model.n_layer) + " layers, n_embd " + std::to_string(opt.model.n_embd) +
@@ -272,7 +340,10 @@ int run(int argc, char** argv) {
   };
 
   std::mt19937_64 rng(static_cast<uint64_t>(opt.seed) * 1000003ULL + static_cast<uint64_t>(dp->rank()) + 1);
-  torch::manual_seed(static_cast<uint64_t>(opt.seed) * 7919ULL + static_cast<uint64_t>(world->rank()));  // dropout
+  // Dropout: the same stream on the tp and pp peers of a data-parallel rank (Megatron-LM's rule for
+  // dropout outside the tensor-parallel region), different across dp ranks.
+  torch::manual_seed(static_cast<uint64_t>(opt.seed) * 7919ULL + static_cast<uint64_t>(dp->rank()));
+  booster::nn::set_tensor_parallel_seed(static_cast<uint64_t>(opt.seed) * 7919ULL + static_cast<uint64_t>(dp->rank()));
   const double budget_s = opt.max_minutes * 60.0;
   double train_seconds = 0, window_loss = 0, last_train_loss = NAN;
   int64_t window_steps = 0, step = 0;
@@ -289,7 +360,7 @@ int run(int argc, char** argv) {
     for (int64_t i = 0; i < opt.gradient_accumulation_steps; ++i)
       micro.push_back(sample_batch(corpus.train, opt.batch_size, T, rng));
     const double lr = optimizer->optimizer().param_groups()[0].options().get_lr();
-    const double loss = train_step(booster, model, *optimizer, *lr_scheduler, criterion, micro);
+    const double loss = train_step(booster, model, *optimizer, *lr_scheduler, criterion, micro, par);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     // Process CPU time over wall time: well below 1 (one thread per rank) on a loaded machine.
     const double cpu_share = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / dt;
@@ -309,7 +380,7 @@ int run(int argc, char** argv) {
                                                         booster::dist::ReduceOp::SUM) / world->size();
       const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_train_s;
       auto e0 = Clock::now();
-      const double val = evaluate(model, criterion, corpus.val, T, opt.batch_size, opt.eval_windows, *dp);
+      const double val = evaluate(booster, model, criterion, corpus.val, T, opt.batch_size, opt.eval_windows, *dp, par);
       const double eval_s = std::chrono::duration<double>(Clock::now() - e0).count();
       booster::log::info("eval step " + std::to_string(step) + "  train_loss " + fmt(mean_train, 4) + "  val_loss " +
                          fmt(val, 4) + "  val_bpb " + fmt(val / std::log(2.0), 4) + "  tokens/s " + fmt(tok_s, 0) +
@@ -327,7 +398,7 @@ int run(int argc, char** argv) {
   const double train_tok_s = static_cast<double>(step * tokens_per_step) / std::max(train_seconds, 1e-9);
   booster::log::info("gpt: training stopped after " + std::to_string(step) + " steps at " + fmt(elapsed(), 1) +
                      " s (" + fmt(train_tok_s, 0) + " training tokens/s); final evaluation");
-  const double val = evaluate(model, criterion, corpus.val, T, opt.batch_size, opt.final_eval_windows, *dp);
+  const double val = evaluate(booster, model, criterion, corpus.val, T, opt.batch_size, opt.final_eval_windows, *dp, par);
   write_row(step, elapsed(), last_train_loss, val, lr_scheduler->get_last_lr()[0], train_tok_s,
             opt.final_eval_windows);
   booster::log::info("gpt: final val_loss " + fmt(val, 4) + " nats/byte = val_bpb " + fmt(val / std::log(2.0), 4) +
@@ -339,8 +410,8 @@ int run(int argc, char** argv) {
     booster::log::info("gpt: model saved to " + opt.output_dir + "/model");
   }
   if (opt.sample_length > 0) {
-    std::string text = generate(model, opt.sample_prompt, opt.sample_length, opt.sample_temperature,
-                                static_cast<uint64_t>(opt.seed), T);
+    std::string text = generate(booster, model, criterion, opt.sample_prompt, opt.sample_length,
+                                opt.sample_temperature, static_cast<uint64_t>(opt.seed), T, par);
     if (world->rank() == 0) std::cout << "----- sample (temperature " << opt.sample_temperature << ") -----\n"
                                       << text << "\n-----" << std::endl;
   }

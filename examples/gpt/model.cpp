@@ -7,21 +7,29 @@
 
 namespace gpt {
 
-torch::nn::Linear column_parallel_linear(int64_t in_features, int64_t out_features) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(true));
+namespace {
+constexpr double kInitStd = 0.02;  // GPT-2's initializer_range
+double proj_init_std(const GPTConfig& c) { return kInitStd / std::sqrt(2.0 * static_cast<double>(c.n_layer)); }
+}  // namespace
+
+booster::nn::ColumnParallelLinear column_parallel_linear(int64_t in_features, int64_t out_features, double init_std) {
+  return booster::nn::ColumnParallelLinear(booster::nn::LinearParallelOptions(in_features, out_features)
+                                               .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); }));
 }
 
-torch::nn::Linear row_parallel_linear(int64_t in_features, int64_t out_features) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(true));
+booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t out_features, double init_std) {
+  return booster::nn::RowParallelLinear(booster::nn::LinearParallelOptions(in_features, out_features)
+                                            .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); }));
 }
 
-torch::nn::Embedding vocab_embedding(int64_t vocab_size, int64_t n_embd) {
-  return torch::nn::Embedding(vocab_size, n_embd);
+booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std) {
+  return booster::nn::VocabParallelEmbedding(booster::nn::VocabParallelEmbeddingOptions(vocab_size, n_embd)
+                                                 .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); }));
 }
 
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
-  return torch::nn::functional::cross_entropy(flat, targets.reshape({-1}));
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size) {
+  return booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                                   vocab_size);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -31,14 +39,15 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
   if (config.n_head <= 0 || config.n_embd % config.n_head != 0)
     throw std::invalid_argument("gpt: n_embd (" + std::to_string(config.n_embd) + ") must be a multiple of n_head (" +
                                 std::to_string(config.n_head) + ")");
-  c_attn = register_module("c_attn", column_parallel_linear(config.n_embd, 3 * config.n_embd));
-  c_proj = register_module("c_proj", row_parallel_linear(config.n_embd, config.n_embd));
+  c_attn = register_module("c_attn", column_parallel_linear(config.n_embd, 3 * config.n_embd, kInitStd));
+  c_proj = register_module("c_proj", row_parallel_linear(config.n_embd, config.n_embd, proj_init_std(config)));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  // [B, T, 3 * H * D] -> [3, B, H, T, D]; H is whatever this rank's c_attn produces.
-  auto qkv = c_attn(x).view({B, T, 3, -1, head_dim}).permute({2, 0, 3, 1, 4});
+  // [B, T, H * 3 * D] (rows of c_attn ordered [head, q|k|v, head_dim]) -> [3, B, H, T, D]; H is
+  // whatever this rank's c_attn produces (n_head / tp).
+  auto qkv = c_attn(x).view({B, T, -1, 3, head_dim}).permute({3, 0, 2, 1, 4});
   auto q = qkv[0], k = qkv[1], v = qkv[2];
   const int64_t H = q.size(1);
   // Scores with the causal mask fused into the GEMM: mask + (q kᵀ) / sqrt(D), mask = -inf above the
@@ -49,7 +58,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto att = torch::baddbmm(mask, q.reshape({B * H, T, head_dim}), k.reshape({B * H, T, head_dim}).transpose(1, 2),
                             /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(static_cast<double>(head_dim)))
                  .softmax(-1);
-  if (dropout > 0 && is_training()) att = torch::dropout(att, dropout, true);
+  // Attention probabilities are split by head across tp ranks: a different mask per tp rank.
+  att = booster::nn::tensor_parallel_dropout(att, dropout, is_training());
   auto y = torch::bmm(att.to(v.scalar_type()), v.reshape({B * H, T, head_dim}));  // [B H, T, D]
   y = y.view({B, H, T, head_dim}).transpose(1, 2).reshape({B, T, -1});           // [B, T, H * D]
   y = c_proj(y);
@@ -58,8 +68,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MLPImpl::MLPImpl(const GPTConfig& config) : dropout(config.dropout), gelu_tanh(config.gelu_tanh) {
-  c_fc = register_module("c_fc", column_parallel_linear(config.n_embd, 4 * config.n_embd));
-  c_proj = register_module("c_proj", row_parallel_linear(4 * config.n_embd, config.n_embd));
+  c_fc = register_module("c_fc", column_parallel_linear(config.n_embd, 4 * config.n_embd, kInitStd));
+  c_proj = register_module("c_proj", row_parallel_linear(4 * config.n_embd, config.n_embd, proj_init_std(config)));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -84,7 +94,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 }
 
 TransformerImpl::TransformerImpl(const GPTConfig& config) {
-  wte = register_module("wte", vocab_embedding(config.vocab_size, config.n_embd));
+  wte = register_module("wte", vocab_embedding(config.vocab_size, config.n_embd, kInitStd));
   wpe = register_module("wpe", torch::nn::Embedding(config.n_ctx, config.n_embd));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) {
@@ -98,22 +108,19 @@ TransformerImpl::TransformerImpl(const GPTConfig& config) {
 
 GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
   transformer = register_module("transformer", Transformer(config));
+  // The tensor-parallel layers initialised their full weights at construction (init_method:
+  // N(0, 0.02), c_proj N(0, 0.02 / sqrt(2 n_layer)), biases 0); the replicated rest here, so the
+  // initial model is the same at every tp size.
   torch::NoGradGuard no_grad;
-  const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  transformer->wpe->weight.normal_(0.0, kInitStd);
   for (auto& item : named_parameters()) {
     const std::string& name = item.key();
     auto& p = item.value();
     auto ends_with = [&](const std::string& s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
-    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight"))
-      p.fill_(1.0);
-    else if (ends_with(".bias"))
-      p.zero_();
-    else if (ends_with("c_proj.weight"))
-      p.normal_(0.0, proj_std);
-    else
-      p.normal_(0.0, std);  // wte, wpe, c_attn, c_fc
+    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) p.fill_(1.0);
+    if (ends_with("ln_1.bias") || ends_with("ln_2.bias") || ends_with("ln_f.bias")) p.zero_();
   }
 }
 
@@ -136,11 +143,25 @@ torch::Tensor GPTImpl::run_blocks(torch::Tensor x, int64_t first, int64_t last) 
 }
 
 torch::Tensor GPTImpl::head(const torch::Tensor& x) {
-  // Tied LM head: the token embedding's [V, C] weight used as a Linear weight (out = V).
-  return torch::nn::functional::linear(transformer->ln_f(x), transformer->wte->weight);
+  // Tied LM head: the token embedding's weight as the output projection (this rank's vocabulary
+  // columns under tensor parallelism).
+  return transformer->wte->lm_logits(transformer->ln_f(x));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) { return head(run_blocks(embed(idx))); }
+
+std::vector<booster::nn::PipelineLayer> GPTImpl::pipeline_layers() {
+  std::vector<booster::nn::PipelineLayer> layers;
+  layers.push_back({"transformer.embed", {transformer->wte.ptr(), transformer->wpe.ptr()},
+                    [this](const torch::Tensor& idx) { return embed(idx); }});
+  for (size_t i = 0; i < transformer->blocks.size(); ++i)
+    layers.push_back({"transformer.h." + std::to_string(i), {transformer->blocks[i].ptr()},
+                      [this, i](const torch::Tensor& x) { return transformer->blocks[i]->forward(x); }});
+  // The tied head lists wte again: it lives on the first and the last stage.
+  layers.push_back({"transformer.ln_f+lm_head", {transformer->ln_f.ptr(), transformer->wte.ptr()},
+                    [this](const torch::Tensor& x) { return head(x); }});
+  return layers;
+}
 
 int64_t GPTImpl::num_parameters() const {
   std::unordered_set<const void*> seen;

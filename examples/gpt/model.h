@@ -19,15 +19,15 @@
 // gathers and frees one block at a time; the embeddings and ln_f form the root unit. Units add no
 // level to the names.
 //
-// Later parallelism (the structure is kept ready for it):
-//  - Tensor parallelism replaces the layers built by the four factory functions below (each layer
-//    type is constructed there and nowhere else): column_parallel_linear -> ColumnParallelLinear
-//    (c_attn, c_fc), row_parallel_linear -> RowParallelLinear (both c_proj), vocab_embedding ->
-//    VocabParallelEmbedding (wte), and lm_loss -> a vocab-parallel cross entropy. Attention reads its
-//    local head count from the local width of c_attn's output (reshape with -1), so it runs
-//    unchanged with n_head / tp heads per rank.
-//  - Pipeline parallelism splits GPTImpl::forward, which is exactly embed -> blocks -> head.
-//
+// Parallelism: the same model runs under every plugin.
+//  - Tensor parallelism (hybrid_parallel tp_size > 1): c_attn and c_fc are ColumnParallelLinear,
+//    both c_proj RowParallelLinear, wte a VocabParallelEmbedding whose lm_logits is the tied head,
+//    and lm_loss the vocab-parallel cross entropy; at tp = 1 (every other plugin) they are the dense
+//    layers. c_attn's output rows are ordered [head, q|k|v, head_dim] (Megatron-LM's layout; HF
+//    GPT-2 orders them [q|k|v, head, head_dim]), so the column split gives each rank n_head / tp whole
+//    heads. Build the model after the Booster (the layers take its tp group).
+//  - Pipeline parallelism (pp_size > 1): pipeline_layers() lists embed, each block, and ln_f + the
+//    tied head (which lists wte again: it lives on the first and the last stage).
 // Dtypes: token ids int64 (bytes 0..255); activations and logits in the parameters' dtype (float32,
 // or bfloat16 under a bf16 plugin / autocast); lm_loss returns float32.
 #pragma once
@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "booster/nn/pipeline.h"
+#include "booster/nn/tensor_parallel.h"
 #include "booster/nn/unit.h"
 
 namespace gpt {
@@ -54,17 +56,19 @@ struct GPTConfig {
                              // markedly faster on CPU in bf16
 };
 
-// ---- The layers tensor parallelism will replace (the one construction site of each).
-// Linear whose output features would be split across tensor-parallel ranks (c_attn, c_fc).
-torch::nn::Linear column_parallel_linear(int64_t in_features, int64_t out_features);
-// Linear whose input features would be split across tensor-parallel ranks (both c_proj).
-torch::nn::Linear row_parallel_linear(int64_t in_features, int64_t out_features);
-// The token embedding [vocab, C] (its rows would be split: VocabParallelEmbedding).
-torch::nn::Embedding vocab_embedding(int64_t vocab_size, int64_t n_embd);
+// ---- The tensor-parallel layers (the one construction site of each); each initialises its full
+// weight ~ N(0, init_std) (biases 0) from the torch RNG.
+// Linear split by output features (c_attn, c_fc).
+booster::nn::ColumnParallelLinear column_parallel_linear(int64_t in_features, int64_t out_features, double init_std);
+// Linear split by input features (both c_proj); its bias is replicated.
+booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t out_features, double init_std);
+// The token embedding [vocab, C], split by vocabulary rows.
+booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std);
 
-// Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, V] (any floating dtype),
-// targets int64 [B, T]. The one place the loss is computed (a vocab-parallel version replaces it).
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+// Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, V / tp] (this rank's
+// vocabulary columns, any floating dtype), targets int64 [B, T]; vocab_size: the real vocabulary
+// (padding columns excluded). Collective over the tp group.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size);
 
 // ---- Modules.
 
@@ -75,8 +79,8 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_attn{nullptr};  // C -> 3C
-  torch::nn::Linear c_proj{nullptr};  // C -> C
+  booster::nn::ColumnParallelLinear c_attn{nullptr};  // C -> 3C
+  booster::nn::RowParallelLinear c_proj{nullptr};  // C -> C
   int64_t head_dim;
   double dropout;
 };
@@ -87,8 +91,8 @@ struct MLPImpl : torch::nn::Module {
   explicit MLPImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_fc{nullptr};    // C -> 4C
-  torch::nn::Linear c_proj{nullptr};  // 4C -> C
+  booster::nn::ColumnParallelLinear c_fc{nullptr};    // C -> 4C
+  booster::nn::RowParallelLinear c_proj{nullptr};  // 4C -> C
   double dropout;
   bool gelu_tanh;
 };
@@ -110,7 +114,7 @@ TORCH_MODULE(Block);
 struct TransformerImpl : torch::nn::Module {
   explicit TransformerImpl(const GPTConfig& config);
 
-  torch::nn::Embedding wte{nullptr};
+  booster::nn::VocabParallelEmbedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
   std::vector<booster::nn::Unit<Block>> blocks;  // the same modules as h, typed
@@ -118,7 +122,7 @@ struct TransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(Transformer);
 
-struct GPTImpl : torch::nn::Module {
+struct GPTImpl : torch::nn::Module, booster::nn::PipelineModule {
   // Builds the model and initialises it as GPT-2 from the current torch RNG state (the caller seeds
   // it with torch::manual_seed(seed) on every rank): every Linear and Embedding weight ~ N(0, 0.02),
   // the c_proj weights ~ N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weight 1 / bias 0.
@@ -129,7 +133,10 @@ struct GPTImpl : torch::nn::Module {
   // The pipeline stages of forward.
   torch::Tensor embed(const torch::Tensor& idx);      // [B, T] -> [B, T, C] (wte + wpe, dropout)
   torch::Tensor run_blocks(torch::Tensor x, int64_t first = 0, int64_t last = -1);  // blocks [first, last)
-  torch::Tensor head(const torch::Tensor& x);         // [B, T, C] -> ln_f -> · wteᵀ -> [B, T, V]
+  torch::Tensor head(const torch::Tensor& x);         // [B, T, C] -> ln_f -> · wteᵀ -> [B, T, V / tp]
+
+  // embed, each block, ln_f + tied head (booster/nn/pipeline.h).
+  std::vector<booster::nn::PipelineLayer> pipeline_layers() override;
 
   int64_t num_parameters() const;  // each tensor once (wte counted once: the head is tied)
 
