@@ -24,12 +24,12 @@ CONFIGS = [("torch_ddp", "gpt_ddp.toml", "dp 4"), ("low_level_zero (ZeRO-2)", "g
 def run(ctx):
     gpt = bu.program(ctx, "gpt")
     cli = bu.program(ctx, "booster")
-    steps = 6 if ctx.smoke else 60
+    steps = 6 if ctx.smoke else 20
     corpus = os.path.join(ctx.build_dir, "data", "kjv.txt")
     rows = []
     for name, config, mesh in (CONFIGS[:1] + CONFIGS[3:4] if ctx.smoke else CONFIGS):
         ctx.log(f"gpt_throughput: {name}")
-        sets = [f"train.max_steps={steps}", "train.eval_interval=100000", "train.final_eval_windows=8",
+        sets = [f"train.max_steps={steps}", "train.eval_interval=100000", "train.final_eval_windows=64",
                 "train.sample_length=0", "train.save_model=false", "train.warmup_steps=5", "train.max_minutes=0",
                 f"train.corpus=\"{corpus}\""]
         if ctx.smoke:

@@ -168,8 +168,11 @@ double evaluate(booster::Booster& booster, Model& model, const booster::Criterio
   n -= n % dp.size();
   if (n <= 0) throw std::runtime_error("gpt: the validation text has fewer windows than data-parallel ranks");
   int64_t per_rank = n / dp.size();
-  if (par.pp > 1) per_rank -= per_rank % batch_size;  // whole batches: the pipeline's micro-batches divide them
-  if (per_rank <= 0) throw std::runtime_error("gpt: fewer validation windows per rank than one batch");
+  // Pipelined: every evaluation batch must split into the plugin's micro-batches (batch_size does).
+  if (par.pp > 1) per_rank -= per_rank % par.pipeline_batch;
+  if (per_rank <= 0)
+    throw std::runtime_error("gpt: fewer validation windows per data-parallel rank than one pipeline batch (" +
+                             std::to_string(par.pipeline_batch) + "); raise eval_windows / final_eval_windows");
   n = per_rank * dp.size();
   const int64_t first = per_rank * dp.rank();
   double loss_sum = 0;

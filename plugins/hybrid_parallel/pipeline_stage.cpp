@@ -119,6 +119,42 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   int backwards_left = 0;
   for (const auto& a : schedule) backwards_left += a.kind == PipelineAction::Kind::kBackward;
 
+  // Micro-batch 0 of each stream (sending virtual stage, direction) carries a shape/dtype header
+  // (isend_tensor / recv_tensor); the later ones, of the same shape (equal micro-batches), are plain
+  // isend / irecv into a tensor of the learned shape: one message per transfer instead of two. Every
+  // stream is consumed in micro-batch order, so when micro-batch i arrives the receive of i + 1 is
+  // posted at once: the transfer then overlaps this rank's compute (one buffer ahead per stream).
+  struct Pending {
+    int microbatch = -1;
+    at::Tensor tensor;
+    dist::Work work;
+  };
+  std::map<std::pair<int, bool>, Pending> ahead;  // (sending vs, backward) -> the posted receive
+  auto receive = [&](int microbatch, int from_vs, bool backward) {
+    const int peer = from_vs % pp_;
+    const std::pair<int, bool> stream{from_vs, backward};
+    at::Tensor t;
+    auto it = ahead.find(stream);
+    if (it != ahead.end() && it->second.microbatch == microbatch) {
+      it->second.work.wait();
+      t = it->second.tensor;
+    } else {
+      t = pp_group_->recv_tensor(peer, message_tag(microbatch, from_vs, stages, backward));
+    }
+    if (microbatch + 1 < m) {
+      Pending next{microbatch + 1, at::empty_like(t), {}};
+      next.work = pp_group_->irecv(next.tensor, peer, message_tag(microbatch + 1, from_vs, stages, backward));
+      ahead[stream] = std::move(next);
+    } else {
+      ahead.erase(stream);
+    }
+    return t;
+  };
+  auto send = [&](const at::Tensor& t, int microbatch, int from_vs, int to_vs, bool backward) {
+    const int tag = message_tag(microbatch, from_vs, stages, backward);
+    // Micro-batch 0 with the header; the receiver learns the shape from it and posts the rest plain.
+    sends.emplace_back(microbatch == 0 ? pp_group_->isend_tensor(t, to_vs % pp_, tag) : pp_group_->isend(t, to_vs % pp_, tag), t);
+  };
   std::optional<at::NoGradGuard> no_grad;
   if (!o.train) no_grad.emplace();
   for (const auto& a : schedule) {
@@ -129,7 +165,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
       if (first) {
         slot.input = in_parts[a.microbatch];
       } else {
-        slot.input = pp_group_->recv_tensor((vs - 1) % pp_, message_tag(a.microbatch, vs - 1, stages, false));
+        slot.input = receive(a.microbatch, vs - 1, false);
         if (o.train && at::isFloatingType(slot.input.scalar_type())) slot.input.requires_grad_(true);
       }
       const auto t0 = Clock::now();
@@ -147,8 +183,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
         compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
       } else {
         compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-        at::Tensor wire = out.detach().contiguous();
-        sends.emplace_back(pp_group_->isend_tensor(wire, (vs + 1) % pp_, message_tag(a.microbatch, vs, stages, false)), wire);
+        send(out.detach().contiguous(), a.microbatch, vs, vs + 1, false);
         slot.output = o.train ? out : at::Tensor();
       }
       if (!o.train) slots.erase({a.microbatch, a.chunk});
@@ -158,7 +193,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     --backwards_left;
     if (o.set_grad_sync) o.set_grad_sync(backwards_left == 0);
     at::Tensor grad;
-    if (!last) grad = pp_group_->recv_tensor((vs + 1) % pp_, message_tag(a.microbatch, vs + 1, stages, true));
+    if (!last) grad = receive(a.microbatch, vs + 1, true);
     const auto t0 = Clock::now();
     if (slot.output.defined() && slot.output.requires_grad()) {
       if (last) torch::autograd::backward({slot.output});
@@ -168,8 +203,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     if (!first) {
       at::Tensor g = slot.input.grad();
       if (!g.defined()) g = at::zeros_like(slot.input);
-      g = g.contiguous();
-      sends.emplace_back(pp_group_->isend_tensor(g, (vs - 1) % pp_, message_tag(a.microbatch, vs, stages, true)), g);
+      send(g.to(slot.input.scalar_type()).contiguous(), a.microbatch, vs, vs - 1, true);
     }
     slots.erase({a.microbatch, a.chunk});
   }
