@@ -14,6 +14,7 @@
 // the last stage, "norm <step> <v>" with max_norm).
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -21,6 +22,7 @@
 #include <map>
 
 #include "booster/booster.h"
+#include "booster/data/dataset.h"
 #include "dist/hybrid_common.h"
 
 using namespace booster::testing;
@@ -86,6 +88,21 @@ int run_errors() {
     // The plugin still works after the refused calls.
     attempt("valid_pipeline_after_errors", [&] {
       b.execute_pipeline(data.tokens[0], data.targets[0], model, criterion, opt.get());
+    });
+    // The data-iterator form (ColossalAI's execute_pipeline(data_iter, ...)) over a loader from
+    // prepare_dataloader: the loader shards by the data-parallel group (here of size 1: pp peers
+    // read the same batches); the iterator advances by one batch per call.
+    attempt("data_iter_form", [&] {
+      auto dataset = std::make_shared<booster::data::TensorDataset>(data.tokens[0], data.targets[0]);
+      auto loader = b.prepare_dataloader(dataset, 2);
+      if (loader->num_batches() != 2) throw std::runtime_error("expected 2 batches of 2, got " + std::to_string(loader->num_batches()));
+      auto it = loader->begin();
+      auto out = b.execute_pipeline(it, model, criterion, opt.get());
+      if (it != ++loader->begin()) throw std::runtime_error("the iterator did not advance by one batch");
+      if (out.is_last_stage != (b.plugin().data_parallel_group()->size() == 1 && world->rank() == 1))
+        throw std::runtime_error("is_last_stage is wrong on rank " + std::to_string(world->rank()));
+      if (out.is_last_stage && !(out.loss.defined() && std::isfinite(out.loss.item<double>())))
+        throw std::runtime_error("no loss on the last stage");
     });
   }
   std::ofstream out(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".err");
