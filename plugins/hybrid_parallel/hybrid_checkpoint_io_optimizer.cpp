@@ -205,7 +205,6 @@ void HybridCheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::st
     fail(groups_file + ": invalid JSON: " + e.what());
   }
   std::map<std::string, int64_t> group_of;  // checkpoint: parameter name -> group
-  OptimizerWrapperState ws;
   try {
     if (doc.at("format") != "booster-optimizer-v1") fail(groups_file + ": unknown format " + doc.at("format").dump());
     if (doc.at("optimizer") != info.name())
@@ -222,15 +221,6 @@ void HybridCheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::st
         if (!model_names.count(name)) fail("parameter group " + std::to_string(g) + " lists " + name + ", which the model does not have");
         if (!group_of.emplace(name, static_cast<int64_t>(g)).second) fail(name + " is listed in two parameter groups");
       }
-    if (doc.contains("wrapper")) {
-      const json& w = doc["wrapper"];
-      ws.skipped_steps = w.value("skipped_steps", 0);
-      if (w.contains("loss_scaler")) {
-        const json& l = w["loss_scaler"];
-        ws.scaler = mixed_precision::ScalerState{l.at("scale").get<double>(), l.at("growth_step").get<int64_t>(),
-                                                 l.at("hysteresis_step").get<int64_t>()};
-      }
-    }
     for (size_t g = 0; g < groups.size(); ++g) {  // on copies: a malformed group fails before any change
       auto copy = opt.param_groups()[g].options().clone();
       info.options_from_json(groups[g].at("options"), *copy);
@@ -238,9 +228,7 @@ void HybridCheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::st
   } catch (const json::exception& e) {
     fail(groups_file + ": malformed: " + e.what());
   }
-  if (ws.scaler.has_value() != static_cast<bool>(wrapper.options().scaler))
-    fail(ws.scaler ? "it has loss-scaler state but this optimizer has no loss scaler"
-                   : "it has no loss-scaler state but this optimizer uses a loss scaler (saved with another precision?)");
+  const OptimizerWrapperState ws = wrapper_state(wrapper, doc, path);
   {
     size_t i = 0;
     for (size_t g = 0; g < sizes.size(); ++g)

@@ -154,8 +154,17 @@ json read_groups_document(OptimizerWrapper& wrapper, const std::string& path) {
   return doc;
 }
 
+
+// A stored state tensor as the checkpoint's headers / index describe it.
+struct StoredTensor {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+};
+
+}  // namespace
+
 // The wrapper state ("wrapper" in optimizer_groups.json), checked against the wrapper's scaler.
-OptimizerWrapperState wrapper_state(OptimizerWrapper& wrapper, const json& doc, const std::string& path) {
+OptimizerWrapperState CheckpointIO::wrapper_state(OptimizerWrapper& wrapper, const json& doc, const std::string& path) {
   OptimizerWrapperState ws;
   try {
     if (doc.contains("wrapper")) {
@@ -177,14 +186,6 @@ OptimizerWrapperState wrapper_state(OptimizerWrapper& wrapper, const json& doc, 
                           " (saved with another mixed_precision setting?)");
   return ws;
 }
-
-// A stored state tensor as the checkpoint's headers / index describe it.
-struct StoredTensor {
-  std::vector<int64_t> shape;
-  at::ScalarType dtype = at::ScalarType::Undefined;
-};
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Save

@@ -24,6 +24,8 @@
 
 #include <torch/nn/module.h>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +36,7 @@
 
 namespace booster {
 class OptimizerWrapper;
+struct OptimizerWrapperState;
 class LRScheduler;
 namespace dist {
 class ProcessGroup;
@@ -148,6 +151,13 @@ class BOOSTER_API CheckpointIO {
   // strict) and throws one CheckpointError listing every problem before any `copy` runs; then reads
   // the checkpoint one file at a time and calls each target's copy once; rank 0 logs conversions.
   void load_targets(const std::string& path, const std::vector<LoadTarget>& targets, bool strict);
+
+  // The wrapper state ("wrapper": skipped_steps, loss_scaler) of an optimizer checkpoint's
+  // optimizer_groups.json document `doc` (read from directory `path`), checked against `wrapper`'s
+  // scaler. Throws CheckpointError for a malformed entry or when exactly one side has loss-scaler
+  // state. Local. Shared by load_optimizer and plugins' own optimizer loaders.
+  static OptimizerWrapperState wrapper_state(OptimizerWrapper& wrapper, const nlohmann::json& doc,
+                                             const std::string& path);
 
   bool is_writer() const;
   void barrier() const;
