@@ -66,6 +66,13 @@ bool GeminiOptimizer::step() {
   at::NoGradGuard no_grad;
   bind();
   if (options_.max_norm > 0) clip_grad_by_norm(options_.max_norm, options_.norm_type);
+  if (state_->config().margin_mem_ratio > 0) {
+    // Master (4 bytes) + the optimizer's planned states + the gradient shard, per master element.
+    int64_t masters = 0;
+    for (const auto& s : shards_) masters += s.chunk->master.numel();
+    const double states = masters > 0 ? static_cast<double>(optimizer_state_bytes(*optimizer_)) / masters : 0.0;
+    state_->place_optim_in_margin(4.0 + states + static_cast<double>(c10::elementSize(state_->config().compute_dtype)));
+  }
   for (auto& s : shards_) {
     Chunk& c = *s.chunk;
     if (!c.flat->local_grad().defined()) continue;

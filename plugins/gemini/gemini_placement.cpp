@@ -5,6 +5,7 @@
 #include <climits>
 #include <stdexcept>
 
+#include "booster/logging.h"
 #include "cpu_byte_counter.h"
 #include "gemini_detail.h"
 #include "gemini_state.h"
@@ -129,6 +130,28 @@ void GeminiState::make_room(int64_t need, const std::vector<size_t>& in_use) {
     }
     ++evictions_;
   }
+}
+
+// gpu_margin_mem_ratio: as ColossalAI's GeminiOptimizer, every chunk whose optimizer side still fits
+// in what is left of ratio * margin moves (chunk order, a chunk that does not fit is skipped).
+void GeminiState::place_optim_in_margin(double bytes_per_element) {
+  if (margin_placed_ || !warmed_up_ || !config_.auto_placement || config_.margin_mem_ratio <= 0) return;
+  margin_placed_ = true;
+  const auto capacity = static_cast<int64_t>(static_cast<double>(config_.memory_budget_bytes) * config_.steady_cuda_cap_ratio);
+  margin_bytes_ = std::max<int64_t>(0, capacity - non_model_peak_ - compute_peak_);
+  const double available = config_.margin_mem_ratio * static_cast<double>(margin_bytes_);
+  int64_t moved = 0;
+  for (auto& c : chunks_) {
+    if (c.group < 0 || c.optim_tier != Tier::kOffload) continue;
+    const auto need = static_cast<int64_t>(static_cast<double>(c.flat->layout().shard_numel) * bytes_per_element);
+    if (static_cast<double>(optim_in_margin_bytes_ + need) > available) continue;
+    c.optim_tier = Tier::kCompute;  // fetched by the next step, no longer stored back
+    optim_in_margin_bytes_ += need;
+    ++moved;
+  }
+  log::info("gemini: gpu_margin_mem_ratio = " + std::to_string(config_.margin_mem_ratio) + " of a margin of " +
+            mib(margin_bytes_) + ": the optimizer side of " + std::to_string(moved) + " chunk(s) (" +
+            mib(optim_in_margin_bytes_) + ") moves to compute memory");
 }
 
 // ---------------------------------------------------------------------------------------------

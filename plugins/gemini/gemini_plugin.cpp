@@ -32,6 +32,7 @@ struct GeminiOptions {
   int64_t max_prefetch = 0;
   bool enable_gradient_accumulation = false;
   double memory_budget_mb = 0;  // auto: 0 = the machine's available memory
+  double gpu_margin_mem_ratio = 0.0;  // auto: share of the compute margin for optimizer sides
   std::string offload_dir;
   double max_norm = 0.0, norm_type = 2.0;
   std::shared_ptr<mixed_precision::MixedPrecision> mixed;
@@ -62,17 +63,15 @@ static GeminiOptions parse_options(const Options& o) {
   if (o.has("tp_size") && o.get_int("tp_size", 1, 1) != 1)
     throw PluginError(w + o.where("tp_size") + ": tensor parallelism inside Gemini is not supported; use plugin = "
                       "\"hybrid_parallel\" for tp_size > 1, or remove tp_size");
-  if (o.has("gpu_margin_mem_ratio") && o.get_double("gpu_margin_mem_ratio", 0.0, 0.0, 1.0) != 0.0)
-    throw PluginError(w + o.where("gpu_margin_mem_ratio") + ": gpu_margin_mem_ratio (optimizer states in the "
-                      "compute memory left over under placement_policy = \"auto\") is not supported yet; remove it "
-                      "(0: every optimizer state is offloaded under \"auto\")");
+  t.gpu_margin_mem_ratio = o.get_double("gpu_margin_mem_ratio", t.gpu_margin_mem_ratio, 0.0, 1.0);
   // A setting of the other policy is an error when it would change something (not at its default), so
   // a config can list both policies' options and switch with --set plugin.placement_policy=...
   const GeminiOptions defaults;
   const std::vector<std::pair<const char*, bool>> auto_only{
       {"warmup_non_model_data_ratio", t.warmup_non_model_data_ratio != defaults.warmup_non_model_data_ratio},
       {"steady_cuda_cap_ratio", t.steady_cuda_cap_ratio != defaults.steady_cuda_cap_ratio},
-      {"memory_budget_mb", t.memory_budget_mb != defaults.memory_budget_mb}};
+      {"memory_budget_mb", t.memory_budget_mb != defaults.memory_budget_mb},
+      {"gpu_margin_mem_ratio", t.gpu_margin_mem_ratio != defaults.gpu_margin_mem_ratio}};
   const std::vector<std::pair<const char*, bool>> static_only{
       {"shard_param_frac", t.shard_param_frac != defaults.shard_param_frac},
       {"offload_optim_frac", t.offload_optim_frac != defaults.offload_optim_frac},
@@ -161,6 +160,7 @@ class GeminiPlugin : public Plugin {
                                      ? static_cast<int64_t>(options_.memory_budget_mb * (1 << 20))
                                      : available_memory_bytes();
     config.offload_dir = options_.offload_dir;
+    config.margin_mem_ratio = options_.gpu_margin_mem_ratio;
     config.max_prefetch = static_cast<int>(options_.max_prefetch);
     config.enable_gradient_accumulation = options_.enable_gradient_accumulation;
 

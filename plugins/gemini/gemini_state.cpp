@@ -545,6 +545,8 @@ std::map<std::string, int64_t> GeminiState::stats() const {
           {"compute_model_bytes_peak", compute_peak_},
           {"non_model_bytes_peak", non_model_peak_},
           {"max_gathered_bytes", max_gathered_bytes_},
+          {"margin_bytes", margin_bytes_},
+          {"optim_bytes_in_margin", optim_in_margin_bytes_},
           {"rebuilt", rebuilt_ ? 1 : 0}};
 }
 

@@ -41,7 +41,11 @@
 // moved to the offload tier) while compute model data + the chunk > memory_budget *
 // steady_cuda_cap_ratio - the measured non-model peak, evicting the chunk whose next use (in the
 // recorded access order) is farthest first (Belady). During the warm-up the non-model share is
-// warmup_non_model_data_ratio of that capacity (ColossalAI's AutoPlacementPolicy).
+// warmup_non_model_data_ratio of that capacity (ColossalAI's AutoPlacementPolicy). At the first
+// optimizer step after the warm-up, gpu_margin_mem_ratio (ColossalAI's GeminiOptimizer) moves the
+// optimizer side of chunks back to the compute tier, in chunk order, each while its bytes still fit in
+// ratio * margin, margin = memory_budget * steady_cuda_cap_ratio - non-model peak - compute model
+// peak (both measured in the warm-up); the budget counts them from then on.
 // On CPU builds compute and host memory are both RAM: only offload_dir moves bytes out of the
 // process; host placement is bookkeeping (what the budget counts).
 //
@@ -76,6 +80,7 @@ struct GeminiConfig {
   double shard_param_frac = 1.0, offload_optim_frac = 0.0, offload_param_frac = 0.0;
   double warmup_non_model_data_ratio = 0.8, steady_cuda_cap_ratio = 0.9;
   int64_t memory_budget_bytes = 0;  // auto: the compute memory budget
+  double margin_mem_ratio = 0.0;    // auto: gpu_margin_mem_ratio
   std::string offload_dir;          // "" : the offload tier is host memory
   int max_prefetch = 0;
   bool enable_gradient_accumulation = false;
@@ -141,12 +146,16 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   void release_clean_master(Chunk& c);
   // Puts it back where the placement says (offload file: written and freed; else nothing).
   void store_optim(Chunk& c, std::vector<at::Tensor>& states);
+  // gpu_margin_mem_ratio (see "Placement"): once, after the warm-up, under "auto" with a ratio > 0.
+  // bytes_per_element: the optimizer side's bytes per master element (master, states, gradient).
+  void place_optim_in_margin(double bytes_per_element);
   // The parameter shard of c from its master (cast to the compute dtype), wherever the shard lives;
   // releases c when gathered (the next use gathers the new values).
   void refresh_param_shard(Chunk& c);
   // chunk_size, chunks, all_gathers, prefetches, reduce_scatters, evictions, offload_bytes_written,
   // offload_bytes_read, compute_model_bytes_peak, non_model_bytes_peak, rebuilt (1 when the chunks
-  // were rebuilt in first-use order), max_gathered_bytes.
+  // were rebuilt in first-use order), max_gathered_bytes, margin_bytes and optim_bytes_in_margin
+  // (gpu_margin_mem_ratio: the margin measured, the optimizer-side bytes moved into it).
   std::map<std::string, int64_t> stats() const;
   // (name, chunk index) for every parameter, in chunk order (tests and logs).
   std::vector<std::pair<std::string, size_t>> chunk_map() const;
@@ -206,7 +215,8 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   std::vector<const void*> hooked_;
   bool require_sync_ = true, in_backward_ = false, pending_backward_ = false;
   bool first_iteration_ = true, layout_frozen_ = false, rebuilt_ = false, backward_since_step_ = false;
-  bool warmed_up_ = false;
+  bool warmed_up_ = false, margin_placed_ = false;
+  int64_t margin_bytes_ = 0, optim_in_margin_bytes_ = 0;
   int64_t generation_ = 0;
   int64_t non_model_peak_ = 0;
   int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, evictions_ = 0;

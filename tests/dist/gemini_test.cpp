@@ -117,6 +117,39 @@ TEST(Gemini, AutoPlacementUnderATightBudgetEvictsAndMatches) {
                                         "plugin.warmup_non_model_data_ratio=0.6"}), 1});
 }
 
+// gpu_margin_mem_ratio (auto): with a budget far above the model, every chunk's optimizer side moves
+// back into the margin at the first step (none stays offloaded); with a tight budget what moves fits in
+// ratio * margin. Training equals single-process LibTorch either way.
+TEST(Gemini, MarginRatioMovesOptimizerSidesIntoTheMeasuredMargin) {
+  TempDir off;
+  auto roomy = check_train({2, "adamw",
+                            gemini_sets({"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64",
+                                         "plugin.gpu_margin_mem_ratio=1.0", "plugin.offload_dir=\"" + off.path() + "\""}),
+                            1});
+  EXPECT_EQ(roomy["chunks_optim_offloaded"], 0);
+  EXPECT_GT(roomy["optim_bytes_in_margin"], 0);
+  EXPECT_LE(roomy["optim_bytes_in_margin"], roomy["margin_bytes"]);
+  TempDir off2;
+  auto tight = check_train({2, "adamw",
+                            gemini_sets({"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=0.06",
+                                         "plugin.gpu_margin_mem_ratio=0.5", "plugin.offload_dir=\"" + off2.path() + "\""}),
+                            1});
+  std::cout << "[ compare  ] margin " << tight["margin_bytes"] << " bytes, moved " << tight["optim_bytes_in_margin"]
+            << " bytes, chunks with the optimizer side offloaded " << tight["chunks_optim_offloaded"] << " of "
+            << tight["chunks"] << std::endl;
+  EXPECT_LE(2 * tight["optim_bytes_in_margin"], tight["margin_bytes"]);
+  EXPECT_GT(tight["chunks_optim_offloaded"], 0);
+  // Without ratio the optimizer side stays offloaded (ColossalAI's default 0.0).
+  TempDir off3;
+  auto none = check_train({2, "adamw",
+                           gemini_sets({"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64",
+                                        "plugin.offload_dir=\"" + off3.path() + "\""}),
+                           1});
+  EXPECT_EQ(none["chunks_optim_offloaded"], none["chunks"]);
+  EXPECT_EQ(none["optim_bytes_in_margin"], 0);
+  EXPECT_GT(none["offload_bytes_written"], roomy["offload_bytes_written"]);
+}
+
 // The ReorderedMLP registers l4 first but uses l1 first: after the first iteration the chunks are
 // rebuilt in the order of first use, and training equals single-process LibTorch.
 TEST(Gemini, ChunksAreRebuiltInFirstUseOrder) {
@@ -198,6 +231,8 @@ TEST(Gemini, BadOptionsAreClearErrors) {
       {{"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=0.001"}, "memory_budget_mb is too small"},
       {{"plugin.memory_budget_mb=100"}, "applies to placement_policy = \"auto\" only"},
       {{"plugin.placement_policy=\"auto\"", "plugin.offload_optim_frac=0.5"}, "applies to placement_policy = \"static\" only"},
+      {{"plugin.gpu_margin_mem_ratio=0.5"}, "applies to placement_policy = \"auto\" only"},
+      {{"plugin.placement_policy=\"auto\"", "plugin.gpu_margin_mem_ratio=1.5"}, "gpu_margin_mem_ratio"},
       {{"plugin.precision=\"fp16\""}, "needs a CUDA device"},
   };
   for (const auto& c : cases) {
