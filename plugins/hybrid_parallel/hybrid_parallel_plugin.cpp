@@ -32,6 +32,7 @@ struct HybridOptions {
   std::string precision = "fp16";         // "fp16" (CUDA only) | "bf16" | "fp32"
   std::string pp_style = "1f1b";          // "1f1b" | "interleaved" (| "gpipe", the reference order)
   int num_model_chunks = 1;
+  bool enable_metadata_cache = true;      // pipeline: micro-batch 0's shapes cached across iterations
   int64_t num_microbatches = 0;           // 0 = unset
   int64_t microbatch_size = 0;            // 0 = unset
   std::string pp_partition = "uniform";   // "uniform" (by layers) | "parameters" (balanced)
@@ -51,6 +52,7 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   t.precision = o.get_choice("precision", t.precision, {"fp16", "bf16", "fp32"});
   t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "gpipe"});
   t.num_model_chunks = static_cast<int>(o.get_int("num_model_chunks", 1, 1, 1024));
+  t.enable_metadata_cache = o.get_bool("enable_metadata_cache", t.enable_metadata_cache);
   t.num_microbatches = o.get_int("num_microbatches", 0, 0);
   t.microbatch_size = o.get_int("microbatch_size", 0, 0);
   t.pp_partition = o.get_choice("pp_partition", t.pp_partition, {"uniform", "parameters"});
@@ -325,7 +327,8 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
   std::vector<std::pair<int, int>> mine;
   for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[c * topo_.pp + topo_.pp_rank]);
   state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group,
-                                                  schedule_kind_from_name(options_.pp_style, options_.num_model_chunks));
+                                                  schedule_kind_from_name(options_.pp_style, options_.num_model_chunks),
+                                                  options_.enable_metadata_cache);
   if (world()->rank() == 0) {
     std::string listing;
     for (int v = 0; v < stages; ++v)

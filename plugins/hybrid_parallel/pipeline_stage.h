@@ -5,7 +5,9 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,8 +36,9 @@ std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanc
 class PipelineRunner {
  public:
   // pp_group: the ranks that differ from this one only in the pipeline coordinate (rank = stage).
+  // enable_metadata_cache: ColossalAI's HybridParallelPlugin option (see run()).
   PipelineRunner(std::vector<nn::PipelineLayer> layers, std::vector<std::pair<int, int>> chunk_ranges,
-                 std::shared_ptr<dist::ProcessGroup> pp_group, ScheduleKind kind);
+                 std::shared_ptr<dist::ProcessGroup> pp_group, ScheduleKind kind, bool enable_metadata_cache = true);
 
   struct Options {
     int microbatches = 1;
@@ -49,8 +52,17 @@ class PipelineRunner {
   // One iteration: inputs and targets split along dim 0 into options.microbatches equal parts (their
   // dim 0 must be divisible: std::invalid_argument naming the sizes). Stage 0 reads inputs, the last
   // stage targets; loss per micro-batch criterion(output, target) / microbatches (training) is
-  // back-propagated; activations go forward and gradients backward with ProcessGroup::isend_tensor /
-  // recv_tensor. Returns the PipelineOutput of plugin.h (values on the last stage only).
+  // back-propagated; activations go forward and gradients backward. Returns the PipelineOutput of
+  // plugin.h (values on the last stage only).
+  // Messages: micro-batch 0 of each stream (sending virtual stage, direction) carries its shape and
+  // dtype (ProcessGroup::isend_tensor / recv_tensor), later micro-batches are plain isend / irecv into
+  // buffers of that shape, each receive posted when the previous one of its stream completed. With
+  // the metadata cache (ColossalAI's enable_metadata_cache, default on), a run whose key (train or
+  // not, micro-batch count, inputs' and targets' shapes and dtypes: the same on every stage) matches
+  // an earlier completed run sends micro-batch 0 plain too, and every stream's first receive is posted
+  // before any compute, so no send waits for its receiver to ask for it. The activation shapes are
+  // assumed to depend on that key only (as ColossalAI assumes); a model whose activation shapes vary
+  // otherwise needs enable_metadata_cache = false.
   PipelineOutput run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
                      const Options& options);
 
@@ -72,6 +84,14 @@ class PipelineRunner {
   ScheduleKind kind_;
   int pp_ = 1, rank_ = 0;
   double compute_s_ = 0, wall_s_ = 0;
+  bool metadata_cache_ = true;
+  struct StreamMeta {
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype;
+  };
+  // Run key -> (sending virtual stage, backward) -> micro-batch 0's shape, from completed runs.
+  std::map<std::string, std::map<std::pair<int, bool>, StreamMeta>> stream_meta_;
+  std::set<std::string> completed_keys_;
 };
 
 }  // namespace hybrid

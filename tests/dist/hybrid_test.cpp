@@ -29,7 +29,9 @@ struct Reference {
 };
 
 // Single-process training of the dense TinyLM (tp = 1) on the whole global batch of each step.
-Reference reference_lm(int64_t steps, int64_t batch, const std::string& optimizer, double max_norm = 0) {
+// short_step: that step's sequences are cut to their first kSeq / 2 tokens (other activation shapes).
+Reference reference_lm(int64_t steps, int64_t batch, const std::string& optimizer, double max_norm = 0,
+                       int64_t short_step = -1) {
   booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
   torch::manual_seed(7);
   TinyLM net;
@@ -37,7 +39,8 @@ Reference reference_lm(int64_t steps, int64_t batch, const std::string& optimize
   auto data = make_token_batches(steps, batch, 11);
   Reference ref;
   for (int64_t s = 0; s < steps; ++s) {
-    auto loss = tiny_lm_loss(net->forward(data.tokens[s]), data.targets[s]);
+    const int64_t seq = s == short_step ? kSeq / 2 : kSeq;
+    auto loss = tiny_lm_loss(net->forward(data.tokens[s].narrow(1, 0, seq)), data.targets[s].narrow(1, 0, seq));
     loss.backward();
     ref.losses.push_back(loss.item<double>());
     if (max_norm > 0) ref.norms.push_back(torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm));
@@ -88,6 +91,7 @@ struct HybridCase {
   std::string optimizer = "sgd";
   double max_norm = 0;
   bool bf16 = false;
+  int64_t short_step = -1;  // a step with shorter sequences (hybrid_worker's short_step)
 };
 
 void check_hybrid(const HybridCase& c) {
@@ -101,10 +105,14 @@ void check_hybrid(const HybridCase& c) {
     what += " " + s;
   }
   if (c.max_norm > 0) args.push_back("set=plugin.max_norm=" + std::to_string(c.max_norm));
+  if (c.short_step >= 0) {
+    args.push_back("short_step=" + std::to_string(c.short_step));
+    what += " short_step=" + std::to_string(c.short_step);
+  }
   args.push_back(std::string("set=plugin.precision=") + (c.bf16 ? "bf16" : "fp32"));
   auto results = run_hybrid(c.world, args);
   expect_all_ok(results);
-  const Reference ref = reference_lm(steps, batch, c.optimizer, c.max_norm);
+  const Reference ref = reference_lm(steps, batch, c.optimizer, c.max_norm, c.short_step);
   expect_model_close(dir.file("model"), ref, c.bf16 ? 3e-2 : kAtol, c.bf16 ? 0 : kRtol, what);
   // Losses (last stage) and clipping norms (every rank) match the reference's.
   int ranks_with_loss = 0;
@@ -162,6 +170,16 @@ TEST(HybridParallel, TensorParallel2MatchesSingleProcess) {
 }
 TEST(HybridParallel, Pipeline2OneFOneBMatchesSingleProcess) {
   check_hybrid({2, {"plugin.pp_size=2", "plugin.num_microbatches=4"}, "sgd"});
+}
+// The metadata cache (enable_metadata_cache, on by default): step 0 sends micro-batch 0 with its shape
+// header and learns the shapes, step 1's shorter sequences are a new key (headers again), step 2 is
+// step 0's key again (every message plain, first receives posted up front). Off: headers every step.
+TEST(HybridParallel, PipelineMetadataCacheFollowsChangingShapes) {
+  check_hybrid({2, {"plugin.pp_size=2", "plugin.num_microbatches=4"}, "adamw", 0, false, 1});
+  check_hybrid({4, {"plugin.pp_size=2", "plugin.pp_style=interleaved", "plugin.num_model_chunks=2",
+                    "plugin.num_microbatches=2", "plugin.tp_size=2"}, "sgd", 0, false, 1});
+  check_hybrid({2, {"plugin.pp_size=2", "plugin.num_microbatches=2", "plugin.enable_metadata_cache=false"}, "sgd",
+                0, false, 1});
 }
 TEST(HybridParallel, Pipeline2GPipeMatchesSingleProcess) {
   check_hybrid({2, {"plugin.pp_size=2", "plugin.num_microbatches=2", "plugin.pp_style=gpipe"}, "sgd"});

@@ -4,6 +4,7 @@
 // rows; pp > 1 runs booster.execute_pipeline, else model.forward + booster.backward.
 // Arguments are key=value:
 //   out=DIR steps=K batch=B (global) optimizer=sgd|adamw first_step=F (skip the first F batches)
+//   short_step=S (step S's sequences cut to their first kSeq / 2 tokens)
 //   load=DIR (load model_dir/ and optimizer/ from DIR before training) save=DIR (save them after)
 //   bad_load=DIR (booster.load_model from DIR/model expecting a CheckpointError: its message, or
 //   "no error", goes to out/rank<r>.err; then training goes on)
@@ -137,14 +138,16 @@ int run() {
   }
   const auto dp = booster.plugin().data_parallel_group();
   const int64_t steps = iarg("steps", 3), batch = iarg("batch", 8), first = iarg("first_step", 0);
+  const int64_t short_step = iarg("short_step", -1);
   const auto data = make_token_batches(first + steps, batch, 11);
   const int64_t share = batch / dp->size();
   const bool pipelined = model.hooks().stats().count("pp_size") && model.hooks().stats().at("pp_size") > 1;
   std::ofstream log(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".txt");
   log << std::setprecision(17);
   for (int64_t s = first; s < first + steps; ++s) {
-    auto x = data.tokens[s].narrow(0, dp->rank() * share, share);
-    auto y = data.targets[s].narrow(0, dp->rank() * share, share);
+    const int64_t seq = s == short_step ? kSeq / 2 : kSeq;
+    auto x = data.tokens[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq);
+    auto y = data.targets[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq);
     torch::Tensor loss;
     if (pipelined) {
       loss = booster.execute_pipeline(x, y, model, criterion, opt.get()).loss;
