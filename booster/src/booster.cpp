@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "booster/core/host_allocator.h"
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin_loader.h"
@@ -90,7 +91,9 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->mixed_precision = b.get_choice("mixed_precision", "fp32", {"fp32", "fp16", "bf16"});
   impl_->max_norm = b.get_double("max_norm", 0.0, 0.0);
   impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
+  const std::string malloc_mode = b.get_choice("malloc", "retain", {"retain", "system"});
   b.check_unknown();
+  const std::string allocator = configure_host_allocator(malloc_mode);
   impl_->precision = mixed_precision::make_mixed_precision(impl_->mixed_precision, config.section("mixed_precision"));
   try {
     config.section("checkpoint").check_unknown();
@@ -127,6 +130,7 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   const std::string precision = impl_->plugin->control_precision() ? "set by the plugin" : impl_->mixed_precision;
   log::info("booster: plugin " + plugin_name + ", precision " + precision + ", world size " +
             std::to_string(world->size()) + " (" + world->backend() + ")");
+  log::info("booster: " + allocator);
 }
 
 Booster Booster::from_file(const std::string& path, const std::vector<std::string>& overrides) {

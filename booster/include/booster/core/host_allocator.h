@@ -1,0 +1,32 @@
+// host_allocator.h — how host (CPU) memory is allocated in a training process.
+//
+// LibTorch's CPU tensors come from glibc malloc. By default glibc returns freed memory to the
+// system (it trims the heap top above M_TRIM_THRESHOLD and unmaps allocations above a dynamic
+// M_MMAP_THRESHOLD), so a training loop that frees its activations and gradients every step
+// faults the same pages in again on the next step: on the Fashion-MNIST CNN, 6,000-7,400 minor
+// page faults per step and 1.3x lower throughput than with retention (docs/benchmarks.md, DDP
+// throughput). "retain" keeps freed memory for reuse, as PyTorch's caching allocators do on GPUs:
+//   M_MMAP_THRESHOLD = 32 MiB   allocations below it come from the heap (glibc's own maximum for
+//                               its dynamic threshold; larger ones are still mapped and unmapped)
+//   M_TRIM_THRESHOLD = 2 GiB    (mallopt's largest value) the heap top is trimmed only when that
+//                               much is free at it: resident memory stays at the heap's peak
+//                               instead of rising and falling every step
+// A value the user set in glibc's environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+// MALLOC_TOP_PAD_) is kept, and with another allocator preloaded (LD_PRELOAD naming jemalloc,
+// mimalloc or tcmalloc) nothing is changed. Plugins may lower the mmap threshold afterwards for
+// memory they must return (Gemini's offload_dir).
+#pragma once
+
+#include <string>
+
+#include "booster/export.h"
+
+namespace booster {
+
+// mode: "retain" (the default of [booster] malloc) or "system" (glibc's defaults, nothing changed).
+// Applies to the whole process (mallopt); call it before the model is built. Returns one line saying
+// what was set and what was left to the environment, for the log. Throws std::invalid_argument for
+// another mode.
+BOOSTER_API std::string configure_host_allocator(const std::string& mode);
+
+}  // namespace booster

@@ -1,0 +1,85 @@
+// host_allocator_test.cpp — configure_host_allocator: "retain" makes glibc serve and keep an 8 MiB
+// block from the heap (read back through mallinfo2), the environment's own settings and a preloaded
+// allocator are respected, bad modes are refused.
+#include "booster/core/host_allocator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+
+using ::testing::HasSubstr;
+
+namespace {
+
+// Sets an environment variable for the scope of the object, restoring the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST(HostAllocator, RetainServesLargeBlocksFromTheHeapAndKeepsThem) {
+  const std::string line = booster::configure_host_allocator("retain");
+  EXPECT_THAT(line, HasSubstr("M_MMAP_THRESHOLD = 33554432"));
+  EXPECT_THAT(line, HasSubstr("M_TRIM_THRESHOLD = 2147483647"));
+  constexpr size_t kBytes = 8 << 20;  // above glibc's initial 128 KiB mmap threshold
+  const struct mallinfo2 before = ::mallinfo2();
+  char* block = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, kBytes);
+  const struct mallinfo2 during = ::mallinfo2();
+  // From the heap (arena), not a mapping of its own (hblkhd: bytes in mmapped blocks).
+  EXPECT_EQ(during.hblkhd, before.hblkhd);
+  EXPECT_GE(during.uordblks, before.uordblks + kBytes);
+  std::free(block);
+  const struct mallinfo2 after = ::mallinfo2();
+  // Freed, not trimmed: the heap keeps its size and the block is now free heap memory.
+  EXPECT_EQ(after.arena, during.arena);
+  EXPECT_GE(after.fordblks, static_cast<size_t>(kBytes));
+}
+
+TEST(HostAllocator, EnvironmentSettingsAndPreloadedAllocatorsAreKept) {
+  {
+    ScopedEnv trim("MALLOC_TRIM_THRESHOLD_", "131072");
+    const std::string line = booster::configure_host_allocator("retain");
+    EXPECT_THAT(line, HasSubstr("kept from the environment: MALLOC_TRIM_THRESHOLD_"));
+    EXPECT_THAT(line, HasSubstr("M_MMAP_THRESHOLD = 33554432"));
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("M_TRIM_THRESHOLD =")));
+  }
+  {
+    ScopedEnv pad("MALLOC_TOP_PAD_", "268435456");
+    EXPECT_THAT(booster::configure_host_allocator("retain"), HasSubstr("nothing set"));
+  }
+  {
+    ScopedEnv preload("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
+    EXPECT_THAT(booster::configure_host_allocator("retain"), HasSubstr("mimalloc is preloaded"));
+  }
+  EXPECT_THAT(booster::configure_host_allocator("system"), HasSubstr("glibc's defaults"));
+}
+
+TEST(HostAllocator, UnknownModeIsAClearError) {
+  try {
+    booster::configure_host_allocator("jemalloc");
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("\"retain\""));
+    EXPECT_THAT(e.what(), HasSubstr("\"system\""));
+  }
+}
