@@ -62,6 +62,7 @@ TEST(RunArgs, Defaults) {
   EXPECT_EQ(p.options.node_rank, 0);
   EXPECT_EQ(p.options.master_addr, "127.0.0.1");
   EXPECT_EQ(p.options.master_port, 29500);
+  EXPECT_FALSE(p.options.master_port_given);
   EXPECT_DOUBLE_EQ(p.options.kill_grace_seconds, 5.0);
   EXPECT_THAT(p.options.command, ElementsAre("/bin/true"));
 }
@@ -79,6 +80,8 @@ TEST(RunArgs, UnderscoreAndDashSpellings) {
     EXPECT_EQ(p.options.node_rank, 1) << joined(args);
     EXPECT_EQ(p.options.master_addr, "10.1.2.3") << joined(args);
     EXPECT_EQ(p.options.master_port, 23456) << joined(args);
+    EXPECT_TRUE(p.options.master_port_given) << joined(args);
+    EXPECT_EQ(booster::cli::resolve_master_port(p.options), 23456) << joined(args);
     EXPECT_THAT(p.options.command, ElementsAre("prog"));
   }
 }

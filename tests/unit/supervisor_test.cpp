@@ -2,6 +2,7 @@
 // environment contract, "[rank R]: " output prefixes, failure propagation, signal forwarding, and
 // that no rank (or helper process of a rank) outlives the launcher. Ranks are small /bin/sh
 // scripts; the tool is the binary at BOOSTER_CLI_PATH. The command line is tested in run_args_test.cpp.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -126,12 +127,31 @@ TEST(Supervisor, AllRanksSucceedWithTorchrunEnvironment) {
   EXPECT_EQ(lines_of(l.out).size(), 2u) << describe(l);
 }
 
+// Without --master_port a single-node job gets a port that was free (torchrun --standalone): two jobs
+// started at once on one machine each bind their MASTER_PORT (as rank 0's store does) and both
+// succeed; with several nodes the default stays 29500. OMP_NUM_THREADS from the environment is kept.
 TEST(Supervisor, DefaultsAndExistingOmpNumThreadsKept) {
-  Launch l = booster({"run", "/bin/sh", "-c", kEchoEnv}, {{"OMP_NUM_THREADS", "7"}});
-  ASSERT_EQ(l.proc.exit_code, 0) << describe(l);
-  EXPECT_TRUE(has_line(l.out, "[rank 0]: RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 "
-                              "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 OMP=7"))
-      << describe(l);
+  const char* kBindPort =
+      "import os, socket, time\n"
+      "s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['MASTER_PORT']))); s.listen()\n"
+      "time.sleep(1.5)\n"
+      "print('bound', os.environ['MASTER_PORT'], 'OMP', os.environ['OMP_NUM_THREADS'])\n";
+  bt::TempDir io_a, io_b;
+  const int pid_a = start_booster(io_a, {"run", "/usr/bin/python3", "-c", kBindPort}, {{"OMP_NUM_THREADS", "7"}});
+  const int pid_b = start_booster(io_b, {"run", "/usr/bin/python3", "-c", kBindPort}, {{"OMP_NUM_THREADS", "7"}});
+  Launch a = finish_booster(io_a, pid_a), b = finish_booster(io_b, pid_b);
+  ASSERT_EQ(a.proc.exit_code, 0) << describe(a);
+  ASSERT_EQ(b.proc.exit_code, 0) << describe(b);
+  auto port_of = [](const Launch& l) {
+    const auto at = l.out.find("bound ");
+    return at == std::string::npos ? -1 : std::stoi(l.out.substr(at + 6));
+  };
+  EXPECT_NE(port_of(a), port_of(b)) << describe(a) << describe(b);
+  EXPECT_GT(port_of(a), 0) << describe(a);
+  EXPECT_THAT(a.out, ::testing::HasSubstr("OMP 7")) << describe(a);
+  Launch two = booster({"run", "--nnodes", "2", "--node_rank", "1", "/bin/sh", "-c", kEchoEnv});
+  ASSERT_EQ(two.proc.exit_code, 0) << describe(two);
+  EXPECT_THAT(two.out, ::testing::HasSubstr("MASTER_PORT=29500")) << describe(two);
 }
 
 TEST(Supervisor, SecondNodeOfTwoGetsGlobalRanks) {

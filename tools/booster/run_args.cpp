@@ -2,7 +2,15 @@
 #include "run_args.h"
 
 #include <CLI/CLI.hpp>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace booster::cli {
@@ -21,8 +29,9 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
                   "Address of the node running rank 0 (MASTER_ADDR)")
       ->capture_default_str();
   run->add_option("--master_port,--master-port", o.master_port,
-                  "Rendezvous port on master_addr (MASTER_PORT)")
-      ->capture_default_str();
+                  "Rendezvous port on master_addr (MASTER_PORT); default: a free port on a single node, "
+                  "29500 with several nodes")
+      ->each([&o](const std::string&) { o.master_port_given = true; });
   run->add_option("program", o.command,
                   "Program to run (looked up in PATH if it has no '/'), then its arguments, passed "
                   "through untouched");
@@ -39,6 +48,40 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
       "executed; 128+N the launcher received signal N.\n"
       "Example: booster run --nproc_per_node 4 ./train --config configs/ddp.toml");
   return run;
+}
+
+int resolve_master_port(const RunOptions& o) {
+  if (o.master_port_given || o.nnodes > 1) return o.master_port;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(o.master_addr.c_str(), "0", &hints, &found); rc != 0)
+    throw std::runtime_error("cannot resolve --master_addr " + o.master_addr + ": " + ::gai_strerror(rc));
+  std::string error = "no address";
+  int port = 0;
+  for (addrinfo* a = found; a != nullptr && port == 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) {
+      error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    } else {
+      error = std::strerror(errno);
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (port == 0)
+    throw std::runtime_error("cannot find a free port on " + o.master_addr + " (" + error +
+                             "); pass --master_port");
+  return port;
 }
 
 std::string validate_run_options(const RunOptions& o) {

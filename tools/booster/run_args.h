@@ -27,7 +27,8 @@ struct RunOptions {
   int nnodes = 1;                         // nodes in the job (one launcher per node)
   int node_rank = 0;                      // this node's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";  // rendezvous host of rank 0 (MASTER_ADDR)
-  int master_port = 29500;                // rendezvous port (MASTER_PORT)
+  int master_port = 29500;                // rendezvous port (MASTER_PORT), when given or nnodes > 1
+  bool master_port_given = false;         // --master_port was on the command line
   std::vector<std::string> command;       // program (looked up in PATH if it has no '/') + args
   double kill_grace_seconds = 5.0;        // after SIGTERM, wait this long before SIGKILL
 };
@@ -37,6 +38,12 @@ struct RunOptions {
 // arguments such as "--rank 3", is passed to the program untouched; a "--" right before the
 // program is accepted and dropped. Returns the subcommand.
 CLI::App* add_run_subcommand(CLI::App& app, RunOptions& options);
+
+// The MASTER_PORT the ranks get: --master_port when given; else, on a single node, a port that is
+// free on master_addr now (the kernel's choice, as torchrun --standalone), so two jobs on one
+// machine do not meet on 29500; else (several nodes, which must agree) 29500, torchrun's default.
+// Throws std::runtime_error when no free port can be found (socket/bind error text).
+int resolve_master_port(const RunOptions& options);
 
 // Returns "" if `options` describe a job that can be launched, else a one-line error message
 // (nproc_per_node < 1, nnodes < 1, node_rank outside [0, nnodes), port outside [1, 65535],

@@ -165,6 +165,12 @@ class Launcher {
       log_error(error);
       return kRunCannotExec;
     }
+    try {
+      master_port_ = resolve_master_port(opts_);
+    } catch (const std::exception& e) {
+      log_error(e.what());
+      return kRunUsageError;
+    }
     if (!setup_signals()) return kRunRankFailed;
     // Orphaned helpers of the ranks are re-parented to us (and reaped), not to init.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
@@ -250,7 +256,7 @@ class Launcher {
     env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(opts_.nproc_per_node));
     env.push_back("GROUP_RANK=" + std::to_string(opts_.node_rank));
     env.push_back("MASTER_ADDR=" + opts_.master_addr);
-    env.push_back("MASTER_PORT=" + std::to_string(opts_.master_port));
+    env.push_back("MASTER_PORT=" + std::to_string(master_port_));
     if (!has_omp) env.push_back("OMP_NUM_THREADS=1");
     return env;
   }
@@ -543,6 +549,7 @@ class Launcher {
   }
 
   const RunOptions& opts_;
+  int master_port_ = 0;  // resolve_master_port(opts_)
   std::vector<Rank> ranks_;
   int signal_fd_ = -1;
   int devnull_ = -1;
