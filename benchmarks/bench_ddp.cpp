@@ -145,7 +145,7 @@ double now_s() {
 struct Args {
   std::string model = "cnn", mode = "hooks", host = "127.0.0.1", dump_params, out;
   std::string plugin = "torch_ddp", strategy = "FULL_SHARD", ckpt_dir;
-  std::string malloc_mode = "retain";  // [booster] malloc
+  std::string malloc_mode;  // [booster] malloc ("": the plugin's default)
   int rank = 0, world_size = 1, port = 29500, threads = 1;
   int64_t steps = 20, warmup = 3, batch = 64, seed = 0, nbatches = 4, hidden = 4096;
   double lr = 0.01, momentum = 0.9, bucket_cap_mb = 25.0;
@@ -165,7 +165,8 @@ int train(Model net, const Args& a) {
   torch::Tensor y = torch::randint(0, 10, {pool}, torch::TensorOptions().dtype(torch::kLong));
 
   const bool fsdp = a.plugin == "torch_fsdp";
-  const std::string head = "[booster]\nmalloc = \"" + a.malloc_mode + "\"\n";
+  const std::string head =
+      "[booster]\n" + (a.malloc_mode.empty() ? std::string() : "malloc = \"" + a.malloc_mode + "\"\n");
   std::string toml = fsdp ? head + "plugin = \"torch_fsdp\"\n[plugin]\nsharding_strategy = \"" + a.strategy + "\"\n"
                           : head + "plugin = \"torch_ddp\"\n[plugin]\nbucket_cap_mb = " +
                                 std::to_string(a.bucket_cap_mb) + "\n";
@@ -321,7 +322,7 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", a.strategy, "torch_fsdp sharding_strategy")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
   app.add_option("--ckpt_dir", a.ckpt_dir, "torch_fsdp: where the trained model is saved for its checksum");
-  app.add_option("--malloc", a.malloc_mode, "[booster] malloc: retain (default) or system")
+  app.add_option("--malloc", a.malloc_mode, "[booster] malloc: retain or system (default: the plugin's)")
       ->check(CLI::IsMember({"retain", "system"}));
   CLI11_PARSE(app, argc, argv);
   if (a.plugin == "torch_fsdp" &&

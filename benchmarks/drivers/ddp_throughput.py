@@ -172,10 +172,10 @@ def run(ctx):
                 "--warmup", str(m["warmup"]), "--threads", "1", "--seed", "0", "--lr", "0.01",
                 "--momentum", "0.9", "--bucket_cap_mb", "25"] + m["extra"]
 
-    def ours(m, mode, dump=None, malloc="retain"):
+    def ours(m, mode, dump=None, malloc=None):
         def make(r, world, port):
             cmd = [ours_bin] + common(m) + ["--mode", mode, "--rank", str(r), "--world_size", str(world),
-                                            "--port", str(port), "--malloc", malloc]
+                                            "--port", str(port)] + (["--malloc", malloc] if malloc else [])
             if dump and r == 0:
                 cmd += ["--dump_params", dump]
             return cmd

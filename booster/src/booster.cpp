@@ -91,9 +91,8 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->mixed_precision = b.get_choice("mixed_precision", "fp32", {"fp32", "fp16", "bf16"});
   impl_->max_norm = b.get_double("max_norm", 0.0, 0.0);
   impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
-  const std::string malloc_mode = b.get_choice("malloc", "retain", {"retain", "system"});
+  const std::string malloc_mode = b.has("malloc") ? b.get_choice("malloc", "retain", {"retain", "system"}) : "";
   b.check_unknown();
-  const std::string allocator = configure_host_allocator(malloc_mode);
   impl_->precision = mixed_precision::make_mixed_precision(impl_->mixed_precision, config.section("mixed_precision"));
   try {
     config.section("checkpoint").check_unknown();
@@ -112,6 +111,9 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   ctx.world = world;
   std::string path = ctx.options.get_string("path", "");
   impl_->plugin = load_plugin(ctx, path);
+  const std::string allocator =
+      configure_host_allocator(malloc_mode.empty() ? impl_->plugin->default_malloc() : malloc_mode) +
+      (malloc_mode.empty() ? " (the plugin's default)" : "");
 
   check_shadowed_settings(config, *impl_->plugin,
                           {{"booster.mixed_precision", shadowed_value(impl_->mixed_precision)},

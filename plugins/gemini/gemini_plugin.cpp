@@ -128,6 +128,8 @@ class GeminiPlugin : public Plugin {
   bool control_precision() const override { return true; }
   bool control_checkpoint_io() const override { return true; }
   bool support_no_sync() const override { return true; }
+  // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
+  std::string default_malloc() const override { return "system"; }
 
   std::vector<ShadowedSetting> shadowed_settings() const override {
     return {{"booster.mixed_precision", "plugin.precision", shadowed_value(options_.precision)},

@@ -91,6 +91,8 @@ class LowLevelZeroPlugin : public Plugin {
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return true; }
+  // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
+  std::string default_malloc() const override { return "system"; }
 
   // The plugin builds the optimizer wrapper, so precision, the loss scaler and clipping are its own
   // options (ColossalAI's LowLevelZeroPlugin arguments).

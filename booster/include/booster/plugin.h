@@ -46,7 +46,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 5;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 6;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -164,6 +164,10 @@ class BOOSTER_API Plugin {
   virtual bool control_checkpoint_io() const { return false; }
   // true: no_sync() works (the default no_sync then pauses the hooks' gradient synchronisation).
   virtual bool support_no_sync() const { return false; }
+  // [booster] malloc when the config does not set it (core/host_allocator.h): "retain" (freed host
+  // memory kept for the next step: faster) or "system" (glibc returns it: lower resident memory,
+  // for plugins whose point is memory, such as ZeRO, FSDP and Gemini). Default "retain".
+  virtual std::string default_malloc() const { return "retain"; }
 
   // Booster-level settings that this plugin replaces with options of its own, so that one setting
   // never has two names of which one is silently ignored. The Booster checks them after loading the
