@@ -13,7 +13,7 @@ PKGS=(
   libcli11-dev libspdlog-dev libfmt-dev
   zlib1g-dev
   dataset-fashion-mnist bible-kjv
-  python3-torch procps
+  python3-torch procps iproute2
   clang libclang-rt-14-dev
 )
 
