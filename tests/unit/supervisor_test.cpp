@@ -241,6 +241,35 @@ TEST(Supervisor, FailingRankStopsTheJob) {
   expect_all_dead(pids);
 }
 
+// --max_restarts (torchrun's elastic restarts): rank 1 fails in the first attempt while rank 0 would
+// sleep for a minute; the job is stopped and started again with TORCHELASTIC_RESTART_COUNT = 1 and a
+// new port, and succeeds. A job failing every time is restarted exactly K times, then exits 1.
+TEST(Supervisor, MaxRestartsStartsEveryRankAgain) {
+  const char* kFlaky =
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60; fi; "
+      "echo \"ok rank $RANK restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS port $MASTER_PORT\"";
+  Launch l = booster({"run", "--nproc_per_node", "2", "--max_restarts", "2", "/bin/sh", "-c", kFlaky});
+  ASSERT_EQ(l.proc.exit_code, 0) << describe(l);
+  EXPECT_LT(l.proc.seconds, 15.0) << describe(l);
+  EXPECT_THAT(l.err, ::testing::HasSubstr("rank 1")) << describe(l);
+  EXPECT_THAT(l.err, ::testing::HasSubstr("restarting all ranks (restart 1 of 2")) << describe(l);
+  EXPECT_THAT(l.err, ::testing::Not(::testing::HasSubstr("restart 2 of 2"))) << describe(l);
+  EXPECT_THAT(l.out, ::testing::HasSubstr("[rank 0]: ok rank 0 restart 1 of 2")) << describe(l);
+  EXPECT_THAT(l.out, ::testing::HasSubstr("[rank 1]: ok rank 1 restart 1 of 2")) << describe(l);
+  EXPECT_EQ(lines_of(l.out).size(), 2u) << describe(l);
+
+  Launch always = booster({"run", "--nproc_per_node", "2", "--max_restarts", "2", "/bin/sh", "-c",
+                           "echo \"attempt $TORCHELASTIC_RESTART_COUNT\"; [ \"$RANK\" = 0 ] || exit 4"});
+  EXPECT_EQ(always.proc.exit_code, 1) << describe(always);
+  EXPECT_THAT(always.err, ::testing::HasSubstr("restart 2 of 2")) << describe(always);
+  EXPECT_THAT(always.err, ::testing::Not(::testing::HasSubstr("restart 3"))) << describe(always);
+  EXPECT_THAT(always.out, ::testing::HasSubstr("[rank 1]: attempt 2")) << describe(always);
+
+  Launch multi = booster({"run", "--nnodes", "2", "--max_restarts", "1", "/bin/true"});
+  EXPECT_EQ(multi.proc.exit_code, 2) << describe(multi);
+  EXPECT_THAT(multi.err, ::testing::HasSubstr("--max_restarts with --nnodes > 1")) << describe(multi);
+}
+
 TEST(Supervisor, RankKilledBySignalStopsTheJob) {
   bt::TempDir dir;
   Launch l = booster({"run", "--nproc_per_node", "3", "/bin/sh", "-c", failing_job_script("kill -9 $$")},

@@ -32,6 +32,10 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
                   "Rendezvous port on master_addr (MASTER_PORT); default: a free port on a single node, "
                   "29500 with several nodes")
       ->each([&o](const std::string&) { o.master_port_given = true; });
+  run->add_option("--max_restarts,--max-restarts", o.max_restarts,
+                  "Restart all ranks up to this many times when one fails (torchrun's meaning; each "
+                  "attempt gets TORCHELASTIC_RESTART_COUNT and, without --master_port, a new port)")
+      ->capture_default_str();
   run->add_option("program", o.command,
                   "Program to run (looked up in PATH if it has no '/'), then its arguments, passed "
                   "through untouched");
@@ -43,7 +47,8 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
       "\nEach rank gets RANK = node_rank * nproc_per_node + local_rank, LOCAL_RANK, WORLD_SIZE,\n"
       "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, and OMP_NUM_THREADS=1 unless set.\n"
       "Output lines are prefixed with \"[rank R]: \". SIGINT/SIGTERM/SIGHUP are forwarded to the ranks;\n"
-      "when one rank fails the others get SIGTERM, then SIGKILL after 5 s.\n"
+      "when one rank fails the others get SIGTERM, then SIGKILL after 5 s; with --max_restarts K the\n"
+      "job is then started again (TORCHELASTIC_RESTART_COUNT = 1..K).\n"
       "Exit codes: 0 all ranks exited 0; 1 a rank failed; 2 usage error; 127 program cannot be\n"
       "executed; 128+N the launcher received signal N.\n"
       "Example: booster run --nproc_per_node 4 ./train --config configs/ddp.toml");
@@ -96,6 +101,10 @@ std::string validate_run_options(const RunOptions& o) {
   if (o.master_port < 1 || o.master_port > 65535)
     return "--master_port must be in [1, 65535] (got " + std::to_string(o.master_port) + ")";
   if (o.master_addr.empty()) return "--master_addr must not be empty";
+  if (o.max_restarts < 0) return "--max_restarts must be at least 0 (got " + std::to_string(o.max_restarts) + ")";
+  if (o.max_restarts > 0 && o.nnodes > 1)
+    return "--max_restarts with --nnodes > 1 is not supported yet (every node's launcher would have to agree "
+           "on each restart); restart multi-node jobs with torchrun --max_restarts, which our ranks support";
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > 1000000000LL)
     return "--nnodes * --nproc_per_node is too large";
   return "";

@@ -29,6 +29,7 @@ struct RunOptions {
   std::string master_addr = "127.0.0.1";  // rendezvous host of rank 0 (MASTER_ADDR)
   int master_port = 29500;                // rendezvous port (MASTER_PORT), when given or nnodes > 1
   bool master_port_given = false;         // --master_port was on the command line
+  int max_restarts = 0;                   // torchrun's --max_restarts (single node)
   std::vector<std::string> command;       // program (looked up in PATH if it has no '/') + args
   double kill_grace_seconds = 5.0;        // after SIGTERM, wait this long before SIGKILL
 };
@@ -47,7 +48,7 @@ int resolve_master_port(const RunOptions& options);
 
 // Returns "" if `options` describe a job that can be launched, else a one-line error message
 // (nproc_per_node < 1, nnodes < 1, node_rank outside [0, nnodes), port outside [1, 65535],
-// empty master_addr, no program).
+// empty master_addr, no program, max_restarts < 0, or max_restarts > 0 with nnodes > 1).
 std::string validate_run_options(const RunOptions& options);
 
 }  // namespace booster::cli

@@ -179,7 +179,33 @@ class Launcher {
       log_error(std::string("cannot open /dev/null: ") + std::strerror(errno));
       return kRunRankFailed;
     }
+    // torchrun's elastic restarts: a failed attempt (a rank failed; not a signal to the launcher)
+    // is followed by a new one with every rank started afresh, up to max_restarts times.
+    for (restart_ = 0;; ++restart_) {
+      run_attempt(program);
+      if (exit_code_ != kRunRankFailed || restart_ >= opts_.max_restarts) break;
+      if (!opts_.master_port_given) {
+        try {
+          master_port_ = resolve_master_port(opts_);  // a new rendezvous
+        } catch (const std::exception& e) {
+          log_error(e.what());
+          break;
+        }
+      }
+      log_error("restarting all ranks (restart " + std::to_string(restart_ + 1) + " of " +
+                std::to_string(opts_.max_restarts) + ", MASTER_PORT " + std::to_string(master_port_) + ")");
+    }
+    ::close(signal_fd_);
+    ::close(devnull_);
+    return exit_code_;
+  }
 
+ private:
+  // One attempt: starts every local rank and supervises them until all are gone.
+  void run_attempt(const std::string& program) {
+    ranks_.clear();
+    stopping_ = killed_ = false;
+    exit_code_ = kRunOk;
     ranks_.resize(static_cast<size_t>(opts_.nproc_per_node));
     for (int i = 0; i < opts_.nproc_per_node; ++i) {
       Rank& r = ranks_[static_cast<size_t>(i)];
@@ -212,12 +238,8 @@ class Launcher {
       close_stream(r, r.out);
       close_stream(r, r.err);
     }
-    ::close(signal_fd_);
-    ::close(devnull_);
-    return exit_code_;
   }
 
- private:
   bool setup_signals() {
     sigset_t set;
     sigemptyset(&set);
@@ -239,8 +261,9 @@ class Launcher {
   }
 
   std::vector<std::string> rank_environment(const Rank& r) const {
-    const char* overridden[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                "MASTER_ADDR", "MASTER_PORT"};
+    const char* overridden[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE",
+                                "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"};
     std::vector<std::string> env;
     bool has_omp = false;
     for (char** e = environ; *e; ++e) {
@@ -257,6 +280,8 @@ class Launcher {
     env.push_back("GROUP_RANK=" + std::to_string(opts_.node_rank));
     env.push_back("MASTER_ADDR=" + opts_.master_addr);
     env.push_back("MASTER_PORT=" + std::to_string(master_port_));
+    env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart_));
+    env.push_back("TORCHELASTIC_MAX_RESTARTS=" + std::to_string(opts_.max_restarts));
     if (!has_omp) env.push_back("OMP_NUM_THREADS=1");
     return env;
   }
@@ -550,6 +575,7 @@ class Launcher {
 
   const RunOptions& opts_;
   int master_port_ = 0;  // resolve_master_port(opts_)
+  int restart_ = 0;      // attempts restarted so far (TORCHELASTIC_RESTART_COUNT)
   std::vector<Rank> ranks_;
   int signal_fd_ = -1;
   int devnull_ = -1;

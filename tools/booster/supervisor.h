@@ -28,6 +28,12 @@ namespace booster::cli {
 // line naming it goes to stderr ("booster run: rank 1 (pid 1234) exited with code 3; stopping the
 // other ranks"), every rank's process group gets SIGTERM and, after kill_grace_seconds, SIGKILL.
 // When all ranks exited 0, processes they left behind in their groups are stopped the same way.
+// With max_restarts K > 0 (torchrun's elastic restarts, single node), a job stopped because a rank
+// failed is started again, every rank afresh, up to K times, each restart logged on stderr
+// ("booster run: restarting all ranks (restart 1 of 3, MASTER_PORT 41234)"); every rank gets
+// TORCHELASTIC_RESTART_COUNT (0 for the first attempt) and TORCHELASTIC_MAX_RESTARTS, and a new
+// free MASTER_PORT per attempt unless --master_port was given. A job stopped by a signal to the
+// launcher is not restarted; the exit code is the last attempt's.
 // Errors (program not found or not executable, fork/pipe failure) are reported on stderr with the
 // exit codes above; this function does not throw.
 int run_launcher(const RunOptions& options);
