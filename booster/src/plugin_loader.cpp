@@ -7,10 +7,13 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <dlfcn.h>
+#include <elf.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 
@@ -42,10 +45,60 @@ struct LoadedLibrary {
   const BoosterPluginDescriptor* descriptor = nullptr;
 };
 
+// dlopen maps the file's LOAD segments as the ELF headers describe them: a truncated file (an
+// interrupted copy or build) then faults with SIGBUS when the loader touches a page past its end.
+// So the headers are checked against the file's size first. Throws PluginError naming the problem.
+void check_elf_file(const std::string& path) {
+  const std::string fix = " (is it built for this machine and copied whole? rebuild it or copy it again)";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw PluginError("booster: cannot load plugin library " + path + ": cannot open it for reading" + fix);
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  Elf64_Ehdr eh{};
+  if (size < sizeof eh || !in.read(reinterpret_cast<char*>(&eh), sizeof eh) ||
+      std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+    throw PluginError("booster: cannot load plugin library " + path + ": not an ELF shared library (" +
+                      std::to_string(size) + " bytes, no ELF header)" + fix);
+#if defined(__x86_64__)
+  constexpr uint16_t kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint16_t kMachine = EM_AARCH64;
+#else
+  const uint16_t kMachine = eh.e_machine;
+#endif
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != kMachine ||
+      eh.e_type != ET_DYN)
+    throw PluginError("booster: cannot load plugin library " + path + ": an ELF file for another machine or not a "
+                      "shared library (class " + std::to_string(eh.e_ident[EI_CLASS]) + ", machine " +
+                      std::to_string(eh.e_machine) + ", type " + std::to_string(eh.e_type) + ")" + fix);
+  auto truncated = [&](const std::string& what, uint64_t end) {
+    return PluginError("booster: cannot load plugin library " + path + ": the file is truncated: " + what +
+                       " ends at byte " + std::to_string(end) + " but the file has " + std::to_string(size) +
+                       " bytes" + fix);
+  };
+  const uint64_t ph_end = eh.e_phoff + uint64_t{eh.e_phnum} * eh.e_phentsize;
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || ph_end > size || ph_end < eh.e_phoff)
+    throw truncated("its program header table", ph_end);
+  if (eh.e_shoff != 0) {
+    const uint64_t sh_end = eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize;
+    if (sh_end > size || sh_end < eh.e_shoff) throw truncated("its section header table", sh_end);
+  }
+  in.seekg(static_cast<std::streamoff>(eh.e_phoff));
+  for (uint16_t i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph)) throw truncated("its program header table", ph_end);
+    const uint64_t end = ph.p_offset + ph.p_filesz;
+    if (ph.p_type == PT_LOAD && (end > size || end < ph.p_offset))
+      throw truncated("LOAD segment " + std::to_string(i), end);
+  }
+}
+
 LoadedLibrary open_library(const std::string& path) {
   if (!fs::exists(path))
     throw PluginError("booster: plugin library " + path + " does not exist; check [plugin] path, or remove it to "
                       "search for the plugin by name (BOOSTER_PLUGIN_PATH, the install, the executable's directory)");
+  check_elf_file(path);
   auto lib = std::make_shared<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
   lib->load(boost::dll::fs::path(path), boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now, ec);

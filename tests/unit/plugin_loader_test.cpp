@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <elf.h>
 #include <link.h>
 #include <torch/version.h>
 
@@ -189,6 +190,28 @@ TEST(PluginLoader, NotALibrary) {
   EXPECT_THAT([&] { booster::load_plugin(context("garbage"), path); },
               ThrowsMessage<PluginError>(AllOf(HasSubstr("cannot load plugin library " + path),
                                                HasSubstr("is it built for this machine"))));
+}
+
+// A truncated copy of a real plugin (an interrupted copy) is refused before dlopen, which would
+// otherwise die of SIGBUS touching the missing pages; so are ELF files of another kind.
+TEST(PluginLoader, TruncatedOrForeignElfIsAClearError) {
+  booster::testing::TempDir dir;
+  const std::string whole = booster::testing::read_file(test_plugin("test_no_descriptor"));
+  ASSERT_GT(whole.size(), 4096u);
+  for (size_t keep : {whole.size() / 2, whole.size() - 1, size_t{100}}) {
+    const std::string path = dir.file("booster_plugin_cut" + std::to_string(keep) + ".so");
+    booster::testing::write_file(path, whole.substr(0, keep));
+    EXPECT_THAT([&] { booster::load_plugin(context("cut"), path); },
+                ThrowsMessage<PluginError>(AllOf(HasSubstr(path), HasSubstr("truncated"),
+                                                 HasSubstr("has " + std::to_string(keep) + " bytes"))))
+        << keep << " of " << whole.size() << " bytes";
+  }
+  std::string foreign = whole;
+  foreign[EI_CLASS] = ELFCLASS32;
+  const std::string path = dir.file("booster_plugin_foreign.so");
+  booster::testing::write_file(path, foreign);
+  EXPECT_THAT([&] { booster::load_plugin(context("foreign"), path); },
+              ThrowsMessage<PluginError>(AllOf(HasSubstr(path), HasSubstr("another machine"))));
 }
 
 TEST(PluginLoader, AbiMismatchNamesBothVersions) {
