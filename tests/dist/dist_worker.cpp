@@ -4,10 +4,18 @@
 //   accum=A (micro-batches per step; the first A-1 inside no_sync)
 //   optimizer=sgd|adam|adamw|rmsprop|adagrad|debiased_momentum (the last is user-registered)
 //   timeout=S  set=plugin.key=value (repeatable, config overrides)
+//   scenario=hang hang=stop|stuck: after one allreduce the last rank stops itself (SIGSTOP) or sleeps
+//   60 s; the others' next allreduce fails (timeout=S): its message goes to DIR/rank<r>.err, the
+//   pid of every rank to DIR/rank<r>.pid, and they exit 4
 // Results: DIR/rank<r>.pt (torch::save of the named tensors), DIR/rank<r>.txt (stats, key value).
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <limits>
 #include <iostream>
 #include <map>
@@ -293,6 +301,21 @@ int run() {
     auto x = make_batches(1, 8, 17).inputs[0];  // same input on every rank
     boosted.model.forward(x);
     save_named(prefix + ".pt", booster::named_buffers_of(*net));
+  } else if (scenario == "hang") {
+    std::ofstream(prefix + ".pid") << ::getpid() << "\n";
+    torch::Tensor t = torch::ones({1024});
+    world->allreduce(t).wait();
+    if (rank == ws - 1) {
+      if (arg("hang", "stop") == "stop") ::raise(SIGSTOP);
+      else std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    try {
+      world->allreduce(t).wait();
+      std::ofstream(prefix + ".err") << "no error\n";
+    } catch (const booster::dist::DistError& e) {
+      std::ofstream(prefix + ".err") << e.what() << "\n";
+    }
+    return 4;
   } else if (scenario == "mismatch") {
     torch::manual_seed(7);
     std::shared_ptr<torch::nn::Module> net;

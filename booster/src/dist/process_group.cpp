@@ -33,9 +33,10 @@ void Work::wait() {
     if (impl_->work) impl_->work->wait();
   } catch (const std::exception& e) {
     impl_->done = true;
+    const std::string health = impl_->health ? impl_->health->diagnose(impl_->world) : "";
     throw DistError("booster: " + impl_->what + " failed: " + e.what() +
                     "\n(another rank may have exited or raised an error, or the operation timed out;"
-                    " see that rank's log)");
+                    " see that rank's log)" + health);
   }
   impl_->done = true;
   if (impl_->finish) impl_->finish();
@@ -48,8 +49,14 @@ std::string describe(const char* op, const at::Tensor& t) {
          std::string(c10::toString(t.scalar_type())) + " elements";
 }
 
-Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what) {
+Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what,
+               const ProcessGroup::Impl* group) {
   auto impl = std::make_shared<Work::Impl>();
+  if (group != nullptr && group->health) {
+    if (group->world) group->health->note_collective();
+    impl->health = group->health;
+    impl->world = group->world;
+  }
   impl->work = std::move(w);
   impl->finish = std::move(finish);
   impl->what = std::move(what);
@@ -116,6 +123,7 @@ std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, co
   impl->native_bf16 = parent.native_bf16;
   impl->key_prefix = key_prefix;
   impl->ranks_in_parent = members;
+  impl->health = parent.health;
   for (int m : members) impl->global_ranks.push_back(parent.global_ranks[m]);
   if (impl->size > 1) {
     try {
@@ -201,6 +209,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
                     std::to_string(o.timeout_s) + " s: " + e.what() +
                     "\n(check MASTER_ADDR/MASTER_PORT, that rank 0 started, and that the port is free)");
   }
+  impl->world = true;
+  if (o.world_size > 1) impl->health = std::make_shared<detail::Health>(impl->store, o.rank, o.world_size);
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 
@@ -258,7 +268,7 @@ Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
   return make_work(w, [out, wire, cast, avg, size]() mutable {
     if (avg) wire[0].div_(size);
     if (cast) out.copy_(wire[0]);
-  }, what);
+  }, what, impl_.get());
 }
 
 Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
@@ -271,7 +281,8 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   bo.rootRank = root;
   auto w = impl_->pg ? impl_->pg->broadcast(wire, bo) : c10::intrusive_ptr<c10d::Work>();
   at::Tensor out = tensor;
-  return make_work(w, [out, wire, cast]() mutable { if (cast) out.copy_(wire[0]); }, describe("broadcast", tensor));
+  return make_work(w, [out, wire, cast]() mutable { if (cast) out.copy_(wire[0]); }, describe("broadcast", tensor),
+                   impl_.get());
 }
 
 Work ProcessGroup::allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
@@ -294,7 +305,7 @@ Work ProcessGroup::allgather(std::vector<at::Tensor>& outputs, const at::Tensor&
   auto targets = outputs;
   return make_work(w, [targets, out, in, cast]() mutable {
     if (cast) for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(out[0][i]);
-  }, describe("allgather", input));
+  }, describe("allgather", input), impl_.get());
 }
 
 Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
@@ -386,15 +397,17 @@ Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
     if (!is_root) return;
     if (avg) wire[0].div_(size);
     if (cast) out.copy_(wire[0]);
-  }, describe("reduce", tensor));
+  }, describe("reduce", tensor), impl_.get());
 }
 
 void ProcessGroup::barrier() {
   if (!impl_->pg) return;
+  if (impl_->health && impl_->world) impl_->health->note_collective();
   try {
     impl_->pg->barrier()->wait();
   } catch (const std::exception& e) {
-    throw DistError(std::string("booster: barrier failed: ") + e.what());
+    throw DistError(std::string("booster: barrier failed: ") + e.what() +
+                    (impl_->health ? impl_->health->diagnose(impl_->world) : std::string()));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "booster/dist/process_group.h"
+#include "health.h"
 
 namespace booster::dist {
 
@@ -20,6 +21,8 @@ struct Work::Impl {
   std::function<void()> finish;         // runs once after the backend work completed
   std::string what;                     // "allreduce of 1048576 float elements" for errors
   bool done = false;
+  std::shared_ptr<detail::Health> health;  // names unresponsive ranks when the work fails
+  bool world = false;                      // the work is on the world group
 };
 
 struct ProcessGroup::Impl {
@@ -39,6 +42,8 @@ struct ProcessGroup::Impl {
   int64_t next_child_id = 0;
   std::vector<int> ranks_in_parent;
   std::vector<int> global_ranks;
+  std::shared_ptr<detail::Health> health;  // the world's heartbeats (null for one rank)
+  bool world = false;                      // this is the world group (its collectives are counted)
 };
 
 namespace detail {
@@ -46,7 +51,10 @@ namespace detail {
 // "allreduce of 1048576 float elements": the start of an error message.
 std::string describe(const char* op, const at::Tensor& t);
 // A Work over the backend's work `w` (null: finished synchronously); `finish` runs once after it.
-Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what);
+// `group` (the issuing group; null for point-to-point) counts it for the health check and lets a
+// failure name the ranks that did not answer.
+Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what,
+               const ProcessGroup::Impl* group = nullptr);
 
 }  // namespace detail
 }  // namespace booster::dist

@@ -10,7 +10,11 @@
 // The real collective is used where the backend has it (NCCL).
 //
 // All collectives are asynchronous: they return a Work that must be waited for before the output
-// is read (wait() also runs the emulation's finishing step). Every rank must call the same
+// is read (wait() also runs the emulation's finishing step). A collective that fails or times out
+// (timeout_s) raises DistError whose message ends with a health check: every rank of a world of
+// more than one writes a heartbeat (time, count of world collectives) to the store each second, and
+// the check names ranks whose heartbeat is stale (stopped, hung, dead) or whose count is behind
+// this rank's (stuck outside collectives), or says that the store itself (rank 0) did not answer. Every rank must call the same
 // collectives in the same order with tensors of the same numel and dtype (as in c10d).
 //
 // Sub-groups (new_group, split) are ProcessGroups too: every collective and emulation above works

@@ -1,0 +1,60 @@
+// health_test.cpp — a hung rank is named: 3 ranks under `booster run` with timeout_s = 5; after
+// one allreduce rank 2 stops itself with SIGSTOP (or sleeps, stuck outside collectives); ranks 0 and
+// 1 must fail their next allreduce within the timeout plus the health check's store wait, with an
+// error naming rank 2 and why, and the launcher must stop the job and leave no process behind.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+
+#include "common/test_util.h"
+
+namespace bt = booster::testing;
+using ::testing::HasSubstr;
+
+namespace {
+
+bt::ProcessResult run_hang(const bt::TempDir& dir, const std::string& mode) {
+  return bt::run_process({BOOSTER_CLI_PATH, "run", "--nproc_per_node", "3", BOOSTER_DIST_WORKER_PATH, "scenario=hang",
+                          "hang=" + mode, "timeout=5", "out=" + dir.path()},
+                         {{"OMP_NUM_THREADS", "1"}}, 90);
+}
+
+void expect_gone(const bt::TempDir& dir, int rank) {
+  std::ifstream in(dir.file("rank" + std::to_string(rank) + ".pid"));
+  int pid = 0;
+  ASSERT_TRUE(in >> pid) << "rank " << rank << " wrote no pid";
+  EXPECT_NE(::kill(pid, 0), 0) << "rank " << rank << " (pid " << pid << ") is still there";
+}
+
+}  // namespace
+
+TEST(Health, StoppedRankIsNamedAndTheJobEnds) {
+  bt::TempDir dir;
+  auto r = run_hang(dir, "stop");
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 40.0) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string err = bt::read_file(dir.file("rank" + std::to_string(rank) + ".err"));
+    EXPECT_THAT(err, HasSubstr("rank 2 did not answer")) << "rank " << rank << ": " << err;
+    EXPECT_THAT(err, HasSubstr("SIGSTOP")) << err;
+    EXPECT_THAT(err, ::testing::Not(HasSubstr("rank 1 did not answer"))) << err;
+  }
+  for (int rank : {0, 1, 2}) expect_gone(dir, rank);
+}
+
+TEST(Health, RankStuckOutsideCollectivesIsNamed) {
+  bt::TempDir dir;
+  auto r = run_hang(dir, "stuck");
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 40.0) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string err = bt::read_file(dir.file("rank" + std::to_string(rank) + ".err"));
+    EXPECT_THAT(err, HasSubstr("rank 2 is alive but has issued")) << "rank " << rank << ": " << err;
+    EXPECT_THAT(err, HasSubstr("stuck outside collectives")) << err;
+  }
+  for (int rank : {0, 1, 2}) expect_gone(dir, rank);
+}
