@@ -20,7 +20,7 @@ struct TorchDDPOptions {
   bool broadcast_buffers = true;        // broadcast buffers from rank 0 before each training forward
   bool find_unused_parameters = false;  // tolerate parameters without gradient on some rank
   bool gradient_as_bucket_view = false; // param.grad() is a view into its bucket
-  bool static_graph = false;            // accepted for compatibility; buckets are static anyway
+  bool static_graph = false;            // the graph never changes: buckets rebuilt even with find_unused_parameters
   bool check_reduction = false;         // deprecated in PyTorch; accepted and ignored
 };
 
@@ -55,6 +55,8 @@ class DDPModelHooks : public ModelHooks {
     ro.first_bucket_bytes = mib_to_bytes(options.first_bucket_mb);
     ro.find_unused_parameters = options.find_unused_parameters;
     ro.gradient_as_bucket_view = options.gradient_as_bucket_view;
+    ro.rebuild_buckets = true;  // PyTorch DDP: buckets follow the gradient-ready order after iteration 1
+    ro.static_graph = options.static_graph;
     if (world_->size() > 1)
       reducer_ = std::make_unique<GradientReducer>(named_parameters_of(*model_, true), world_, ro);
   }

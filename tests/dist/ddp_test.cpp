@@ -38,6 +38,44 @@ TEST(TorchDDP, TwoRanksManyBucketsEqualsSingleProcessAndOverlaps) {
 
 TEST(TorchDDP, FourRanksManyBucketsEqualsSingleProcess) { check_train({4, "sgd", {kTinyBuckets1, kTinyBuckets2}, 1}); }
 
+// The ReorderedMLP registers l4 first but uses it last: its gradients are ready first, so after the
+// first iteration the buckets are rebuilt in ready order (stat buckets_rebuilt), on 2 and 3 ranks,
+// with gradient_as_bucket_view and with find_unused_parameters + static_graph; training equals
+// single-process LibTorch. find_unused_parameters without static_graph keeps the buckets (PyTorch).
+TEST(TorchDDP, BucketsAreRebuiltInGradientReadyOrder) {
+  torch::manual_seed(7);
+  ReorderedMLP net;
+  auto opt = make_optimizer("adamw", net->parameters());
+  auto batches = make_batches(4, 12, 11);
+  for (int s = 0; s < 4; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  std::vector<torch::Tensor> want;
+  for (auto& p : net->parameters()) want.push_back(p.detach().clone());
+  struct Case {
+    int world;
+    std::vector<std::string> sets;
+    int64_t rebuilt;
+  };
+  for (const Case& c : {Case{2, {kTinyBuckets1, kTinyBuckets2}, 1}, Case{3, {kTinyBuckets1, kTinyBuckets2}, 1},
+                        Case{2, {kTinyBuckets1, kTinyBuckets2, "plugin.gradient_as_bucket_view=true"}, 1},
+                        Case{2, {kTinyBuckets1, "plugin.find_unused_parameters=true", "plugin.static_graph=true"}, 1},
+                        Case{2, {kTinyBuckets1, "plugin.find_unused_parameters=true"}, 0}}) {
+    TempDir dir;
+    std::vector<std::string> args{"scenario=train", "out=" + dir.path(), "steps=4",
+                                  "batch=" + std::to_string(12 / c.world), "optimizer=adamw", "model=reordered"};
+    for (const auto& s : c.sets) args.push_back("set=" + s);
+    auto results = run_workers(c.world, args);
+    expect_all_ok(results);
+    for (int r = 0; r < c.world; ++r)
+      expect_close(load_tensors(dir.file("rank" + std::to_string(r) + ".pt")), want,
+                   std::to_string(c.world) + " ranks, rank " + std::to_string(r));
+    EXPECT_EQ(load_stats(dir.file("rank0.txt"))["buckets_rebuilt"], c.rebuilt) << c.world << " ranks, " << c.sets.back();
+  }
+}
+
 TEST(TorchDDP, FourRanksAdamWEqualsSingleProcess) { check_train({4, "adamw", {}, 1}); }
 
 TEST(TorchDDP, GradientAsBucketViewEqualsSingleProcess) {

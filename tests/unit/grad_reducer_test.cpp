@@ -104,6 +104,69 @@ TEST(GradientReducer, AveragesLikeTheMeanOfLocalGradientsWithOverlap) {
   EXPECT_GT(stats[0].at("buckets_launched_during_backward"), 0) << "buckets launched while backward ran";
 }
 
+// A model whose gradient-ready order differs from registration order: `late` is registered first
+// but runs last, so its gradients are ready first. With rebuild_buckets, after the first synced
+// backward the buckets follow the ready order (rank 0's, broadcast): bucket 0 then holds late.*,
+// and the gradients stay equal to the reference (with and without gradient_as_bucket_view, and
+// with no_sync accumulation across the rebuild).
+struct Reordered : torch::nn::Module {
+  torch::nn::Linear late{nullptr}, early{nullptr}, mid{nullptr};
+  Reordered() {
+    late = register_module("late", torch::nn::Linear(5, 3));  // used last: ready first
+    early = register_module("early", torch::nn::Linear(6, 8));  // used first: ready last
+    mid = register_module("mid", torch::nn::Linear(8, 5));
+    at::NoGradGuard no_grad;
+    double k = 1;
+    for (auto& p : parameters()) p.copy_(at::sin(at::arange(p.numel(), at::kFloat) * k++).reshape(p.sizes()) * 0.5);
+  }
+  at::Tensor forward(const at::Tensor& x) { return late->forward(torch::tanh(mid->forward(torch::relu(early->forward(x))))); }
+};
+
+TEST(GradientReducer, RebuildsBucketsInGradientReadyOrderOnce) {
+  for (bool as_view : {false, true}) {
+    // Reference: per-rank gradients of 3 steps' losses averaged, computed without the reducer.
+    std::map<std::string, at::Tensor> want;
+    for (int r = 0; r < 2; ++r) {
+      auto net = std::make_shared<Reordered>();
+      for (int step = 0; step < 3; ++step) net->forward(batch_of(r, step)).pow(2).sum().backward();
+      for (const auto& item : net->named_parameters())
+        want[item.key()] = want.count(item.key()) ? want[item.key()] + item.value().grad() / 2 : item.value().grad() / 2;
+    }
+    std::vector<std::vector<std::vector<size_t>>> before(2), after(2);
+    std::vector<std::map<std::string, int64_t>> stats(2);
+    auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<booster::dist::ProcessGroup>& group) {
+      auto net = std::make_shared<Reordered>();
+      ReducerOptions o = tiny_buckets();
+      o.rebuild_buckets = true;
+      o.gradient_as_bucket_view = as_view;
+      GradientReducer reducer(booster::named_parameters_of(*net, true), group, o);
+      before[group->rank()] = reducer.bucket_indices();
+      // Step 0 synced (the rebuild follows it), step 1 inside no_sync, step 2 synced: gradients
+      // accumulate across the rebuild.
+      net->forward(batch_of(group->rank(), 0)).pow(2).sum().backward();
+      after[group->rank()] = reducer.bucket_indices();
+      reducer.set_require_grad_sync(false);
+      net->forward(batch_of(group->rank(), 1)).pow(2).sum().backward();
+      reducer.set_require_grad_sync(true);
+      net->forward(batch_of(group->rank(), 2)).pow(2).sum().backward();
+      for (const auto& item : net->named_parameters())
+        EXPECT_TRUE(at::allclose(item.value().grad(), want.at(item.key()), 1e-5, 1e-6))
+            << item.key() << " (gradient_as_bucket_view " << as_view << ")";
+      EXPECT_EQ(reducer.bucket_indices(), after[group->rank()]) << "rebuilt once only";
+      stats[group->rank()] = reducer.stats();
+    });
+    EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+    EXPECT_EQ(after[0], after[1]);
+    EXPECT_NE(before[0], after[0]) << "the ready order differs from the registration order";
+    // Registration: late.weight 0, late.bias 1, early.weight 2, early.bias 3, mid.weight 4, mid.bias 5.
+    // Before: reverse registration, so bucket 0 starts with mid.bias (5). After: late's gradients are
+    // ready first, so bucket 0 holds late.* (0, 1).
+    EXPECT_EQ(before[0].front().back(), 5u);
+    EXPECT_THAT(after[0].front(), ::testing::ElementsAre(0u, 1u));
+    EXPECT_EQ(stats[0].at("buckets_rebuilt"), 1);
+  }
+}
+
 TEST(GradientReducer, NoSyncAccumulatesLocallyThenAveragesTheSum) {
   const auto want = mean_gradients(2, 3);  // 3 micro-batches: gradient of the sum, averaged once
   auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<booster::dist::ProcessGroup>& group) {

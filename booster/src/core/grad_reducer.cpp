@@ -77,6 +77,10 @@ struct GradientReducer::State {
   std::vector<int64_t> bucket_numel;
   std::vector<at::TensorOptions> bucket_options;
   size_t next_finish = 0;     // buckets are finished in index order
+  // Ready-order rebuild (ReducerOptions::rebuild_buckets): the order in which parameters became
+  // ready in the first synced backward, used once to assign the buckets again.
+  std::vector<size_t> ready_order;
+  bool rebuilt = false;
 
   void ensure_bucket(size_t b) {
     Bucket& bucket = buckets[b];
@@ -130,6 +134,7 @@ struct GradientReducer::State {
   void mark_ready(size_t i) {
     if (ready[i]) return;
     ready[i] = 1;
+    if (!rebuilt) ready_order.push_back(i);
     copy_grad_in(i);
     --pending[bucket_of[i]];
     if (options.overlap_communication) launch_ready_buckets();
@@ -216,6 +221,105 @@ struct GradientReducer::State {
       else params[i].mutable_grad() = options.gradient_as_bucket_view ? views[i] : views[i].to(params[i].options(), false, /*copy=*/true);
     }
     reset();
+    if (options.rebuild_buckets && !rebuilt) rebuild_in_ready_order();
+  }
+
+  // PyTorch's Reducer::rebuild_buckets: rank 0's recorded ready order (every rank must use the same
+  // buckets) fills the buckets with the same caps; parameters never ready go last, in reverse
+  // registration order. Once, after the first synced backward.
+  void rebuild_in_ready_order() {
+    rebuilt = true;
+    std::vector<size_t> order = ready_order;
+    std::vector<char> seen(params.size(), 0);
+    for (size_t i : order) seen[i] = 1;
+    for (size_t k = params.size(); k-- > 0;)
+      if (!seen[k]) order.push_back(k);
+    at::Tensor wire = at::empty({static_cast<int64_t>(order.size())}, at::kLong);
+    for (size_t k = 0; k < order.size(); ++k) wire.data_ptr<int64_t>()[k] = static_cast<int64_t>(order[k]);
+    group->broadcast(wire, 0).wait();
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int64_t i = wire.data_ptr<int64_t>()[k];
+      if (i < 0 || i >= static_cast<int64_t>(params.size()))
+        throw std::runtime_error("booster: rebuild_buckets: rank 0 sent parameter index " + std::to_string(i) +
+                                 " of " + std::to_string(params.size()) + "; the ranks' models differ");
+      order[k] = static_cast<size_t>(i);
+    }
+    // Gradients that are bucket views keep their values in the new buckets.
+    std::vector<at::Tensor> kept(params.size());
+    if (options.gradient_as_bucket_view)
+      for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].grad().defined()) kept[i] = params[i].grad().clone();
+    assign_buckets(order);
+    if (options.gradient_as_bucket_view)
+      for (size_t i = 0; i < params.size(); ++i)
+        if (kept[i].defined()) views[i].copy_(kept[i]);
+    ready_order.clear();
+    ++rebuilds;
+  }
+  int64_t rebuilds = 0;
+
+  // Buckets filled in `order` (parameter indices): a new bucket on dtype or key change or when the
+  // current one reached its cap (the first one's cap is first_bucket_bytes); ascending inside a
+  // bucket, so a bucket is one contiguous range of a flat layout when the order is reversed
+  // registration order.
+  void assign_buckets(const std::vector<size_t>& order) {
+    buckets.clear();
+    pending.clear();
+    bucket_numel.clear();
+    bucket_options.clear();
+    auto key = [&](size_t k) { return options.bucket_key.empty() ? 0 : options.bucket_key[k]; };
+    std::vector<std::vector<size_t>> groups;
+    int64_t bytes = 0, cap = options.first_bucket_bytes;
+    for (size_t k : order) {
+      const at::Tensor& p = params[k];
+      if (!groups.empty() && !groups.back().empty() &&
+          (params[groups.back().front()].scalar_type() != p.scalar_type() || key(groups.back().front()) != key(k))) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+      if (groups.empty()) groups.emplace_back();
+      groups.back().push_back(k);
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      if (bytes >= cap) {
+        groups.emplace_back();
+        bytes = 0;
+        cap = options.bucket_cap_bytes;
+      }
+    }
+    if (!groups.empty() && groups.back().empty()) groups.pop_back();
+    for (auto& g : groups) {
+      std::sort(g.begin(), g.end());
+      Bucket b;
+      b.params = g;
+      int64_t numel = 0;
+      for (size_t i : g) {
+        b.offsets.push_back(numel);
+        numel += params[i].numel();
+      }
+      auto dtype = params[g.front()].scalar_type();
+      if (options.communication_dtype != at::ScalarType::Undefined) {
+        if (options.gradient_as_bucket_view && options.communication_dtype != dtype)
+          throw std::invalid_argument("booster: gradient_as_bucket_view needs communication_dtype equal to the "
+                                      "parameters' dtype");
+        dtype = options.communication_dtype;
+      }
+      at::TensorOptions bucket_opts = params[g.front()].options().dtype(dtype).requires_grad(false);
+      bucket_numel.push_back(numel);
+      bucket_options.push_back(bucket_opts);
+      if (!transient) b.flat = at::zeros({numel}, bucket_opts);
+      for (size_t j = 0; j < g.size(); ++j) {
+        size_t i = g[j];
+        views[i] = transient ? at::Tensor() : b.flat.narrow(0, b.offsets[j], params[i].numel()).view(params[i].sizes());
+        bucket_of[i] = buckets.size();
+        if (options.gradient_as_bucket_view) {
+          at::Tensor g0 = params[i].grad();
+          if (g0.defined()) views[i].copy_(g0);
+          params[i].mutable_grad() = views[i];
+        }
+      }
+      pending.push_back(g.size());
+      buckets.push_back(std::move(b));
+    }
   }
 
   void reset() {
@@ -266,62 +370,11 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.bucket_of.resize(n);
   s.ready.assign(n, 0);
 
-  // Reverse registration order; new bucket on dtype or key change or when the current one reached
-  // its cap.
-  auto key = [&](size_t k) { return options.bucket_key.empty() ? 0 : options.bucket_key[k]; };
-  std::vector<std::vector<size_t>> groups;
-  int64_t bytes = 0, cap = options.first_bucket_bytes;
-  for (size_t k = n; k-- > 0;) {
-    const at::Tensor& p = s.params[k];
-    if (!groups.empty() && !groups.back().empty() &&
-        (s.params[groups.back().front()].scalar_type() != p.scalar_type() || key(groups.back().front()) != key(k))) {
-      groups.emplace_back();
-      bytes = 0;
-    }
-    if (groups.empty()) groups.emplace_back();
-    groups.back().push_back(k);
-    bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    if (bytes >= cap) {
-      groups.emplace_back();
-      bytes = 0;
-      cap = options.bucket_cap_bytes;
-    }
-  }
-  if (!groups.empty() && groups.back().empty()) groups.pop_back();
-
-  for (auto& g : groups) {
-    std::reverse(g.begin(), g.end());  // ascending inside a bucket: one contiguous range of a flat layout
-    Bucket b;
-    b.params = g;
-    int64_t numel = 0;
-    for (size_t i : g) {
-      b.offsets.push_back(numel);
-      numel += s.params[i].numel();
-    }
-    auto dtype = s.params[g.front()].scalar_type();
-    if (options.communication_dtype != at::ScalarType::Undefined) {
-      if (options.gradient_as_bucket_view && options.communication_dtype != dtype)
-        throw std::invalid_argument("booster: gradient_as_bucket_view needs communication_dtype equal to the "
-                                    "parameters' dtype");
-      dtype = options.communication_dtype;
-    }
-    at::TensorOptions bucket_opts = s.params[g.front()].options().dtype(dtype).requires_grad(false);
-    s.bucket_numel.push_back(numel);
-    s.bucket_options.push_back(bucket_opts);
-    if (!s.transient) b.flat = at::zeros({numel}, bucket_opts);
-    for (size_t j = 0; j < g.size(); ++j) {
-      size_t i = g[j];
-      if (!s.transient) s.views[i] = b.flat.narrow(0, b.offsets[j], s.params[i].numel()).view(s.params[i].sizes());
-      s.bucket_of[i] = s.buckets.size();
-      if (options.gradient_as_bucket_view) {
-        at::Tensor g0 = s.params[i].grad();
-        if (g0.defined()) s.views[i].copy_(g0);
-        s.params[i].mutable_grad() = s.views[i];
-      }
-    }
-    s.pending.push_back(g.size());
-    s.buckets.push_back(std::move(b));
-  }
+  // Reverse registration order (gradients of the last layers are ready first).
+  std::vector<size_t> order(n);
+  for (size_t k = 0; k < n; ++k) order[k] = n - 1 - k;
+  s.assign_buckets(order);
+  s.rebuilt = !options.rebuild_buckets || (options.find_unused_parameters && !options.static_graph);
 
   // A post hook on each parameter's gradient accumulator: runs after the gradient was accumulated
   // into param.grad().
@@ -384,7 +437,8 @@ int64_t GradientReducer::buckets_launched_during_backward() const { return state
 
 std::map<std::string, int64_t> GradientReducer::stats() const {
   return {{"buckets", static_cast<int64_t>(bucket_indices().size())},
-          {"buckets_launched_during_backward", buckets_launched_during_backward()}};
+          {"buckets_launched_during_backward", buckets_launched_during_backward()},
+          {"buckets_rebuilt", state_->rebuilds}};
 }
 
 }  // namespace booster

@@ -4,7 +4,9 @@
 // Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020:
 //  - parameters are assigned to buckets in reverse registration order (gradients of the last
 //    layers are ready first), a new bucket when the dtype changes or the current one reached its cap;
-//    the first bucket's cap is first_bucket_bytes (small, to start communicating early);
+//    the first bucket's cap is first_bucket_bytes (small, to start communicating early); with
+//    rebuild_buckets they are assigned again, once, in the order their gradients became ready in
+//    the first synced backward (PyTorch's Reducer::rebuild_buckets);
 //  - a post hook on each parameter's gradient accumulator copies the gradient, divided by the world
 //    size, into its bucket slice; when a bucket is full its asynchronous allreduce (SUM) is launched
 //    while backward continues, buckets always launched in index order so every rank issues the same
@@ -81,6 +83,14 @@ struct ReducerOptions {
   std::vector<int64_t> bucket_key;
   // null: make_allreduce_reduction(group).
   std::shared_ptr<BucketReduction> reduction;
+  // PyTorch's rebuild_buckets: record the order in which gradients become ready in the first synced
+  // backward and, at its end, assign the buckets again in that order (rank 0's order, broadcast, so
+  // every rank launches the same buckets; parameters that got no gradient go last), once. Skipped
+  // with find_unused_parameters (the order may change between iterations) unless static_graph.
+  bool rebuild_buckets = false;
+  // The graph is the same in every iteration (PyTorch's static_graph): allows the rebuild with
+  // find_unused_parameters.
+  bool static_graph = false;
 };
 
 class BOOSTER_API GradientReducer {
@@ -100,7 +110,8 @@ class BOOSTER_API GradientReducer {
   bool require_grad_sync() const;
 
   // Parameter indices (into named_params) of each bucket (ascending within a bucket), bucket 0
-  // first (launched first; it holds the last-registered parameters).
+  // first (launched first; it holds the last-registered parameters, or after a rebuild the first
+  // ready ones).
   std::vector<std::vector<size_t>> bucket_indices() const;
   // Bytes of each bucket's flat buffer (communication buffers; with gradient_as_bucket_view they are
   // also the gradients).
@@ -113,7 +124,7 @@ class BOOSTER_API GradientReducer {
   // the reducer (a measure of overlap; buckets launched by the end-of-backward callback not counted).
   int64_t buckets_launched_during_backward() const;
   // The counters plugins report through ModelHooks::stats(): {"buckets": bucket count,
-  // "buckets_launched_during_backward": as above}.
+  // "buckets_launched_during_backward": as above, "buckets_rebuilt": 1 once rebuilt in ready order}.
   std::map<std::string, int64_t> stats() const;
 
   struct State;
