@@ -9,8 +9,8 @@
 // Sizes are message sizes in bytes (float32): allreduce of an S-byte tensor; allgather into an
 // S-byte output (each rank gives S/W bytes: ours all_gather_into_tensor, raw allgather into views of
 // the flat output, the only way raw Gloo 1.13 has); reduce-scatter of an S-byte input (ours: the
-// emulated reduce_scatter_tensor = allreduce of a copy + chunk copy; raw Gloo 1.13 has no
-// reduce_scatter, so the peer is the raw in-place allreduce of the input + the chunk copy).
+// reduce_scatter_tensor = the adapter's pairwise exchange; raw Gloo 1.13 has no reduce_scatter, so
+// the peer is the raw in-place allreduce of the same buffer + the chunk copy).
 //
 // Correctness: before timing, every op runs once on both sides with known inputs; each rank checks
 // ours == raw bit for bit and both == the analytic result, and exits non-zero on a mismatch.

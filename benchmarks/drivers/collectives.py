@@ -37,7 +37,7 @@ def run(ctx):
         nbytes = res["bytes"]
         ours, raw, copy = bu.median(res["ours_s"]), bu.median(res["raw_s"]), bu.median(res["memcpy_s"])
         op = {"allreduce": "allreduce", "allgather": "allgather (into one tensor)",
-              "reduce_scatter": "reduce-scatter (emulated)"}[res["op"]]
+              "reduce_scatter": "reduce-scatter (pairwise; peer: raw allreduce of the same buffer)"}[res["op"]]
         rows.append([op, bu.fmt_bytes(nbytes),
                      f"{bu.fmt_s(ours)} ({bu.fmt_bw(nbytes, ours)})",
                      f"{bu.fmt_s(raw)} ({bu.fmt_bw(nbytes, raw)})",
@@ -50,11 +50,11 @@ def run(ctx):
         "description": (
             f"{WORLD} ranks (separate processes) on 127.0.0.1, Gloo over loopback, float32, one intra-op thread "
             "per rank. *Ours* is `booster::dist::ProcessGroup` (allreduce, all_gather_into_tensor, and "
-            "reduce_scatter_tensor, which Gloo in LibTorch 1.13 lacks and the adapter emulates as an allreduce of "
-            "a copy of the input plus a chunk copy). *Peer* is a raw `c10d::ProcessGroupGloo` created in the same "
-            "processes with the same Gloo options: allreduce in place, allgather into views of the flat output, "
-            "and for reduce-scatter the raw in-place allreduce of the input plus the chunk copy (what a raw c10d "
-            "user writes; it may destroy its input, the adapter may not). *Limit* is a single-process memcpy "
+            "reduce_scatter_tensor, which Gloo in LibTorch 1.13 lacks and the adapter builds as a pairwise exchange "
+            "over Gloo point-to-point: (N-1)/N of the buffer sent and received per rank). *Peer* is a raw "
+            "`c10d::ProcessGroupGloo` created in the same processes with the same Gloo options: allreduce in place, "
+            "allgather into views of the flat output, and for reduce-scatter the raw in-place allreduce of the same "
+            "buffer plus the chunk copy (what a raw c10d user writes; the bound for a reduce-scatter is 2x its speed). *Limit* is a single-process memcpy "
             "(`at::Tensor::copy_`) of the same bytes. Size is the message size: the allreduce tensor, the "
             "allgather output, the reduce-scatter input. Bandwidth = size / time. Before timing, each op runs once "
             "on both sides; results must be bit-identical and equal to the analytic answer. Each sample is the "

@@ -1,13 +1,15 @@
 // process_group.h — the one adapter between Booster and c10d. Plugins call collectives only here.
 //
 // Backends: "gloo" (CPU, c10d::ProcessGroupGloo) and, when LibTorch has CUDA, "nccl". Rendezvous is
-// through c10d::TCPStore. Collectives Gloo lacks in LibTorch 1.13 are emulated here, in one place:
-//   - reduce_scatter_tensor: allreduce of a copy of the input, then this rank's chunk is copied out;
-//   - all_gather_into_tensor: one broadcast per rank into that rank's chunk of the output (Gloo's
-//     allgather would stage a full-size temporary output);
+// through c10d::TCPStore. Collectives Gloo lacks in LibTorch 1.13 are built here, in one place:
+//   - reduce_scatter_tensor / all_gather_into_tensor: a pairwise exchange over Gloo point-to-point
+//     (process_group_scatter.cpp): each rank sends and receives (N-1)/N of the buffer, as a ring
+//     would, all messages posted at once; chunks travel in their own dtype (bf16 as bf16) and
+//     reduce-scatter sums in float32 for bf16/fp16, in rank order (the same on every rank);
 //   - ReduceOp::AVG: SUM, then division by size() when the work is waited for;
-//   - bfloat16 data: cast to float32 for the wire, cast back on wait.
-// The real collective is used where the backend has it (NCCL).
+//   - bfloat16 allreduce / broadcast / reduce: cast to float32 for the wire, cast back on wait
+//     (Gloo's reductions have no bf16).
+// Point-to-point tags: user tags [0, 2^29), isend_tensor [2^29, 2^30), these collectives 2^30 + k.
 //
 // All collectives are asynchronous: they return a Work that must be waited for before the output
 // is read (wait() also runs the emulation's finishing step). A collective that fails or times out
@@ -109,10 +111,11 @@ class BOOSTER_API ProcessGroup {
   // may be this rank's chunk of the output (in-place all-gather, as ZeRO's parameter all-gather).
   Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
   // input (numel = size() * output.numel()) is reduced across ranks; this rank gets chunk rank().
+  // Sends (N-1)/N of input and receives as much (pairwise); `input` must stay unchanged until wait().
+  // Temporary memory: N-1 received chunks (about one input). bf16/fp16 are summed in float32.
   Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM);
   // As reduce_scatter_tensor, but `input` is scratch: its contents are unspecified once the work is
-  // waited for. The emulation then reduces `input` in place instead of a copy of it, so a caller that
-  // no longer needs its input (FSDP's flat gradient) saves one input-sized buffer.
+  // waited for (the pairwise exchange only reads it; a backend may reduce in place).
   Work reduce_scatter_tensor_consuming(at::Tensor& output, at::Tensor& input, ReduceOp op = ReduceOp::SUM);
   // Reduces `tensor` across ranks into root's `tensor` (in place there); on other ranks the
   // contents of `tensor` are unspecified afterwards (the backend may use it as scratch). Gloo has
@@ -146,7 +149,7 @@ class BOOSTER_API ProcessGroup {
   // `tensor` and leaves the rest, a larger one makes Gloo's network thread abort the process. Use
   // isend_tensor/recv_tensor when the receiver does not know the shape.
   //
-  // Tags: user tags are in [0, kMaxP2PTag] (2^30 - 1); isend_tensor/recv_tensor use the internal
+  // Tags: user tags are in [0, kMaxP2PTag] (2^29 - 1); isend_tensor/recv_tensor use the internal
   // tag kMaxP2PTag + 1 + tag for both their header and their data, so they never match plain
   // isend/irecv on any tag.
   //
@@ -156,7 +159,7 @@ class BOOSTER_API ProcessGroup {
   // timeout is a DistError from the call or from wait(), e.g. "booster: isend of 6 Float elements
   // to rank 1 (tag 0) failed: ..."; after a timeout Gloo has closed the group's connections and the
   // group is unusable.
-  static constexpr int kMaxP2PTag = (1 << 30) - 1;
+  static constexpr int kMaxP2PTag = (1 << 29) - 1;
 
   // Asynchronous: the tensors must stay alive and unchanged (isend) / unread (irecv) until wait().
   Work isend(const at::Tensor& tensor, int peer, int tag = 0);
