@@ -64,45 +64,49 @@ Work ProcessGroup::reduce_scatter_impl(at::Tensor& output, at::Tensor& input, Re
   at::Tensor out = output;
   const std::string what = detail::describe("reduce_scatter", input);
   if (impl_->health && impl_->world) impl_->health->note_collective();
-  // Received chunks, by source rank (this rank's own chunk is read from the input).
+  // Received chunks, by source rank (this rank's own chunk is read from the input). When the sum
+  // needs no wider dtype, rank 0's chunk lands straight in `output` (received there, or copied on
+  // rank 0) and the others are added to it in rank order: no accumulator, one buffer fewer.
+  const at::ScalarType acc_dtype = accumulation_dtype(out.scalar_type());
+  const bool into_output = acc_dtype == out.scalar_type();
   auto received = std::make_shared<std::vector<at::Tensor>>(static_cast<size_t>(size));
   auto works = std::make_shared<std::vector<Work>>();
   if (impl_->pg && size > 1 && n > 0) {
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       works->push_back(post_p2p(true, flat.narrow(0, static_cast<int64_t>(p) * n, n), p, kReduceScatterTag, what));
-      (*received)[static_cast<size_t>(p)] = at::empty({n}, input.options());
-      works->push_back(post_p2p(false, (*received)[static_cast<size_t>(p)], p, kReduceScatterTag, what));
+      at::Tensor& slot = (*received)[static_cast<size_t>(p)];
+      slot = (into_output && p == 0) ? out.view({-1}) : at::empty({n}, input.options());
+      works->push_back(post_p2p(false, slot, p, kReduceScatterTag, what));
     }
   }
+  if (into_output && rank == 0 && n > 0) out.view({-1}).copy_(flat.narrow(0, 0, n));
   auto impl = std::make_shared<Work::Impl>();
   impl->what = what;
   impl->health = impl_->health;
   impl->world = impl_->world;
-  impl->finish = [works, received, flat, out, n, rank, size, op]() mutable {
+  impl->finish = [works, received, flat, out, n, rank, size, op, acc_dtype, into_output]() mutable {
     for (auto& w : *works) w.wait();
     if (n == 0) return;
-    const at::ScalarType acc_dtype = accumulation_dtype(out.scalar_type());
-    at::Tensor acc;
-    for (int r = 0; r < size; ++r) {
-      at::Tensor part = r == rank ? flat.narrow(0, static_cast<int64_t>(rank) * n, n) : (*received)[static_cast<size_t>(r)];
-      if (!acc.defined()) {
-        acc = part.to(acc_dtype, /*non_blocking=*/false, /*copy=*/true);
-        continue;
-      }
+    auto part = [&](int r) {
+      return r == rank ? flat.narrow(0, static_cast<int64_t>(rank) * n, n) : (*received)[static_cast<size_t>(r)];
+    };
+    at::Tensor acc = into_output ? out.view({-1}) : part(0).to(acc_dtype, /*non_blocking=*/false, /*copy=*/true);
+    for (int r = 1; r < size; ++r) {
+      at::Tensor x = into_output ? part(r) : part(r).to(acc_dtype);
       switch (op) {
         case ReduceOp::SUM:
-        case ReduceOp::AVG: acc.add_(part.to(acc_dtype)); break;
-        case ReduceOp::MAX: at::maximum_out(acc, acc, part.to(acc_dtype)); break;
-        case ReduceOp::MIN: at::minimum_out(acc, acc, part.to(acc_dtype)); break;
-        case ReduceOp::PRODUCT: acc.mul_(part.to(acc_dtype)); break;
+        case ReduceOp::AVG: acc.add_(x); break;
+        case ReduceOp::MAX: at::maximum_out(acc, acc, x); break;
+        case ReduceOp::MIN: at::minimum_out(acc, acc, x); break;
+        case ReduceOp::PRODUCT: acc.mul_(x); break;
       }
     }
     if (op == ReduceOp::AVG) {
       if (at::isFloatingType(acc.scalar_type())) acc.div_(size);
       else acc.div_(size, "trunc");
     }
-    out.view({-1}).copy_(acc);
+    if (!into_output) out.view({-1}).copy_(acc);
     received->clear();
   };
   return Work(impl);
