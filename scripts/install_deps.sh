@@ -15,6 +15,7 @@ PKGS=(
   dataset-fashion-mnist bible-kjv
   python3-torch procps iproute2
   clang libclang-rt-14-dev
+  gnuplot-nox fonts-liberation
 )
 
 SUDO=""

@@ -18,6 +18,7 @@
 #include "booster/data/dataset.h"
 #include "booster/io/atomic_write.h"
 #include "booster/logging.h"
+#include "common/plot_at_end.h"
 #include "net.h"
 
 namespace {
@@ -142,7 +143,7 @@ int run(int argc, char** argv) {
   if (world->rank() == 0) {
     config.save(opt.output_dir + "/config.toml");
     csv.open(opt.output_dir + "/metrics.csv");
-    csv << "epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds\n";
+    csv << "epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds,lr\n";
   }
   booster::log::info("fashion_mnist: " + std::to_string(train_data->size()) + " training samples, batch " +
                      std::to_string(opt.batch_size) + " per rank x " + std::to_string(world->size()) + " ranks, " +
@@ -216,12 +217,17 @@ int run(int argc, char** argv) {
     }
     if (csv.is_open()) {
       csv << epoch << "," << fmt_double(mean_loss, 6) << "," << fmt_double(accuracy, 6) << ","
-          << fmt_double(throughput, 1) << "," << fmt_double(seconds, 2) << "\n";
+          << fmt_double(throughput, 1) << "," << fmt_double(seconds, 2) << ","
+          << optimizer->param_groups()[0].options().get_lr() << "\n";
       csv.flush();
     }
   }
   booster::log::info("fashion_mnist: final test accuracy " + fmt_double(accuracy, 4) + "; metrics in " +
                      opt.output_dir + "/metrics.csv");
+  if (csv.is_open()) {
+    csv.close();
+    examples::plot_metrics_at_end(opt.output_dir);
+  }
   return 0;
 }
 

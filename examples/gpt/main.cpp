@@ -28,6 +28,7 @@
 
 #include "booster/booster.h"
 #include "booster/logging.h"
+#include "common/plot_at_end.h"
 #include "data.h"
 #include "model.h"
 
@@ -419,6 +420,10 @@ int run(int argc, char** argv) {
                                       << text << "\n-----" << std::endl;
   }
   booster::log::info("gpt: done in " + fmt(elapsed(), 1) + " s; metrics in " + opt.output_dir + "/metrics.csv");
+  if (csv.is_open()) {
+    csv.close();
+    examples::plot_metrics_at_end(opt.output_dir);
+  }
   return 0;
 }
 

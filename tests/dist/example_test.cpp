@@ -37,7 +37,8 @@ bool have_data() { return std::filesystem::exists("/usr/share/datasets/fashion-m
 // metrics.csv has a header and one row for the one epoch; the effective config keeps the overrides.
 void expect_run_outputs(const std::string& out) {
   std::string csv = read_file(out + "/metrics.csv");
-  EXPECT_THAT(csv, HasSubstr("epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds\n1,"));
+  EXPECT_THAT(csv, HasSubstr("epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds,lr\n1,"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/metrics.png")) << "booster plot at the end of the run";
   std::string config = read_file(out + "/config.toml");
   EXPECT_THAT(config, HasSubstr("max_steps_per_epoch = "));  // the --set override is in the effective config
   EXPECT_THAT(config, ::testing::AnyOf(HasSubstr("plugin = 'torch_ddp'"), HasSubstr("plugin = \"torch_ddp\"")));

@@ -1,7 +1,7 @@
 // main.cpp — entry point of the `booster` command-line tool. Each feature is a CLI11 subcommand:
-// `booster run` (torchrun-like launcher: run_args.h parses, supervisor.h runs) and `booster ckpt`
-// (execs booster-ckpt). Usage errors exit with 2, `--help` with 0; otherwise the subcommand's
-// exit code.
+// `booster run` (torchrun-like launcher: run_args.h parses, supervisor.h runs), `booster plot`
+// (training curves, plot.h) and `booster ckpt` (execs booster-ckpt). Usage errors exit with 2,
+// `--help` with 0; otherwise the subcommand's exit code.
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "plot.h"
 #include "run_args.h"
 #include "supervisor.h"
 
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
 
   booster::cli::RunOptions run_options;
   CLI::App* run = booster::cli::add_run_subcommand(app, run_options);
+  booster::cli::PlotOptions plot_options;
+  CLI::App* plot = booster::cli::add_plot_subcommand(app, plot_options);
 
   // CLI11 would only say "A subcommand is required" for a mistyped subcommand; name it instead.
   auto is_named = [&](CLI::App* sub) { return sub->check_name(argv[1]); };
@@ -69,5 +72,6 @@ int main(int argc, char** argv) {
     std::cout.flush();
     return booster::cli::run_launcher(run_options);
   }
+  if (plot->parsed()) return booster::cli::run_plot(plot_options);
   return booster::cli::kRunUsageError;
 }
