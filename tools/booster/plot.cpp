@@ -207,6 +207,7 @@ std::string gnuplot_script(const std::vector<Metrics>& runs, const PlotLayout& l
     << "set datafile separator ','\n"
     << "set grid\n"
     << "set key top right\n"
+    << (layout.x == "epoch" ? "set xtics 1\n" : "")
     << "set multiplot layout " << rows << "," << cols << " title " << gnuplot_string(title) << "\n";
   for (const Panel& panel : layout.panels) {
     s << "set title " << gnuplot_string(panel.title) << "\n"
