@@ -62,6 +62,7 @@
 #include "bench_common.h"
 #include "booster/booster.h"
 #include "booster/checkpoint/state_dict_io.h"
+#include "booster/estimate.h"
 #include "booster/nn/unit.h"
 
 namespace {
@@ -180,6 +181,29 @@ int run(int argc, char** argv) {
     throw std::invalid_argument("bench_memory: --save_dir is required with --save and with torch_fsdp");
   auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(),
                                                      torch::optim::AdamWOptions(lr).weight_decay(0.01));
+  // The plugin's own estimate for this model (booster/estimate.h), before anything is configured:
+  // every row it offers, with the per-rank total without the runtime (the driver adds the baseline
+  // and picks the row of this configuration). Activations are not measured (8 rows: under 1 MiB).
+  std::vector<std::string> estimate_rows;
+  int64_t estimate_runtime = 0;  // what the estimate mode calls runtime: RSS now minus the model's bytes
+  {
+    int64_t model_bytes = 0;
+    for (const auto& p : net->parameters()) model_bytes += static_cast<int64_t>(p.nbytes());
+    for (const auto& b : net->buffers()) model_bytes += static_cast<int64_t>(b.nbytes());
+    estimate_runtime = status_bytes("VmRSS") - model_bytes;
+    booster::EstimateRequest request = booster::describe_model(*net, adamw.get());
+    request.world_size = ws;
+    request.precision = a.str("precision", "fp32");
+    for (const auto& e : booster.plugin().estimate_memory(request)) {
+      std::vector<std::string> opts;
+      for (const auto& o : e.options) opts.push_back(booster::bench::json_str(o));
+      estimate_rows.push_back(booster::bench::json_obj({{"configuration", booster::bench::json_str(e.configuration)},
+                                                        {"options", "[" + join_items(opts) + "]"},
+                                                        {"model_states", std::to_string(e.states.model_states())},
+                                                        {"transient", std::to_string(e.transient)},
+                                                        {"total", std::to_string(e.total())}}));
+    }
+  }
   auto boosted = booster.boost(net.ptr(), adamw);
   const int64_t rss_after_boost = status_bytes("VmRSS");
   const int64_t setup_hwm = status_bytes("VmHWM");
@@ -330,6 +354,8 @@ int run(int argc, char** argv) {
                          {"strategy", json_str(fsdp ? a.str("strategy", "FULL_SHARD") : "")},
                          {"shard_group_size", json_int(a.integer("shard_group_size", 0))},
                          {"precision", json_str(a.str("precision", "fp32"))},
+                         {"estimate_rows", "[" + join_items(estimate_rows) + "]"},
+                         {"estimate_runtime_bytes", json_int(estimate_runtime)},
                          {"numel", json_int(numel)},
                          {"largest_unit_bytes", json_int(largest_unit_bytes)},
                          {"plugin_stats", stats_json(plugin_stats)},

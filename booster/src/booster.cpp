@@ -1,12 +1,18 @@
 // booster.cpp — Booster: config -> plugin, boost(), backward(), no_sync(), prepare_dataloader().
 #include "booster/booster.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
 #include <cmath>
 #include <map>
 #include <set>
 
 #include "booster/core/host_allocator.h"
+#include "booster/estimate.h"
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin_loader.h"
@@ -75,6 +81,8 @@ struct Booster::Impl {
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
   std::vector<std::weak_ptr<OptimizerWrapper>> optimizers;  // boosted here (for after_model_load)
   std::shared_ptr<int> context_token;  // identifies the tensor-parallel context this Booster published
+  bool estimate = false;               // [booster] estimate
+  int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)
 };
 
 namespace {
@@ -92,6 +100,8 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->max_norm = b.get_double("max_norm", 0.0, 0.0);
   impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
   const std::string malloc_mode = b.has("malloc") ? b.get_choice("malloc", "retain", {"retain", "system"}) : "";
+  impl_->estimate = b.get_bool("estimate", false);
+  impl_->estimate_world_size = static_cast<int>(b.get_int("estimate_world_size", 0, 0, 1 << 20));
   b.check_unknown();
   impl_->precision = mixed_precision::make_mixed_precision(impl_->mixed_precision, config.section("mixed_precision"));
   try {
@@ -187,6 +197,58 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
   if (impl_->plugin->world()->rank() == 0)
     log::info("booster: memory per rank in steady state (" + impl_->plugin->name() + "): " + report.to_string());
   return c;
+}
+
+bool Booster::estimate_requested() const { return impl_->estimate; }
+
+void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                           const std::function<torch::Tensor()>& loss) {
+  dist::ProcessGroup& w = *impl_->plugin->world();
+  if (w.size() != 1)
+    throw ConfigError("booster: [booster] estimate = true measures one micro-batch in one process, but this job has " +
+                      std::to_string(w.size()) + " ranks; run the trainer as a single process and set "
+                      "booster.estimate_world_size to the world size to estimate");
+  std::string note;
+  EstimateRequest request = describe_model(model, optimizer, &note);
+  int64_t model_bytes = request.buffer_bytes;
+  for (const auto& p : model.parameters()) model_bytes += static_cast<int64_t>(p.nbytes());
+  const int64_t runtime = std::max<int64_t>(0, resident_memory_bytes() - model_bytes);
+  request.world_size = impl_->estimate_world_size > 0 ? impl_->estimate_world_size : w.size();
+  Options plugin_options = impl_->config.section("plugin");
+  request.precision = plugin_options.has("precision") ? plugin_options.get_string("precision", "fp32")
+                                                       : impl_->mixed_precision;
+  std::string measured = "activations not measured (boost() got no data loader and criterion, or the model's "
+                         "forward does not take one tensor)";
+  if (loss) {
+    const bool autocast = request.precision == "bf16";
+    if (autocast) {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+    MeasuredIteration m = measure_iteration(model, optimizer, loss);
+    if (autocast) {
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    }
+    request.activation_bytes = m.activation_bytes;
+    if (m.optimizer_state_bytes_per_parameter >= 0) {
+      request.optimizer_state_bytes_per_parameter = m.optimizer_state_bytes_per_parameter;
+      note.clear();  // measured, not guessed
+    }
+    measured = "activations measured on one micro-batch of the data loader" +
+               std::string(autocast ? " under bf16 autocast" : "") + ", optimizer state measured from one step";
+  }
+  const int64_t available = available_memory_bytes();
+  const int64_t budget = available / std::max(1, request.world_size);
+  EstimateTable table = estimate_installed_plugins(request, impl_->plugin->world());
+  std::cout << format_estimate_table(request, table, runtime, budget) << "  " << measured << "\n"
+            << "  runtime: this process's resident memory besides the model (LibTorch, Gloo, data)\n"
+            << "  fits: total <= MemAvailable / world size (all ranks on this machine: "
+            << available / (1024 * 1024) << " MiB / " << request.world_size << ")\n";
+  if (!note.empty()) std::cout << "  " << note << "\n";
+  std::cout.flush();
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer) {

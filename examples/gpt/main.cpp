@@ -270,11 +270,18 @@ int run(int argc, char** argv) {
   app.add_option("--config", config_path, "TOML config file")->check(CLI::ExistingFile);
   app.add_option("--set", overrides, "Dotted override, e.g. --set train.max_steps=20 (repeatable)");
   app.add_option("--output_dir", output_dir, "Run directory (overrides [train] output_dir)");
+  int estimate_world_size = 0;
+  app.add_option("--estimate", estimate_world_size,
+                 "Print the per-rank memory of every installed plugin's configurations for this many ranks, "
+                 "measured on one real micro-batch, and exit (run as one process)")
+      ->check(CLI::Range(1, 1 << 20));
   app.allow_extras();  // --host --port --rank --world_size --backend go to the launcher
   CLI11_PARSE(app, argc, argv);
 
   booster::Config config = booster::Config::from_file(config_path);
   config.apply_overrides(overrides);
+  if (estimate_world_size > 0)
+    config.apply_overrides({"booster.estimate=true", "booster.estimate_world_size=" + std::to_string(estimate_world_size)});
   std::vector<std::string> extras = app.remaining();
   auto world = booster::launch_from_config(config, extras);
   if (!extras.empty()) throw std::invalid_argument("gpt: unknown argument '" + extras.front() + "' (see --help)");

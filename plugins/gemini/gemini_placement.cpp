@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "booster/logging.h"
-#include "cpu_byte_counter.h"
+#include "booster/core/cpu_byte_counter.h"
 #include "gemini_detail.h"
 #include "gemini_state.h"
 

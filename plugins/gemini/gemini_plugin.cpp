@@ -3,6 +3,7 @@
 // names and defaults, plus memory_budget_mb and offload_dir for CPU builds), checks that the ranks
 // start from the same weights, and wires the runtime (gemini_state.h), the optimizer on the master
 // shards (gemini_optimizer.h) and the checkpoint IO (gemini_checkpoint_io.h) together.
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -130,6 +131,52 @@ class GeminiPlugin : public Plugin {
   bool support_no_sync() const override { return true; }
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
   std::string default_malloc() const override { return "system"; }
+
+  // Chunk-based ZeRO-3 (ColossalAI's Gemini): per rank a 1/N shard of every chunk in the training
+  // precision, its gradient shard, the fp32 master shard (kept apart from the parameters even in
+  // fp32) and the optimizer states; while an iteration runs, two chunks gathered (the chunk in use
+  // and the next) and one chunk's fp32 gradient. Chunks are at least min_chunk_size_m = 32 Mi
+  // elements (ColossalAI's default); a smaller model is one chunk kept gathered. Rows: the default
+  // placement (everything in memory), and the optimizer side (master + states) in an offload_dir
+  // file, stepped one chunk at a time (options carry offload_dir="" for the caller to fill in).
+  std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
+    if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
+    const int64_t e_bytes = precision_bytes(r.precision);
+    const int64_t N = r.world_size;
+    const int64_t min_chunk = static_cast<int64_t>(GeminiOptions{}.min_chunk_size_m * (1 << 20));
+    const bool one_chunk = r.parameters < min_chunk;
+    const int64_t chunk = one_chunk ? r.parameters : std::min(std::max(min_chunk, r.largest_parameter), r.parameters);
+    const int64_t shard = (r.parameters + N - 1) / N;
+    const int64_t chunk_shard = (chunk + N - 1) / N;
+    const int64_t optim_side = 4 * shard + static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * shard + 0.5);
+    std::vector<MemoryEstimate> out;
+    for (bool offload : {false, true}) {
+      MemoryEstimate e;
+      e.states.parameters = (one_chunk ? r.parameters : shard) * e_bytes + r.buffer_bytes;
+      e.states.gradients = shard * e_bytes;
+      e.states.master_weights = offload ? 0 : 4 * shard;
+      e.states.optimizer_states =
+          offload ? 0 : static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * static_cast<double>(shard) + 0.5);
+      const int64_t gathered = one_chunk ? 0 : std::min(2 * chunk, r.parameters) * e_bytes;
+      const int64_t backward = gathered + 4 * chunk;
+      const int64_t step = optimizer_step_temporaries(r.optimizer_state_bytes_per_parameter, chunk_shard) +
+                           (offload ? optim_side / std::max<int64_t>(1, (r.parameters + chunk - 1) / chunk) : 0);
+      e.transient = std::max(backward, step);
+      e.activations = r.activation_bytes;
+      e.communication_volume = 3;
+      e.configuration = "precision = \"" + r.precision + "\"";
+      e.options = {"precision=\"" + r.precision + "\""};
+      if (offload) {
+        e.configuration += ", offload_optim_frac = 1, offload_dir = (a directory)";
+        e.options.push_back("offload_optim_frac=1.0");
+        e.options.push_back("offload_dir=\"\"");
+        e.note = "master weights and optimizer states live in the offload_dir file (disk), paged in one chunk at a time";
+      }
+      if (one_chunk) e.note += std::string(e.note.empty() ? "" : "; ") + "a model under 32 Mi elements is one chunk kept gathered";
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
 
   std::vector<ShadowedSetting> shadowed_settings() const override {
     return {{"booster.mixed_precision", "plugin.precision", shadowed_value(options_.precision)},

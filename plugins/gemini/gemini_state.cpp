@@ -15,7 +15,7 @@
 
 #include "booster/logging.h"
 #include "chunk_search.h"
-#include "cpu_byte_counter.h"
+#include "booster/core/cpu_byte_counter.h"
 #include "gemini_detail.h"
 
 namespace booster::plugins::gemini {

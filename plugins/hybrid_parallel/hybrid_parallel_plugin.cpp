@@ -209,6 +209,47 @@ class HybridParallelPlugin : public Plugin {
   }
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+
+  // Every mesh with tp * pp > 1 dividing the world (pp at most the model's layers; none when the
+  // model is not a PipelineModule), zero_stage 0 and, when dp > 1, 1. A rank holds ~Ψ/(tp·pp)
+  // parameters (Megatron's split; pipeline stages assumed equal): the DDP formula for zero_stage 0,
+  // ZeRO-1's over dp for 1 (core/memory_estimate.h), in the request's precision with fp32 masters.
+  // Activations: the measured micro-batch's divided by tp (the split hidden activations) and by pp
+  // (a stage's share, with num_microbatches = pp in flight under 1F1B). Not data parallel: the model
+  // is built for the mesh. Communication volume: the dp gradient traffic in Ψ; the activations' tp
+  // allreduces and pp sends are extra (noted).
+  std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
+    if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
+    const int64_t bytes = precision_bytes(r.precision);
+    std::vector<MemoryEstimate> out;
+    for (int tp = 1; tp <= r.world_size; tp *= 2) {
+      for (int pp = 1; tp * pp <= r.world_size; ++pp) {
+        if (tp * pp == 1 || r.world_size % (tp * pp) != 0) continue;
+        if (pp > 1 && pp > r.layers) continue;
+        const int dp = r.world_size / (tp * pp);
+        const int64_t local = (r.parameters + tp * pp - 1) / (tp * pp);
+        const int64_t largest = (r.largest_parameter + tp - 1) / tp;
+        for (int zero : {0, 1}) {
+          if (zero == 1 && dp == 1) continue;
+          MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
+                                       : zero_estimate(r, 1, local, dp,
+                                                       bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
+                                                       largest);
+          e.activations = r.activation_bytes / tp / pp;
+          e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
+          e.data_parallel = false;
+          e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
+                            ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
+          e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
+                       "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
+          if (pp > 1) e.options.push_back("num_microbatches=" + std::to_string(pp));
+          e.note = "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
+          out.push_back(std::move(e));
+        }
+      }
+    }
+    return out;
+  }
   bool control_precision() const override { return true; }
   bool control_checkpoint_io() const override { return true; }
   std::vector<ShadowedSetting> shadowed_settings() const override {

@@ -94,6 +94,22 @@ class LowLevelZeroPlugin : public Plugin {
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
   std::string default_malloc() const override { return "system"; }
 
+  // Stage 1 and stage 2 at the request's precision (ZeRO's formulas, core/memory_estimate.h), with
+  // the default bucket of reduce_bucket_size_in_m = 12.
+  std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
+    if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
+    const int64_t bytes = precision_bytes(r.precision);
+    const int64_t bucket = static_cast<int64_t>(LowLevelZeroOptions{}.reduce_bucket_size_in_m * (1 << 20));
+    std::vector<MemoryEstimate> rows;
+    for (int stage : {1, 2}) {
+      MemoryEstimate e = zero_estimate(r, stage, r.parameters, r.world_size, bytes, bucket, r.largest_parameter);
+      e.configuration = "stage = " + std::to_string(stage) + ", precision = \"" + r.precision + "\"";
+      e.options = {"stage=" + std::to_string(stage), "precision=\"" + r.precision + "\""};
+      rows.push_back(std::move(e));
+    }
+    return rows;
+  }
+
   // The plugin builds the optimizer wrapper, so precision, the loss scaler and clipping are its own
   // options (ColossalAI's LowLevelZeroPlugin arguments).
   std::vector<ShadowedSetting> shadowed_settings() const override {

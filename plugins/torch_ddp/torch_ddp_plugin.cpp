@@ -103,6 +103,18 @@ class TorchDDPPlugin : public Plugin {
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
   bool support_no_sync() const override { return true; }
 
+  // Two rows: the default (buckets are a second gradient copy) and gradient_as_bucket_view = true.
+  // Under autocast (mixed_precision bf16/fp16) the parameters stay fp32; the activations shrink.
+  std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
+    const int64_t P = r.parameters;
+    MemoryEstimate copy = replicated_estimate(r, P, 4, false, 4 * P, r.largest_parameter);
+    copy.configuration = "gradient_as_bucket_view = false (default)";
+    MemoryEstimate view = replicated_estimate(r, P, 4, false, 0, r.largest_parameter);
+    view.configuration = "gradient_as_bucket_view = true";
+    view.options = {"gradient_as_bucket_view=true"};
+    return {copy, view};
+  }
+
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
     auto hooks = std::make_shared<DDPModelHooks>(model, world(), options_);

@@ -1,7 +1,7 @@
 // main.cpp — entry point of the `booster` command-line tool. Each feature is a CLI11 subcommand:
 // `booster run` (torchrun-like launcher: run_args.h parses, supervisor.h runs), `booster plot`
-// (training curves, plot.h) and `booster ckpt` (execs booster-ckpt). Usage errors exit with 2,
-// `--help` with 0; otherwise the subcommand's exit code.
+// (training curves, plot.h), `booster ckpt` and `booster estimate` (exec booster-ckpt /
+// booster-estimate). Usage errors exit with 2, `--help` with 0; otherwise the subcommand's exit code.
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -23,27 +23,31 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("\nRun 'booster SUBCOMMAND --help' for the options of a subcommand.");
 
-  // `booster ckpt ...` execs booster-ckpt from this executable's own directory (never a PATH
-  // lookup, so the tools of one install or build tree stay together): it links LibTorch, the
-  // launcher does not. /proc/self/exe has symlinks resolved, so a symlinked `booster` works too.
-  if (argc > 1 && std::string(argv[1]) == "ckpt") {
+  // `booster ckpt ...` and `booster estimate ...` exec booster-ckpt / booster-estimate from this
+  // executable's own directory (never a PATH lookup, so the tools of one install or build tree stay
+  // together): they link LibTorch, the launcher does not. /proc/self/exe has symlinks resolved, so a
+  // symlinked `booster` works too.
+  if (argc > 1 && (std::string(argv[1]) == "ckpt" || std::string(argv[1]) == "estimate")) {
+    const std::string sub = argv[1];
     std::error_code ec;
     std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
     if (ec) {
-      std::cerr << "booster: cannot find its own directory to run booster-ckpt for 'booster ckpt' "
-                << "(/proc/self/exe: " << ec.message() << "); run booster-ckpt directly\n";
+      std::cerr << "booster: cannot find its own directory to run booster-" << sub << " for 'booster " << sub
+                << "' (/proc/self/exe: " << ec.message() << "); run booster-" << sub << " directly\n";
       return 127;
     }
-    std::string tool = (self.parent_path() / "booster-ckpt").string();
+    std::string tool = (self.parent_path() / ("booster-" + sub)).string();
     std::vector<char*> args{tool.data()};
     for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
     args.push_back(nullptr);
     execv(tool.c_str(), args.data());
-    std::cerr << "booster: cannot run " << tool << " for 'booster ckpt': " << std::strerror(errno)
-              << " (booster-ckpt belongs next to booster: reinstall, or build the booster_ckpt target)\n";
+    std::cerr << "booster: cannot run " << tool << " for 'booster " << sub << "': " << std::strerror(errno)
+              << " (booster-" << sub << " belongs next to booster: reinstall, or build the booster_" << sub
+              << " target)\n";
     return 127;  // as a shell does for a command it cannot run
   }
   app.add_subcommand("ckpt", "Inspect, convert or consolidate checkpoints (booster ckpt inspect|convert|consolidate --help)");
+  app.add_subcommand("estimate", "Per-rank memory of every installed plugin's configurations for a model size (booster estimate --help)");
 
   booster::cli::RunOptions run_options;
   CLI::App* run = booster::cli::add_run_subcommand(app, run_options);

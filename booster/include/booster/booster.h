@@ -18,6 +18,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <type_traits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,15 @@
 #include "booster/wrappers/optimizer_wrapper.h"
 
 namespace booster {
+
+namespace detail {
+// true when M::forward takes one tensor and returns one (what the estimate's measured micro-batch calls).
+template <class M, class = void>
+struct HasTensorForward : std::false_type {};
+template <class M>
+struct HasTensorForward<M, std::void_t<decltype(std::declval<M&>().forward(std::declval<torch::Tensor>()))>>
+    : std::is_convertible<decltype(std::declval<M&>().forward(std::declval<torch::Tensor>())), torch::Tensor> {};
+}  // namespace detail
 
 // What boost() returns (an aggregate: use structured bindings). Members not passed in are null.
 template <class M>
@@ -58,7 +68,10 @@ class BOOSTER_API Booster {
   // tensor-parallel layers built after the Booster shard over the plugin's tp group; destroying the
   // Booster clears it (when it is still this Booster's).
   // Reads [booster] (plugin = "torch_ddp", mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
-  // (no clipping in step()), norm_type = 2.0 or inf (TOML float)), [mixed_precision] (fp16 loss scaler options,
+  // (no clipping in step()), norm_type = 2.0 or inf (TOML float), estimate = false (true: boost()
+  // prints the per-rank memory of every installed plugin's configurations for estimate_world_size
+  // ranks (default: the launched world size) and exits; needs a single-process run),
+  // estimate_world_size), [mixed_precision] (fp16 loss scaler options,
   // see mixed_precision/precision.h) and loads the plugin with the [plugin] table (plugin.path =
   // explicit .so). Launches a single-process world when nothing was
   // launched yet (launch_from_config with no args). Throws ConfigError for bad or unknown keys and
@@ -78,6 +91,20 @@ class BOOSTER_API Booster {
                    Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr,
                    std::shared_ptr<LRScheduler> lr_scheduler = nullptr) {
     static_assert(std::is_base_of_v<torch::nn::Module, M>, "boost(): the model must derive from torch::nn::Module");
+    if (estimate_requested()) {
+      // [booster] estimate = true: one real micro-batch (the data loader's first batch) measures the
+      // activations when the model's forward takes a tensor; then the table is printed and the
+      // process exits.
+      std::function<torch::Tensor()> loss;
+      if constexpr (detail::HasTensorForward<M>::value) {
+        if (dataloader && criterion)
+          loss = [&]() -> torch::Tensor {
+            data::Example batch = *dataloader->begin();
+            return criterion(model->forward(batch.data), batch.target);
+          };
+      }
+      run_estimate(*model, optimizer.get(), loss);
+    }
     Configured c = configure(model, optimizer);
     // A plugin that replaced the optimizer keeps the schedule: the scheduler follows the new one.
     if (lr_scheduler && c.optimizer && optimizer && c.optimizer->optimizer_ptr() != optimizer)
@@ -183,6 +210,11 @@ class BOOSTER_API Booster {
 
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
+  bool estimate_requested() const;
+  // Prints the estimate table (estimate.h) for this model, optimizer and measured micro-batch (loss
+  // may be empty: activations not measured) on stdout and exits the process with status 0.
+  [[noreturn]] void run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                 const std::function<torch::Tensor()>& loss);
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
   MemoryReport memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer);
   void after_model_load(torch::nn::Module& module);

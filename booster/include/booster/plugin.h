@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "booster/config.h"
+#include "booster/core/memory_estimate.h"
 #include "booster/export.h"
 #include "booster/nn/tensor_parallel.h"
 
@@ -46,7 +47,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 6;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 7;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -168,6 +169,16 @@ class BOOSTER_API Plugin {
   // memory kept for the next step: faster) or "system" (glibc returns it: lower resident memory,
   // for plugins whose point is memory, such as ZeRO, FSDP and Gemini). Default "retain".
   virtual std::string default_malloc() const { return "retain"; }
+  // Per-rank memory of each configuration this plugin offers for `request` (its own formulas; see
+  // core/memory_estimate.h): `booster estimate`, [booster] estimate = true and plugin = "auto" list
+  // them for every installed plugin, third-party ones included. Must not depend on this plugin's own
+  // options or world (the request names the world size; the plugin may have been created with empty
+  // options on a single process). Rows a plugin cannot run for the request (a mesh that does not
+  // divide the world, a precision it lacks) are left out. Default: none (the table says so).
+  virtual std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& request) const {
+    (void)request;
+    return {};
+  }
 
   // Booster-level settings that this plugin replaces with options of its own, so that one setting
   // never has two names of which one is silently ignored. The Booster checks them after loading the

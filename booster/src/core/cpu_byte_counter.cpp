@@ -1,5 +1,5 @@
 // cpu_byte_counter.cpp — the counting CPU allocator (see cpu_byte_counter.h).
-#include "cpu_byte_counter.h"
+#include "booster/core/cpu_byte_counter.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -7,11 +7,13 @@
 #include <atomic>
 #include <mutex>
 
-namespace booster::plugins::gemini {
+namespace booster {
 
 namespace {
 
 std::atomic<int64_t> g_live{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<bool> g_installed{false};
 at::DeleterFnPtr g_inner_free = nullptr;  // the replaced allocator's raw deleter
 constexpr size_t kHeader = 64;            // holds the size; keeps the data 64-byte aligned
 
@@ -29,7 +31,10 @@ class CountingAllocator final : public at::Allocator {
   at::DataPtr allocate(size_t n) const override {
     char* base = static_cast<char*>(inner_->raw_allocate(n + kHeader));
     *reinterpret_cast<size_t*>(base) = n;
-    g_live.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+    const int64_t live = g_live.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n);
+    int64_t peak = g_peak.load(std::memory_order_relaxed);
+    while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+    }
     char* data = base + kHeader;
     return at::DataPtr(data, data, &free_counted, at::Device(at::kCPU));
   }
@@ -49,9 +54,14 @@ void install_cpu_byte_counter() {
     if (g_inner_free == nullptr) return;  // cannot wrap it: nothing is counted (auto sees no non-model data)
     static CountingAllocator counter(inner);  // immortal: its allocations outlive plugins
     c10::SetCPUAllocator(&counter, /*priority=*/255);
+    g_installed = true;
   });
 }
 
-int64_t counted_cpu_bytes() { return g_live.load(std::memory_order_relaxed); }
+bool cpu_byte_counter_installed() { return g_installed.load(); }
 
-}  // namespace booster::plugins::gemini
+int64_t counted_cpu_bytes() { return g_live.load(std::memory_order_relaxed); }
+int64_t peak_cpu_bytes() { return g_peak.load(std::memory_order_relaxed); }
+void reset_peak_cpu_bytes() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
+}  // namespace booster

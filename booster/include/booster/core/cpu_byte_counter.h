@@ -1,17 +1,28 @@
-// cpu_byte_counter.h — live bytes of CPU tensor memory, for Gemini's "auto" placement (the CPU
-// counterpart of torch.cuda.memory_allocated, which ColossalAI's memory tracer samples): a CPU
-// allocator that forwards every allocation to the allocator it replaces and counts the bytes alive.
+// cpu_byte_counter.h — live bytes of CPU tensor memory (the CPU counterpart of
+// torch.cuda.memory_allocated / max_memory_allocated, which ColossalAI's memory tracer samples): a
+// CPU allocator that forwards every allocation to the allocator it replaces and counts the bytes
+// alive and their high-water mark. Users: Gemini's "auto" placement (non-model memory during the
+// warm-up iteration) and the memory estimate (estimate.h: activations of one forward/backward).
 // Installed once per process (c10::SetCPUAllocator) the first time it is asked for, never removed
-// (tensors it allocated may outlive any plugin); the overhead is one atomic add per allocation.
+// (tensors it allocated may outlive any plugin); the overhead is two relaxed atomics per allocation.
 #pragma once
 
 #include <cstdint>
 
-namespace booster::plugins::gemini {
+#include "booster/export.h"
 
-// Installs the counter if it is not installed yet. Thread-safe.
-void install_cpu_byte_counter();
+namespace booster {
+
+// Installs the counter if it is not installed yet. Thread-safe. Tensors allocated before it are not
+// counted (neither their allocation nor their free).
+BOOSTER_API void install_cpu_byte_counter();
+// true once the counter is installed and counting (false when the CPU allocator could not be wrapped).
+BOOSTER_API bool cpu_byte_counter_installed();
 // Bytes allocated through the counter and not yet freed (0 before install).
-int64_t counted_cpu_bytes();
+BOOSTER_API int64_t counted_cpu_bytes();
+// The most counted_cpu_bytes() has been since the last reset_peak_cpu_bytes() (or the install).
+BOOSTER_API int64_t peak_cpu_bytes();
+// Sets the peak to the current live bytes.
+BOOSTER_API void reset_peak_cpu_bytes();
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster

@@ -1,0 +1,86 @@
+// memory_estimate.h — per-rank memory a plugin configuration needs for a model it has not yet
+// configured: what `booster estimate`, a trainer run with [booster] estimate = true, and
+// plugin = "auto" ask every installed plugin (Plugin::estimate_memory). Model states follow the
+// ZeRO paper (Rajbhandari et al., SC20, section 3.1; memory.h's MemoryReport): with Ψ parameters,
+// N ranks, fp32 and Adam, DDP 16Ψ, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N, ZeRO-3 16Ψ/N bytes; the
+// per-step communication volumes are the paper's section 7 (DDP 2Ψ, ZeRO-1/2 2Ψ, ZeRO-3 3Ψ
+// elements sent + received per rank). On top of the model states an estimate counts what one
+// iteration adds at its peak (gathered units, optimizer temporaries, buffers in flight) and the
+// activations, measured by the caller on one micro-batch (estimate.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "booster/core/memory.h"
+#include "booster/export.h"
+
+namespace booster {
+
+// The model, optimizer and job an estimate is for. Element counts are of parameters (requires_grad
+// or not), bytes are per rank.
+struct EstimateRequest {
+  int64_t parameters = 0;          // Ψ, elements
+  int64_t largest_parameter = 0;   // elements of the largest parameter tensor (optimizer temporaries)
+  int64_t largest_unit = 0;        // elements of the largest nn::Unit (a shard unit); Ψ when the model has none
+  int64_t units = 0;               // nn::Units in the model (0: none; FSDP/Gemini then shard the model as one unit)
+  int64_t layers = 0;              // layers of a nn::PipelineModule (0: not one; no pipeline meshes)
+  int64_t buffer_bytes = 0;        // module buffers (BatchNorm statistics), kept whole on every rank
+  // fp32 bytes of optimizer state per parameter element: Adam/AdamW 8 (amsgrad 12), SGD with
+  // momentum 4, SGD 0. Measured from one real step by estimate.h; the type-based guess otherwise.
+  double optimizer_state_bytes_per_parameter = 8;
+  int64_t activation_bytes = 0;    // the peak of one micro-batch's forward + backward on one rank, above
+                                   // the model states (0: not measured)
+  int world_size = 1;              // N
+  std::string precision = "fp32";  // "fp32" | "bf16" | "fp16": the training precision
+};
+
+// One configuration of one plugin for a request. Bytes per rank.
+struct BOOSTER_API MemoryEstimate {
+  std::string plugin;                // the plugin's name (filled in by the caller)
+  std::string configuration;         // human-readable: "zero_stage = 2, precision = \"bf16\""
+  std::vector<std::string> options;  // the [plugin] settings that select it, as --set text: "zero_stage=2"
+  MemoryReport states;               // steady-state model states and communication buffers (memory.h)
+  int64_t transient = 0;             // the most one iteration adds on top (gathered units, optimizer
+                                     // temporaries of the largest stepped tensor, buffers in flight)
+  int64_t activations = 0;           // activation bytes as this configuration holds them
+  double communication_volume = 0;  // elements sent + received per rank per step, in units of Ψ
+  bool data_parallel = true;         // every rank sees different data and the model is built as for
+                                     // one rank (no tensor/pipeline split): plugin = "auto" may pick it
+  std::string note;                  // what the figure leaves out or assumes ("" when nothing)
+
+  // states.model_states() + states.communication_buffers + transient + activations (bytes).
+  int64_t total() const;
+};
+
+// fp32 temporaries of one optimizer step on a tensor of `elements`: LibTorch's Adam/AdamW allocate
+// two tensors of its size (the sqrt of exp_avg_sq and the denominator), SGD one (the decayed
+// gradient), whatever holds no state none. Bytes.
+BOOSTER_API int64_t optimizer_step_temporaries(double state_bytes_per_parameter, int64_t elements);
+
+// Bytes per element of a floating-point precision name ("fp32" 4, "bf16" / "fp16" 2). Throws
+// std::invalid_argument for another name.
+BOOSTER_API int64_t precision_bytes(const std::string& precision);
+
+// The replicated-gradient data-parallel formula (torch_ddp; hybrid_parallel with zero_stage 0):
+// `parameters` elements on this rank (Ψ, or Ψ/(tp·pp) of a mesh) of param_bytes each, gradients of
+// the same size and dtype, fp32 master weights when param_bytes < 4 (keep_fp32_master), optimizer
+// states of the request's size per element; `bucket_bytes` of buckets besides the gradients (DDP
+// without gradient_as_bucket_view: a second gradient copy); transient = the optimizer's temporaries
+// on the largest parameter. Communication volume 2 (allreduce).
+BOOSTER_API MemoryEstimate replicated_estimate(const EstimateRequest& request, int64_t parameters, int64_t param_bytes,
+                                               bool keep_fp32_master, int64_t bucket_bytes,
+                                               int64_t largest_parameter);
+
+// ZeRO-1/2 over `dp` ranks (low_level_zero; hybrid_parallel with zero_stage 1), Rajbhandari et al.:
+// parameters whole (param_bytes each), gradients whole (stage 1: the flat buckets are the
+// gradients) or a 1/dp shard (stage 2), an fp32 master shard when param_bytes < 4, optimizer states
+// of a 1/dp shard. transient = max(backward: two buckets of bucket_elements in flight plus the
+// largest parameter's gradient (stage 2; stage 1 reduces in place), step: the fp32 copy of the
+// gradient shard plus the optimizer's temporaries on it (one flat tensor per group)).
+// Communication volume 2 (reduce-scatter + all-gather).
+BOOSTER_API MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t parameters, int dp,
+                                         int64_t param_bytes, int64_t bucket_elements, int64_t largest_parameter);
+
+}  // namespace booster

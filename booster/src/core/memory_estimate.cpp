@@ -1,0 +1,64 @@
+// memory_estimate.cpp — the shared estimate formulas (see booster/core/memory_estimate.h).
+#include "booster/core/memory_estimate.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace booster {
+
+int64_t MemoryEstimate::total() const {
+  return states.model_states() + states.communication_buffers + transient + activations;
+}
+
+int64_t optimizer_step_temporaries(double state_bytes_per_parameter, int64_t elements) {
+  if (state_bytes_per_parameter >= 8) return 2 * 4 * elements;
+  if (state_bytes_per_parameter > 0) return 4 * elements;
+  return 0;
+}
+
+int64_t precision_bytes(const std::string& precision) {
+  if (precision == "fp32") return 4;
+  if (precision == "bf16" || precision == "fp16") return 2;
+  throw std::invalid_argument("precision_bytes: unknown precision '" + precision + "' (fp32, bf16 or fp16)");
+}
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t state_bytes(const EstimateRequest& r, int64_t elements) {
+  return static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * static_cast<double>(elements) + 0.5);
+}
+}  // namespace
+
+MemoryEstimate replicated_estimate(const EstimateRequest& request, int64_t parameters, int64_t param_bytes,
+                                   bool keep_fp32_master, int64_t bucket_bytes, int64_t largest_parameter) {
+  MemoryEstimate e;
+  e.states.parameters = parameters * param_bytes + request.buffer_bytes;
+  e.states.gradients = parameters * param_bytes;
+  e.states.master_weights = keep_fp32_master && param_bytes < 4 ? parameters * 4 : 0;
+  e.states.optimizer_states = state_bytes(request, parameters);
+  e.states.communication_buffers = bucket_bytes;
+  e.transient = optimizer_step_temporaries(request.optimizer_state_bytes_per_parameter, largest_parameter);
+  e.activations = request.activation_bytes;
+  e.communication_volume = 2;
+  return e;
+}
+
+MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t parameters, int dp,
+                             int64_t param_bytes, int64_t bucket_elements, int64_t largest_parameter) {
+  MemoryEstimate e;
+  const int64_t shard = ceil_div(parameters, std::max(dp, 1));
+  e.states.parameters = parameters * param_bytes + request.buffer_bytes;
+  e.states.gradients = (stage == 1 ? parameters : shard) * param_bytes;
+  e.states.master_weights = param_bytes < 4 ? shard * 4 : 0;
+  e.states.optimizer_states = state_bytes(request, shard);
+  const int64_t bucket = std::min(std::max(bucket_elements, largest_parameter), parameters) * param_bytes;
+  const int64_t backward =
+      stage == 2 ? std::min(2 * bucket, parameters * param_bytes) + largest_parameter * param_bytes : 0;
+  const int64_t step = shard * 4 + optimizer_step_temporaries(request.optimizer_state_bytes_per_parameter, shard);
+  e.transient = std::max(backward, step);
+  e.activations = request.activation_bytes;
+  e.communication_volume = 2;
+  return e;
+}
+
+}  // namespace booster

@@ -1,0 +1,186 @@
+// estimate_test.cpp — the memory estimate (booster/estimate.h, core/memory_estimate.h): the model
+// description, one measured iteration (activations, optimizer state per parameter), each in-tree
+// plugin's rows against the ZeRO paper's model-state formulas, the table over every installed plugin
+// (third-party ones without an estimate listed, broken ones reported), and the `booster estimate`
+// command with its errors. The comparison with measured RSS is the memory benchmark's
+// (docs/benchmarks.md, "Estimate against measurement") and EstimateMode.* in the dist tests.
+#include "booster/estimate.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "booster/dist/process_group.h"
+#include "booster/nn/unit.h"
+#include "booster/plugin_loader.h"
+#include "common/test_util.h"
+
+namespace bt = booster::testing;
+using booster::EstimateRequest;
+using booster::MemoryEstimate;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::shared_ptr<booster::dist::ProcessGroup> world1() {
+  static auto w = booster::dist::ProcessGroup::rendezvous(booster::dist::RendezvousOptions{});
+  return w;
+}
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    a = register_module("a", booster::nn::Unit<torch::nn::Linear>(10, 20));
+    b = register_module("b", booster::nn::Unit<torch::nn::Linear>(20, 5));
+    bn = register_module("bn", torch::nn::BatchNorm1d(5));
+    head = register_module("head", torch::nn::Linear(5, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return head(bn(b(torch::relu(a(x))))); }
+  booster::nn::Unit<torch::nn::Linear> a{nullptr}, b{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Net);
+
+// Every installed plugin's rows for `r`, by "plugin: configuration".
+std::map<std::string, MemoryEstimate> rows_of(const EstimateRequest& r) {
+  std::map<std::string, MemoryEstimate> out;
+  for (auto& e : booster::estimate_installed_plugins(r, world1()).rows) out[e.plugin + ": " + e.configuration] = e;
+  return out;
+}
+
+}  // namespace
+
+TEST(Estimate, DescribeModelCountsParametersUnitsBuffersAndOptimizerState) {
+  Net net;
+  const int64_t a = 10 * 20 + 20, b = 20 * 5 + 5, bn = 5 + 5, head = 5 * 3 + 3;
+  auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  EstimateRequest r = booster::describe_model(*net, adamw.get());
+  EXPECT_EQ(r.parameters, a + b + bn + head);
+  EXPECT_EQ(r.largest_parameter, 200);
+  EXPECT_EQ(r.units, 2);
+  EXPECT_EQ(r.largest_unit, a);
+  EXPECT_EQ(r.layers, 0);
+  EXPECT_EQ(r.buffer_bytes, (5 + 5) * 4 + 8);  // running mean, var (fp32), num_batches_tracked (int64)
+  EXPECT_EQ(r.optimizer_state_bytes_per_parameter, 8);
+
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  EXPECT_EQ(booster::describe_model(*net, &sgd).optimizer_state_bytes_per_parameter, 4);
+  torch::optim::SGD plain(net->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_EQ(booster::describe_model(*net, &plain).optimizer_state_bytes_per_parameter, 0);
+  torch::optim::Adam ams(net->parameters(), torch::optim::AdamOptions(1e-3).amsgrad(true));
+  EXPECT_EQ(booster::describe_model(*net, &ams).optimizer_state_bytes_per_parameter, 12);
+  torch::nn::Linear dense(4, 4);  // no Unit: the whole model is one unit
+  EXPECT_EQ(booster::describe_model(*dense, nullptr).largest_unit, 20);
+}
+
+TEST(Estimate, MeasureIterationCountsActivationsAndTheOptimizerStateOfOneStep) {
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp(torch::nn::Linear(256, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256));
+  auto x = torch::randn({64, 256});
+  auto y = torch::randn({64, 256});
+  torch::optim::AdamW adamw(mlp->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto m = booster::measure_iteration(*mlp, &adamw, [&] { return torch::mse_loss(mlp->forward(x), y); });
+  const int64_t params = 2 * (256 * 256 + 256);
+  EXPECT_EQ(m.gradient_bytes, params * 4);
+  // Activations saved for backward: ReLU's output (also the second Linear's input) and the second
+  // Linear's output (mse_loss's input), 64 x 256 fp32 = 64 KiB each (measured: exactly these plus the
+  // 4-byte loss); at most a few backward temporaries more; never the 514 KiB of gradients.
+  const int64_t one = 64 * 256 * 4;
+  EXPECT_GE(m.activation_bytes, 2 * one);
+  EXPECT_LE(m.activation_bytes, 4 * one);
+  EXPECT_DOUBLE_EQ(m.optimizer_state_bytes_per_parameter, 8.0);  // exp_avg + exp_avg_sq, fp32
+
+  torch::optim::SGD sgd(mlp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto s = booster::measure_iteration(*mlp, &sgd, [&] { return torch::mse_loss(mlp->forward(x), y); });
+  EXPECT_DOUBLE_EQ(s.optimizer_state_bytes_per_parameter, 4.0);  // momentum_buffer
+  EXPECT_THROW(booster::measure_iteration(*mlp, nullptr, [&] { return mlp->forward(x); }), std::invalid_argument);
+}
+
+TEST(Estimate, InTreePluginsGiveTheZeroPaperModelStates) {
+  EstimateRequest r;
+  const int64_t P = 1 << 22, N = 4;
+  r.parameters = P;
+  r.largest_parameter = P / 4;
+  r.largest_unit = P / 4;
+  r.units = 4;
+  r.world_size = N;
+  r.optimizer_state_bytes_per_parameter = 8;
+  auto rows = rows_of(r);
+  auto states = [&](const std::string& key) {
+    EXPECT_TRUE(rows.count(key)) << key;
+    return rows[key].states.model_states();
+  };
+  EXPECT_EQ(states("torch_ddp: gradient_as_bucket_view = false (default)"), 16 * P);
+  EXPECT_EQ(rows["torch_ddp: gradient_as_bucket_view = false (default)"].states.communication_buffers, 4 * P);
+  EXPECT_EQ(rows["torch_ddp: gradient_as_bucket_view = true"].states.communication_buffers, 0);
+  EXPECT_EQ(states("low_level_zero: stage = 1, precision = \"fp32\""), 8 * P + 8 * P / N);
+  EXPECT_EQ(states("low_level_zero: stage = 2, precision = \"fp32\""), 4 * P + 12 * P / N);
+  EXPECT_EQ(states("torch_fsdp: sharding_strategy = \"FULL_SHARD\""), 16 * P / N);
+  EXPECT_EQ(states("torch_fsdp: sharding_strategy = \"HYBRID_SHARD\", shard_group_size = 2"), 16 * P / 2);
+  // FULL_SHARD's iteration: two units gathered + two full-size gradients of the unit in backward.
+  EXPECT_EQ(rows["torch_fsdp: sharding_strategy = \"FULL_SHARD\""].transient, 2 * 4 * (P / 4) + 2 * 4 * (P / 4));
+  EXPECT_EQ(rows["torch_fsdp: sharding_strategy = \"FULL_SHARD\""].communication_volume, 3);
+  // Gemini below 32 Mi elements: one chunk kept gathered, the fp32 master apart from the parameters.
+  EXPECT_EQ(states("gemini: precision = \"fp32\""), 4 * P + 4 * P / N + 4 * P / N + 8 * P / N);
+  EXPECT_EQ(rows["gemini: precision = \"fp32\", offload_optim_frac = 1, offload_dir = (a directory)"]
+                .states.model_states(),
+            4 * P + 4 * P / N);
+  // No PipelineModule: tensor-parallel meshes only; not data parallel (auto never picks them).
+  ASSERT_TRUE(rows.count("hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""));
+  EXPECT_FALSE(rows.count("hybrid_parallel: tp_size = 1, pp_size = 2, zero_stage = 0, precision = \"fp32\""));
+  EXPECT_FALSE(rows["hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""].data_parallel);
+  EXPECT_EQ(states("hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""), 16 * P / 2);
+
+  r.precision = "bf16";
+  r.layers = 8;
+  auto bf16 = rows_of(r);
+  EXPECT_EQ(bf16["low_level_zero: stage = 2, precision = \"bf16\""].states.model_states(), 2 * P + 14 * P / N);
+  EXPECT_EQ(bf16["low_level_zero: stage = 1, precision = \"bf16\""].states.model_states(), 4 * P + 12 * P / N);
+  EXPECT_TRUE(bf16.count("hybrid_parallel: tp_size = 1, pp_size = 4, zero_stage = 0, precision = \"bf16\""));
+  EXPECT_EQ(bf16["torch_ddp: gradient_as_bucket_view = true"].states.model_states(), 16 * P);  // autocast: fp32 weights
+}
+
+TEST(Estimate, TheTableListsPluginsWithoutAnEstimateAndThoseThatFail) {
+  bt::ScopedEnv env;
+  env.set("BOOSTER_PLUGIN_PATH", BOOSTER_TEST_PLUGIN_DIR);
+  EstimateRequest r;
+  r.parameters = r.largest_unit = r.largest_parameter = 1000;
+  r.world_size = 2;
+  auto table = booster::estimate_installed_plugins(r, world1());
+  EXPECT_THAT(table.without_estimate, ::testing::Contains("test_minimal"));
+  std::string failed;
+  for (const auto& f : table.failed) failed += f + "\n";
+  EXPECT_THAT(failed, HasSubstr("test_bad_abi: "));
+  EXPECT_THAT(failed, HasSubstr("ABI version 999"));
+  EXPECT_FALSE(table.rows.empty());  // the in-tree plugins, found next to this executable
+  std::string text = booster::format_estimate_table(r, table, 100 << 20, 1 << 30);
+  EXPECT_THAT(text, HasSubstr("test_minimal: the plugin reports no estimate"));
+  EXPECT_THAT(text, HasSubstr("not estimated: test_bad_abi"));
+  EXPECT_THAT(text, HasSubstr("fits in 1024.0"));
+}
+
+TEST(EstimateCommand, PrintsEveryPluginAndRejectsBadInput) {
+  auto ok = bt::run_process({BOOSTER_CLI_PATH, "estimate", "--params", "51.4M", "--units", "4", "--world_size", "4",
+                             "--memory_mb", "1000"});
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_THAT(ok.output, HasSubstr("for 51400000 parameters, 4 ranks, fp32"));
+  for (const char* plugin : {"torch_ddp", "low_level_zero", "torch_fsdp", "gemini", "hybrid_parallel"})
+    EXPECT_THAT(ok.output, HasSubstr(std::string("\n") + plugin + " ")) << plugin;
+  EXPECT_THAT(ok.output, HasSubstr("fits in 1000.0"));
+  EXPECT_THAT(ok.output, HasSubstr("  no  "));   // DDP's 16Ψ = 784 MiB + runtime does not fit in 1000 MiB
+  EXPECT_THAT(ok.output, HasSubstr("  yes  "));  // FSDP's 16Ψ/4 does
+
+  auto bad = bt::run_process({BOOSTER_CLI_PATH, "estimate", "--params", "lots"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("'lots' is not a count"));
+  auto big = bt::run_process({BOOSTER_CLI_PATH, "estimate", "--params", "1000", "--largest_unit", "2000"});
+  EXPECT_EQ(big.exit_code, 2);
+  EXPECT_THAT(big.output, HasSubstr("cannot exceed --params"));
+  auto missing = bt::run_process({BOOSTER_CLI_PATH, "estimate"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.output, HasSubstr("--params is required"));
+}
