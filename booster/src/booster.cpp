@@ -12,6 +12,7 @@
 #include <set>
 
 #include "booster/core/host_allocator.h"
+#include "booster/auto_select.h"
 #include "booster/estimate.h"
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
@@ -22,7 +23,7 @@ namespace booster {
 // ---------------------------------------------------------------------------------------------
 // Sections every Booster program may have; [train] belongs to the program (examples check it).
 static const std::vector<std::string> kSections{"booster", "plugin", "mixed_precision", "checkpoint",
-                                                "distributed", "train"};
+                                                "distributed", "train", "auto"};
 
 std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std::vector<std::string>& args) {
   Options d = config.section("distributed");
@@ -83,6 +84,14 @@ struct Booster::Impl {
   std::shared_ptr<int> context_token;  // identifies the tensor-parallel context this Booster published
   bool estimate = false;               // [booster] estimate
   int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)
+  std::shared_ptr<dist::ProcessGroup> world;
+  std::string malloc_mode;             // [booster] malloc ("" = the plugin's default)
+  // plugin = "auto": [auto] options; the plugin is loaded at the first boost().
+  bool auto_pending = false;
+  double auto_budget_mb = 0;           // 0: MemAvailable / local ranks (min over ranks)
+  double auto_activation_mb = 0;
+  double auto_runtime_mb = -1;         // < 0: measured at boost()
+  std::string auto_offload_dir;
 };
 
 namespace {
@@ -114,13 +123,48 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
 
   std::vector<std::string> no_args;
   auto world = launch_from_config(config, no_args);
+  impl_->world = world;
+  impl_->malloc_mode = malloc_mode;
+
+  Options auto_options = config.section("auto");
+  if (plugin_name == "auto") {
+    impl_->auto_budget_mb = auto_options.get_double("memory_budget_mb", 0.0, 0.0, 1e12);
+    impl_->auto_activation_mb = auto_options.get_double("activation_mb", 0.0, 0.0, 1e12);
+    impl_->auto_runtime_mb = auto_options.get_double("runtime_mb", -1.0, -1.0, 1e12);
+    impl_->auto_offload_dir = auto_options.get_string("offload_dir", "");
+    auto_options.check_unknown();
+    Options plugin_options = config.section("plugin");
+    const std::vector<std::string> keys = plugin_options.keys();
+    if (!keys.empty())
+      throw ConfigError(plugin_options.where(keys.front()) + ": plugin." + keys.front() +
+                        " is set, but plugin = \"auto\" chooses the plugin and its [plugin] options at boost(); "
+                        "remove [plugin], or name the plugin in booster.plugin");
+    impl_->auto_pending = true;
+    nn::set_tensor_parallel_context(nn::TensorParallelContext{});  // auto picks data-parallel configurations: tp = 1
+    impl_->context_token = std::make_shared<int>(0);
+    published_context = impl_->context_token;
+    log::info("booster: plugin auto (chosen at boost() from the installed plugins' estimates), world size " +
+              std::to_string(world->size()) + " (" + world->backend() + ")");
+    return;
+  }
+  if (!auto_options.keys().empty())
+    throw ConfigError(auto_options.where(auto_options.keys().front()) + ": [auto] applies to booster.plugin = "
+                      "\"auto\" only, and the plugin is \"" + plugin_name + "\"; remove [auto]");
 
   PluginContext ctx;
   ctx.name = plugin_name;
   ctx.options = config.section("plugin");
   ctx.world = world;
   std::string path = ctx.options.get_string("path", "");
-  impl_->plugin = load_plugin(ctx, path);
+  attach_plugin(load_plugin(ctx, path));
+}
+
+void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
+  const Config& config = impl_->config;
+  const std::string& malloc_mode = impl_->malloc_mode;
+  const std::string plugin_name = plugin->name();
+  auto world = impl_->world;
+  impl_->plugin = std::move(plugin);
   const std::string allocator =
       configure_host_allocator(malloc_mode.empty() ? impl_->plugin->default_malloc() : malloc_mode) +
       (malloc_mode.empty() ? " (the plugin's default)" : "");
@@ -158,9 +202,88 @@ Booster::~Booster() {
 Booster::Booster(Booster&&) noexcept = default;
 Booster& Booster::operator=(Booster&&) noexcept = default;
 
+namespace {
+// A TOML float for an override: "1.0", "0.5", "inf".
+std::string toml_float(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string t = buf;
+  if (t.find_first_of(".e") == std::string::npos) t += ".0";
+  return t;
+}
+}  // namespace
+
+void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+  dist::ProcessGroup& w = *impl_->world;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  EstimateRequest request = describe_model(model, optimizer);
+  request.world_size = w.size();
+  request.precision = impl_->mixed_precision;
+  request.activation_bytes = static_cast<int64_t>(impl_->auto_activation_mb * kMiB);
+  int64_t model_bytes = request.buffer_bytes;
+  for (const auto& p : model.parameters()) model_bytes += static_cast<int64_t>(p.nbytes());
+  // Every rank must choose the same: the most any rank holds besides the model, the least any has.
+  const bool runtime_given = impl_->auto_runtime_mb >= 0;
+  const int64_t runtime = static_cast<int64_t>(
+      runtime_given ? impl_->auto_runtime_mb * kMiB
+                    : w.allreduce_scalar(static_cast<double>(std::max<int64_t>(0, resident_memory_bytes() - model_bytes)),
+                                         dist::ReduceOp::MAX));
+  int local = w.size();
+  if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(l));
+  const bool budget_given = impl_->auto_budget_mb > 0;
+  const int64_t budget = static_cast<int64_t>(
+      budget_given ? impl_->auto_budget_mb * kMiB
+                   : w.allreduce_scalar(static_cast<double>(available_memory_bytes() / local), dist::ReduceOp::MIN));
+  EstimateTable table = estimate_installed_plugins(request, impl_->world);
+  AutoSelection selection = select_auto_configuration(table.rows, runtime, budget, impl_->auto_offload_dir);
+  const MemoryEstimate& chosen = selection.chosen;
+  if (w.rank() == 0) {
+    char head[256];
+    std::snprintf(head, sizeof head, "booster: auto: %lld parameters, %d ranks, %s; budget %.1f MiB per rank (%s), "
+                  "runtime %.1f MiB (%s), activations %.1f MiB (%s)",
+                  static_cast<long long>(request.parameters), request.world_size, request.precision.c_str(),
+                  static_cast<double>(budget) / kMiB,
+                  budget_given ? "auto.memory_budget_mb" : "MemAvailable / ranks on this node",
+                  static_cast<double>(runtime) / kMiB, runtime_given ? "auto.runtime_mb" : "measured",
+                  impl_->auto_activation_mb, impl_->auto_activation_mb > 0 ? "auto.activation_mb" : "not counted: set auto.activation_mb");
+    log::info(head);
+    for (const auto& line : selection.reasons) log::info("booster: auto:   " + line);
+    for (const auto& f : table.failed) log::info("booster: auto:   not estimated: " + f);
+    log::info("booster: auto: chose " + chosen.plugin + " (" + chosen.configuration +
+              "): the least communication per step among the configurations that fit");
+  }
+  Config config = impl_->config;
+  config.apply_override("booster.plugin=\"" + chosen.plugin + "\"");
+  for (const auto& o : chosen.options) config.apply_override("plugin." + o);
+  PluginContext ctx;
+  ctx.name = chosen.plugin;
+  ctx.options = config.section("plugin");
+  ctx.world = impl_->world;
+  std::shared_ptr<Plugin> plugin = load_plugin(ctx);
+  // Booster settings the chosen plugin replaces (max_norm, norm_type) move to its own options.
+  Options b = config.section("booster");
+  std::vector<std::string> moved;
+  for (const ShadowedSetting& s : plugin->shadowed_settings()) {
+    if (s.replacement.rfind("plugin.", 0) != 0 || s.replacement.find(' ') != std::string::npos) continue;
+    if (s.key == "booster.max_norm" && b.has("max_norm")) moved.push_back(s.replacement + "=" + toml_float(impl_->max_norm));
+    if (s.key == "booster.norm_type" && b.has("norm_type"))
+      moved.push_back(s.replacement + "=" + toml_float(impl_->norm_type));
+  }
+  if (!moved.empty()) {
+    config.apply_overrides(moved);
+    ctx.options = config.section("plugin");
+    plugin = load_plugin(ctx);
+  }
+  impl_->config = config;
+  impl_->auto_pending = false;
+  attach_plugin(std::move(plugin));
+}
+
 Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
                               std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!model) throw std::invalid_argument("booster: boost() needs a model (got null)");
+  if (impl_->auto_pending) choose_auto(*model, optimizer.get());
   if (optimizer) {
     // Every optimizer parameter must belong to the model (the plugin syncs the model's gradients).
     std::vector<const void*> mine;
@@ -201,9 +324,14 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
 
 bool Booster::estimate_requested() const { return impl_->estimate; }
 
+std::string Booster::auto_not_chosen(const std::string& what) const {
+  return "booster: plugin = \"auto\" chooses the plugin at the first boost(); " + what +
+         " is available after it (call boost() first)";
+}
+
 void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                            const std::function<torch::Tensor()>& loss) {
-  dist::ProcessGroup& w = *impl_->plugin->world();
+  dist::ProcessGroup& w = *impl_->world;
   if (w.size() != 1)
     throw ConfigError("booster: [booster] estimate = true measures one micro-batch in one process, but this job has " +
                       std::to_string(w.size()) + " ranks; run the trainer as a single process and set "
@@ -240,7 +368,7 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
   }
   const int64_t available = available_memory_bytes();
   const int64_t budget = available / std::max(1, request.world_size);
-  EstimateTable table = estimate_installed_plugins(request, impl_->plugin->world());
+  EstimateTable table = estimate_installed_plugins(request, impl_->world);
   std::cout << format_estimate_table(request, table, runtime, budget) << "  " << measured << "\n"
             << "  runtime: this process's resident memory besides the model (LibTorch, Gloo, data)\n"
             << "  fits: total <= MemAvailable / world size (all ranks on this machine: "
@@ -301,10 +429,14 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<da
   o.shuffle = shuffle;
   o.seed = seed;
   o.drop_last = drop_last;
+  // plugin = "auto" before boost(): every configuration it may choose is data parallel over the world.
+  if (!impl_->plugin)
+    return std::make_shared<data::DataLoader>(std::move(dataset), o, impl_->world->size(), impl_->world->rank());
   return impl_->plugin->prepare_dataloader(std::move(dataset), o);
 }
 
 checkpoint::CheckpointIO& Booster::checkpoint_io() {
+  if (!impl_->plugin) throw PluginError(auto_not_chosen("checkpoint IO"));
   if (!impl_->checkpoint_io) {
     impl_->checkpoint_io = impl_->plugin->control_checkpoint_io()
                                ? impl_->plugin->checkpoint_io()
@@ -327,9 +459,15 @@ void Booster::load_lr_scheduler(LRScheduler& scheduler, const std::string& path)
   checkpoint_io().load_lr_scheduler(scheduler, path);
 }
 
-Plugin& Booster::plugin() { return *impl_->plugin; }
+Plugin& Booster::plugin() {
+  if (!impl_->plugin) throw PluginError(auto_not_chosen("plugin()"));
+  return *impl_->plugin;
+}
+std::shared_ptr<dist::ProcessGroup> Booster::data_parallel_group() {
+  return impl_->plugin ? impl_->plugin->data_parallel_group() : impl_->world;
+}
 const Config& Booster::config() const { return impl_->config; }
-dist::ProcessGroup& Booster::world() { return *impl_->plugin->world(); }
+dist::ProcessGroup& Booster::world() { return *impl_->world; }
 const std::string& Booster::mixed_precision() const { return impl_->mixed_precision; }
 
 }  // namespace booster

@@ -289,7 +289,7 @@ int run(int argc, char** argv) {
   TrainOptions opt = read_train_options(train_section, output_dir);
   train_section.check_unknown();
   booster::Booster booster(config);
-  auto dp = booster.plugin().data_parallel_group();
+  auto dp = booster.data_parallel_group();
 
   gpt::Corpus corpus =
       gpt::split_kjv(gpt::read_or_make_kjv(opt.corpus, world->rank() == 0), gpt::split_list(opt.val_books));

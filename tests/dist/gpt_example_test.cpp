@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "common/test_util.h"
@@ -27,13 +29,16 @@ std::string corpus_path() {
 
 ProcessResult run_gpt(const std::string& config, int ranks, const std::string& out, std::vector<std::string> sets = {}) {
   std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", std::to_string(ranks), "--master_port",
-                                std::to_string(free_port()), kGpt, "--config", kConfigs + config, "--output_dir", out};
+                                std::to_string(free_port()), kGpt, "--config", config[0] == '/' ? config : kConfigs + config, "--output_dir", out};
+  std::vector<std::string> mine = std::move(sets);  // the caller's settings win over these defaults
+  sets.clear();
   for (std::string s : {"train.n_layer=2", "train.n_embd=32", "train.n_head=2", "train.n_ctx=32", "train.batch_size=8",
                         "train.max_steps=200", "train.eval_interval=50", "train.eval_windows=16",
                         "train.final_eval_windows=64", "train.warmup_steps=10", "train.log_interval=50",
                         "train.sample_length=20", "train.max_minutes=3"})
     sets.push_back(s);
   sets.push_back("train.corpus=\"" + corpus_path() + "\"");
+  sets.insert(sets.end(), mine.begin(), mine.end());
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
   return run_process(argv, {}, 300);
 }
@@ -103,3 +108,64 @@ TEST(GptExample, SameBatchSameLossOnOneRankUnderTp2AndPp2) {
 }
 
 }  // namespace
+
+// plugin = "auto" on the GPT example (2 ranks, gpt_ddp.toml without its [plugin] table, runtime_mb = 0
+// so that every need is the plugins' own deterministic figure, offload_dir set so Gemini's offload
+// row competes). A first run with a large budget logs every candidate's need in bytes, in the order
+// auto prefers them (least communication, then the simpler plugin); then, for every candidate that
+// needs less than all the ones before it, a run with exactly its need as the budget must choose it and
+// train; one byte less than the smallest need is a clear error naming it.
+TEST(GptExample, AutoPicksTheConfigurationEachBudgetForces) {
+  if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
+  TempDir dir;
+  std::ifstream in(kConfigs + "gpt_ddp.toml");
+  std::ofstream conf(dir.file("auto.toml"));
+  bool in_plugin = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '[') in_plugin = line.rfind("[plugin]", 0) == 0;
+    if (!in_plugin) conf << line << "\n";
+  }
+  conf.close();
+  std::filesystem::create_directories(dir.file("offload"));
+  auto run = [&](const std::string& budget_mb, const std::string& out) {
+    return run_gpt(dir.file("auto.toml"), 2, dir.file(out),
+                   {"booster.plugin=\"auto\"", "auto.runtime_mb=0", "auto.memory_budget_mb=" + budget_mb,
+                    "auto.offload_dir=\"" + dir.file("offload") + "\"", "train.max_steps=2", "train.eval_interval=2",
+                    "train.sample_length=0"});
+  };
+  auto first = run("1000000", "big");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::regex candidate(R"(booster: auto:   (\S+ \(.*\)): needs [0-9.]+ MiB \(([0-9]+) bytes\))");
+  std::vector<std::pair<std::string, int64_t>> needs;  // in auto's order of preference
+  std::istringstream lines(first.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, candidate)) needs.emplace_back(m[1], std::stoll(m[2]));
+  }
+  ASSERT_GE(needs.size(), 6u) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("booster: auto: chose " + needs.front().first));
+  int forced = 0;
+  std::string forced_names;
+  int64_t least = INT64_MAX;
+  for (size_t i = 0; i < needs.size(); ++i) {
+    if (needs[i].second >= least) continue;  // a preferred configuration fits in its budget too
+    least = needs[i].second;
+    char budget[64];
+    std::snprintf(budget, sizeof budget, "%.12f", (static_cast<double>(needs[i].second) + 0.5) / (1 << 20));
+    auto r = run(budget, "run" + std::to_string(i));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("booster: auto: chose " + needs[i].first)) << "budget " << budget;
+    EXPECT_GE(read_metrics(dir.file("run" + std::to_string(i))).rows, 1) << needs[i].first;  // it trained
+    ++forced;
+    forced_names += "\n             " + needs[i].first + " at " + budget + " MiB";
+  }
+  std::printf("[ auto     ] %zu candidates, %d forced by their own need as the budget:%s\n", needs.size(), forced,
+              forced_names.c_str());
+  EXPECT_GE(forced, 4);  // DDP, ZeRO, FSDP and Gemini's offload each win some budget
+  char below[64];
+  std::snprintf(below, sizeof below, "%.12f", (static_cast<double>(least) - 1.5) / (1 << 20));
+  auto none = run(below, "none");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_THAT(none.output, HasSubstr("no configuration fits in"));
+  EXPECT_THAT(none.output, HasSubstr("the smallest need is"));
+}

@@ -6,6 +6,9 @@
 // (docs/benchmarks.md, "Estimate against measurement") and EstimateMode.* in the dist tests.
 #include "booster/estimate.h"
 
+#include "booster/auto_select.h"
+#include "booster/config.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -183,4 +186,59 @@ TEST(EstimateCommand, PrintsEveryPluginAndRejectsBadInput) {
   auto missing = bt::run_process({BOOSTER_CLI_PATH, "estimate"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.output, HasSubstr("--params is required"));
+}
+
+namespace {
+MemoryEstimate row(const std::string& plugin, const std::string& configuration, double volume, int64_t total,
+                   std::vector<std::string> options = {}, bool data_parallel = true) {
+  MemoryEstimate e;
+  e.plugin = plugin;
+  e.configuration = configuration;
+  e.communication_volume = volume;
+  e.states.parameters = total;  // total() = model states here
+  e.options = std::move(options);
+  e.data_parallel = data_parallel;
+  return e;
+}
+
+std::string chosen(const std::vector<MemoryEstimate>& rows, int64_t budget, const std::string& dir = "") {
+  auto s = booster::select_auto_configuration(rows, 10, budget, dir);  // runtime 10 bytes added to every row
+  return s.chosen.plugin + " " + s.chosen.configuration;
+}
+}  // namespace
+
+TEST(AutoSelect, LeastCommunicationThatFitsThenTheSimplerPlugin) {
+  // Listed in no particular order: the selection sorts by volume, then plugin order, then row order.
+  std::vector<MemoryEstimate> rows{
+      row("torch_fsdp", "FULL_SHARD", 3, 40),
+      row("gemini", "offload", 3, 30, {"precision=\"fp32\"", "offload_dir=\"\""}),
+      row("hybrid_parallel", "tp 2", 1, 5, {}, /*data_parallel=*/false),
+      row("low_level_zero", "stage 1", 2, 60),
+      row("torch_ddp", "default", 2, 100),
+      row("torch_ddp", "view", 2, 80),
+      row("low_level_zero", "stage 2", 2, 50),
+  };
+  EXPECT_EQ(chosen(rows, 1000), "torch_ddp default");
+  EXPECT_EQ(chosen(rows, 110), "torch_ddp default");  // 100 + runtime 10: exactly the budget fits
+  EXPECT_EQ(chosen(rows, 109), "torch_ddp view");
+  EXPECT_EQ(chosen(rows, 89), "low_level_zero stage 1");
+  EXPECT_EQ(chosen(rows, 69), "low_level_zero stage 2");
+  EXPECT_EQ(chosen(rows, 59), "torch_fsdp FULL_SHARD");  // 3Ψ only when no 2Ψ configuration fits
+  auto offload = booster::select_auto_configuration(rows, 10, 49, "/data/x\"y");
+  EXPECT_EQ(offload.chosen.plugin, "gemini");
+  EXPECT_THAT(offload.chosen.options, ::testing::Contains("offload_dir=\"/data/x\\\"y\""));
+  std::string reasons;
+  for (const auto& r : offload.reasons) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("hybrid_parallel (tp 2): not considered (the model must be built for its mesh)"));
+  EXPECT_THAT(reasons, HasSubstr("torch_ddp (default): needs 0.0 MiB (110 bytes), 2Ψ per step, does not fit"));
+  EXPECT_THAT(reasons, HasSubstr("gemini (offload): needs 0.0 MiB (40 bytes), 3Ψ per step, fits: chosen"));
+  try {
+    chosen(rows, 49);  // Gemini's offload row needs a directory
+    ADD_FAILURE() << "nothing fits, yet a choice was made";
+  } catch (const booster::ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no configuration fits in 0.0 MiB per rank; the smallest need is 0.0 MiB "
+                                    "(torch_fsdp: FULL_SHARD)"));
+    EXPECT_THAT(e.what(), HasSubstr("set auto.offload_dir"));
+  }
+  EXPECT_THROW(chosen({row("hybrid_parallel", "tp 2", 1, 5, {}, false)}, 1000), booster::ConfigError);
 }

@@ -71,7 +71,12 @@ class BOOSTER_API Booster {
   // (no clipping in step()), norm_type = 2.0 or inf (TOML float), estimate = false (true: boost()
   // prints the per-rank memory of every installed plugin's configurations for estimate_world_size
   // ranks (default: the launched world size) and exits; needs a single-process run),
-  // estimate_world_size), [mixed_precision] (fp16 loss scaler options,
+  // estimate_world_size; plugin = "auto": the plugin and its [plugin] options are chosen at the first
+  // boost() (auto_select.h) from the installed plugins' estimates for this model, with [auto]
+  // memory_budget_mb (per rank; default MemAvailable / ranks on the node, least over ranks),
+  // activation_mb (added to every configuration; default 0), runtime_mb (memory a rank holds besides
+  // the model; default measured, most over ranks) and offload_dir (lets Gemini keep its optimizer side
+  // on disk); [plugin] must then be empty, and plugin() / checkpoint IO exist only after boost()), [mixed_precision] (fp16 loss scaler options,
   // see mixed_precision/precision.h) and loads the plugin with the [plugin] table (plugin.path =
   // explicit .so). Launches a single-process world when nothing was
   // launched yet (launch_from_config with no args). Throws ConfigError for bad or unknown keys and
@@ -204,6 +209,9 @@ class BOOSTER_API Booster {
   checkpoint::CheckpointIO& checkpoint_io();
 
   Plugin& plugin();
+  // The plugin's data-parallel group (Plugin::data_parallel_group): ranks in it see different data.
+  // Before boost() under plugin = "auto", the world (every configuration auto picks is data parallel).
+  std::shared_ptr<dist::ProcessGroup> data_parallel_group();
   const Config& config() const;
   dist::ProcessGroup& world();
   const std::string& mixed_precision() const;
@@ -211,6 +219,10 @@ class BOOSTER_API Booster {
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
   bool estimate_requested() const;
+  void attach_plugin(std::shared_ptr<Plugin> plugin);
+  // plugin = "auto": picks and loads the configuration for this model (auto_select.h).
+  void choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
+  std::string auto_not_chosen(const std::string& what) const;
   // Prints the estimate table (estimate.h) for this model, optimizer and measured micro-batch (loss
   // may be empty: activations not measured) on stdout and exits the process with status 0.
   [[noreturn]] void run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,

@@ -1,0 +1,31 @@
+// auto_select.h — how plugin = "auto" picks its configuration at boost(): among every installed
+// plugin's estimate rows (estimate.h) that keep the model as built (data_parallel), the ones whose
+// per-rank total fits the budget, the least communication volume per step (ZeRO paper, section 7:
+// DDP and ZeRO-1/2 2Ψ, ZeRO-3 3Ψ); ties go to the simpler strategy, in the order torch_ddp,
+// low_level_zero, torch_fsdp, gemini, then other plugins by name, and within a plugin its own row
+// order (each plugin lists its rows from the fastest to the most memory-frugal).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "booster/core/memory_estimate.h"
+#include "booster/export.h"
+
+namespace booster {
+
+struct AutoSelection {
+  MemoryEstimate chosen;             // the row picked, its options completed (offload_dir filled in)
+  std::vector<std::string> reasons;  // one line per candidate: need, fits or not, why not chosen
+};
+
+// rows: every plugin's estimate rows (plugin names filled in). runtime_bytes is added to each row's
+// total; budget_bytes is per rank. A row with an option `offload_dir=""` (Gemini's offload row) is a
+// candidate only when offload_dir is not empty, which is then put into it. Throws ConfigError
+// naming the budget, the smallest need and its configuration when nothing fits, or when no row is a
+// candidate at all (the message lists the plugins and why).
+BOOSTER_API AutoSelection select_auto_configuration(const std::vector<MemoryEstimate>& rows, int64_t runtime_bytes,
+                                                    int64_t budget_bytes, const std::string& offload_dir);
+
+}  // namespace booster
