@@ -253,3 +253,27 @@ TEST(Example, FsdpCheckpointResumesUnderDdp) {
   EXPECT_THAT(ddp.output, Not(HasSubstr("converted")));
   EXPECT_EQ(read_file(ddp_ckpt + "/epoch.txt"), "2\n");
 }
+
+// --estimate N: one process measures one real micro-batch and prints every installed plugin's
+// per-rank memory for N ranks, then exits without training or writing a run directory; under
+// several ranks it is a clear error (the measurement is single-process).
+TEST(Example, EstimatePrintsEveryPluginForTheRequestedWorldAndExits) {
+  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TempDir dir;
+  auto argv = example_args(dir.file("run"));  // one process: no launcher
+  argv.insert(argv.end(), {"--estimate", "4"});
+  auto r = run_process(argv, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("parameters, 4 ranks, fp32, 8 bytes of optimizer state per parameter"));
+  for (const char* plugin : {"torch_ddp", "low_level_zero", "torch_fsdp", "gemini", "hybrid_parallel"})
+    EXPECT_THAT(r.output, HasSubstr(std::string("\n") + plugin + " ")) << plugin;
+  EXPECT_THAT(r.output, HasSubstr("activations measured on one micro-batch of the data loader"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("activations 0.0 MiB")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/metrics.csv")));
+
+  auto two = booster_run_argv(dir.file("run2"));
+  two.insert(two.end(), {"--estimate", "4"});
+  auto bad = run_process(two, {}, 120);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("run the trainer as a single process"));
+}
