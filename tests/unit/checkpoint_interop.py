@@ -18,6 +18,14 @@ python that has torch 1.13 (/usr/bin/python3).
       dict), <dir>/sharded/pytorch_model-0000{1,2}-of-00002.bin + pytorch_model.bin.index.json (as
       transformers shards), <dir>/ordered.bin (an OrderedDict, i.e. torch.save(model.state_dict())),
       and <dir>/expected.json: {name: {"dtype", "shape", "hex"}} where hex is the C-order bytes.
+
+  write_pickles <dir> <marker>
+      Writes the restricted unpickler's cases (tests/unit/torch_unpickler_test.cpp): a state_dict()
+      OrderedDict, a one-tensor dict, every dtype, views of one storage, nested dicts with non-tensor
+      values, a sharded checkpoint with a tensor alone in its shard; and hostile or broken archives:
+      os.system / builtins.eval globals (they would create <marker>), a truncated pickle, a missing
+      or short storage record, 5000 nested lists, a view outside its storage, the legacy format, a
+      list at the top. <dir>/expected.json: {file: {"order", "tensors": {name: describe}}}.
 """
 import collections
 import json
@@ -139,6 +147,117 @@ def write_ref(out):
     print("ok")
 
 
+def raw_hex_any(t):
+    """C-order bytes of any dtype (complex through numpy, which views it as bytes)."""
+    t = t.detach().contiguous()
+    if t.numel() == 0:
+        return ""
+    if t.is_complex():
+        return t.numpy().tobytes().hex()
+    return raw_hex(t)
+
+
+def _zip_with(src, dst, replace=None, drop=()):
+    """Copies the zip archive src to dst, replacing records (name suffix -> bytes) and dropping some."""
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            if any(info.filename.endswith(d) for d in drop):
+                continue
+            data = zin.read(info.filename)
+            for suffix, new in (replace or {}).items():
+                if info.filename.endswith(suffix):
+                    data = new
+            zout.writestr(info.filename, data)
+
+
+class _Evil:
+    def __init__(self, fn, arg):
+        self.fn, self.arg = fn, arg
+
+    def __reduce__(self):
+        return (self.fn, (self.arg,))
+
+
+class _Outside:
+    def __init__(self, storage):
+        self.storage = storage
+
+    def __reduce__(self):
+        return (torch._utils._rebuild_tensor_v2, (self.storage, 100, (10,), (1,), False, collections.OrderedDict()))
+
+
+def write_pickles(out, marker):
+    """The restricted unpickler's cases (tests/unit/torch_unpickler_test.cpp): files Python's torch.save
+    writes for state dicts, and hostile or broken ones. expected.json: {file: {name: describe}}."""
+    import pickle
+    torch.manual_seed(0)
+    expected = {}
+
+    def save(name, obj, flat):
+        torch.save(obj, os.path.join(out, name))
+        expected[name] = {"order": list(flat.keys()),
+                          "tensors": {n: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape),
+                                          "hex": raw_hex_any(v)} for n, v in flat.items()}}
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    net(torch.randn(5, 3))  # running statistics move, num_batches_tracked = 1
+    sd = net.state_dict()
+    save("state_dict.bin", sd, dict(sd))  # an OrderedDict with _metadata
+    save("single.bin", {"only": torch.arange(6.0).reshape(2, 3)}, {"only": torch.arange(6.0).reshape(2, 3)})
+    dtypes = {}
+    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+               torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128):
+        base = torch.arange(-3, 4)
+        v = (base % 2 == 0) if dt == torch.bool else (base.abs() if dt == torch.uint8 else base).to(dt)
+        if dt.is_floating_point:
+            v = v / 3
+        if dt.is_complex:
+            v = torch.complex(base.double() / 3, -base.double()).to(dt)
+        dtypes[str(dt).replace("torch.", "")] = v
+    save("dtypes.bin", dtypes, dtypes)
+    base = torch.arange(24.0)
+    views = {"base": base, "slice": base[2:10], "transposed": base.view(4, 6).t(), "strided": base[::3],
+             "scalar": torch.tensor(7.5), "empty": torch.zeros(0, 3)}
+    save("views.bin", views, views)
+    w = torch.randn(3, 2)
+    nested = {"model": {"fc.weight": w, "fc.bias": torch.ones(3)}, "step": 3, "name": "run", "lr": 0.5, "none": None,
+              "optimizer": {"state": {0: {"exp_avg": torch.full((2,), 0.25)}}}}
+    save("nested.bin", nested, {"model.fc.weight": w, "model.fc.bias": torch.ones(3),
+                                "optimizer.state.0.exp_avg": torch.full((2,), 0.25)})
+    # A HuggingFace-style sharded checkpoint whose oversized tensor sits alone in its shard.
+    os.makedirs(os.path.join(out, "alone"), exist_ok=True)
+    big, small = torch.randn(64, 64), {"a": torch.randn(3), "b": torch.randn(2, 2)}
+    torch.save({"big": big}, os.path.join(out, "alone", "pytorch_model-00001-of-00002.bin"))
+    torch.save(small, os.path.join(out, "alone", "pytorch_model-00002-of-00002.bin"))
+    weight_map = {"big": "pytorch_model-00001-of-00002.bin", "a": "pytorch_model-00002-of-00002.bin",
+                  "b": "pytorch_model-00002-of-00002.bin"}
+    total = sum(t.numel() * t.element_size() for t in [big, *small.values()])
+    with open(os.path.join(out, "alone", "pytorch_model.bin.index.json"), "w") as f:
+        f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+    expected["alone"] = {"order": ["big", "a", "b"],
+                         "tensors": {n: describe(v) for n, v in {"big": big, **small}.items()}}
+    # Hostile and broken files, made from single.bin.
+    src = os.path.join(out, "single.bin")
+    import posix
+    _zip_with(src, os.path.join(out, "evil_global.bin"),
+              {"data.pkl": pickle.dumps({"x": _Evil(posix.system, "touch " + marker)}, protocol=2)})
+    import builtins
+    _zip_with(src, os.path.join(out, "evil_stack_global.bin"),
+              {"data.pkl": pickle.dumps({"x": _Evil(builtins.eval, "open(%r, 'w')" % marker)}, protocol=4)})
+    _zip_with(src, os.path.join(out, "truncated.bin"), {"data.pkl": pickle.dumps({"a": 1}, protocol=2)[:-5]})
+    _zip_with(src, os.path.join(out, "missing_storage.bin"), drop=("data/0",))
+    _zip_with(src, os.path.join(out, "short_storage.bin"), {"data/0": b"\0" * 20})
+    deep = b"\x80\x02" + b"]" * 5000 + b"a" * 4999 + b"."
+    _zip_with(src, os.path.join(out, "deep.bin"), {"data.pkl": deep})
+    torch.save({"x": _Outside(torch.arange(4.0).storage())}, os.path.join(out, "outside.bin"))
+    torch.save(sd, os.path.join(out, "legacy.bin"), _use_new_zipfile_serialization=False)
+    torch.save([torch.ones(2)], os.path.join(out, "list.bin"))
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f)
+    print("ok")
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "read_ours":
@@ -147,6 +266,8 @@ def main():
         check_index(sys.argv[2:])
     elif cmd == "write_ref":
         write_ref(sys.argv[2])
+    elif cmd == "write_pickles":
+        write_pickles(sys.argv[2], sys.argv[3])
     else:
         sys.exit("unknown command " + cmd)
 

@@ -9,7 +9,6 @@
 #include <ATen/core/ivalue.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
 #include <cerrno>
@@ -18,6 +17,7 @@
 
 #include "booster/io/atomic_write.h"
 #include "checkpoint_detail.h"
+#include "torch_unpickler.h"
 
 namespace booster::checkpoint {
 namespace {
@@ -35,19 +35,6 @@ at::Tensor standalone(const at::Tensor& t) {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-// True if the archive's pickle starts with a collections.OrderedDict (protocol 2: PROTO 2, GLOBAL).
-bool pickles_ordered_dict(const std::string& path) {
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    if (!reader.hasRecord("data.pkl")) return false;
-    auto [data, size] = reader.getRecord("data.pkl");
-    static const std::string prefix = std::string("\x80\x02", 2) + "ccollections\nOrderedDict\n";
-    return size >= prefix.size() && std::memcmp(data.get(), prefix.data(), prefix.size()) == 0;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 }  // namespace
 
@@ -99,32 +86,8 @@ StateDict read_bin(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0)
     throw CheckpointError("cannot open '" + path + "': " + std::string(std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) throw CheckpointError("'" + path + "' is not a regular file");
-  c10::IValue value;
-  try {
-    // What torch::pickle_load does, reading from the file instead of a buffer in memory.
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    value = torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, c10::nullopt, reader);
-  } catch (const std::exception& e) {
-    if (pickles_ordered_dict(path))
-      throw CheckpointError("'" + path +
-                            "' holds a collections.OrderedDict (torch.save(model.state_dict())), which LibTorch's "
-                            "unpickler cannot rebuild; re-save it from Python as a plain dict: "
-                            "torch.save(dict(state_dict), path)");
-    throw CheckpointError("'" + path + "' is not a readable torch.save zip archive of a dict of tensors: " +
-                          first_line(e.what()));
-  }
-  if (!value.isGenericDict())
-    throw CheckpointError("'" + path + "' holds a " + value.tagKind() + ", expected a dict of str -> Tensor");
-  StateDict out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString())
-      throw CheckpointError("'" + path + "': a key is a " + item.key().tagKind() + ", expected str");
-    const std::string name = item.key().toStringRef();
-    if (!item.value().isTensor())
-      throw CheckpointError("'" + path + "': value of '" + name + "' is a " + item.value().tagKind() +
-                            ", expected a Tensor");
-    out.emplace_back(name, item.value().toTensor().detach());  // no autograd flags from the file
-  }
+  StateDict out = detail::unpickle_state_dict(path);
+  for (auto& [name, tensor] : out) tensor = tensor.detach();  // no autograd flags from the file
   return out;
 }
 
