@@ -10,6 +10,8 @@
 
 #include "booster/config.h"
 
+#include <cctype>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -80,6 +82,12 @@ void Config::apply_override(const std::string& assignment) {
       throw ConfigError(where + ": empty key part in " + quote(key_text) +
                         "; expected <section>.<key>=<value>, " + kOverrideExample);
     }
+    // Option names are TOML bare keys; anything else is a typo (and would not print back as TOML).
+    for (char c : k)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'))
+        throw ConfigError(where + ": key part " + quote(k) + " has the character " + quote(std::string(1, c)) +
+                          "; option names are letters, digits, '_' and '-'; expected <section>.<key>=<value>, " +
+                          kOverrideExample);
   }
 
   // The value: TOML if it parses as exactly one TOML value, else the raw text as a string.

@@ -97,7 +97,8 @@ class BOOSTER_API Config {
   void apply_overrides(const std::vector<std::string>& assignments);
 
   // The view of one top-level table ("plugin"); empty view if absent. Views of the same section
-  // share their read-key record, so check_unknown() sees reads done through any of them.
+  // share their read-key record, so check_unknown() sees reads done through any of them. Throws
+  // ConfigError (with the source location) when the key exists but is not a table.
   Options section(const std::string& name) const;
   // Throws ConfigError for a top-level key or table not in `known_sections`.
   void check_sections(const std::vector<std::string>& known_sections) const;
