@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_fuzz.sh — builds a fuzzer (libFuzzer + ASan + UBSan, parser only: no LibTorch code is
-# linked) and runs it for a bounded time. FUZZ_TARGET picks it: safetensors (default: the
-# safetensors header and offsets) or config (the TOML config reader and --set overrides).
+# linked, except for pickle) and runs it for a bounded time. FUZZ_TARGET picks it: safetensors
+# (default: the safetensors header and offsets), config (the TOML config reader and --set
+# overrides) or pickle (the restricted unpickler of .bin files).
 #
 #   [FUZZ_TARGET=config] tests/fuzz/run_fuzz.sh [OUTPUT_DIR] [SECONDS] [extra libFuzzer args...]
 #
@@ -36,6 +37,7 @@ case "$target" in
     if [ -d "$root/tests/fixtures/safetensors" ]; then seeds+=("$root/tests/fixtures/safetensors"); fi
     dict=(-dict="$here/safetensors.dict")
     defines=()
+    libs=()
     ;;
   config)
     sources=("$here/config_fuzz.cpp" "$root/booster/src/config.cpp" "$root/booster/src/options.cpp"
@@ -52,9 +54,19 @@ case "$target" in
     # Our release build gives a clear ConfigError for such input (checked); the sanitizer's
     # unreachable check is off here so the fuzzer can look past it.
     defines=('-DTOML_ASSERT(expr)=((void)0)' -fno-sanitize=unreachable)
+    libs=()
+    ;;
+  pickle)
+    # The unpickler needs LibTorch (tensors, the zip reader): linked as Debian ships it
+    # (uninstrumented); only our sources are instrumented.
+    sources=("$here/pickle_fuzz.cpp" "$root/booster/src/checkpoint/torch_unpickler.cpp")
+    seeds=("$here/corpus_pickle")
+    dict=()
+    defines=(-fno-sanitize=vptr)
+    libs=(-ltorch_cpu -lc10)
     ;;
   *)
-    echo "run_fuzz: FUZZ_TARGET must be safetensors or config, got '$target'" >&2
+    echo "run_fuzz: FUZZ_TARGET must be safetensors, config or pickle, got '$target'" >&2
     exit 2
     ;;
 esac
@@ -68,7 +80,7 @@ echo "run_fuzz: building $bin"
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Wall -Wextra -Wno-unused-parameter \
   -I"$root/booster/include" -I"$root/booster/src" "${defines[@]}" \
-  "${sources[@]}" \
+  "${sources[@]}" "${libs[@]}" \
   -o "$bin"
 
 echo "run_fuzz: fuzzing for ${seconds}s"

@@ -67,6 +67,13 @@ class Machine {
  public:
   Machine(const std::string& path, caffe2::serialize::PyTorchStreamReader& reader, const char* data, size_t size)
       : path_(path), reader_(reader), p_(reinterpret_cast<const uint8_t*>(data)), n_(size) {}
+  Machine(const Machine&) = delete;
+  Machine& operator=(const Machine&) = delete;
+  // A container can hold itself through the memo (a list appended to itself): the references
+  // between containers are dropped here so that no cycle outlives the machine.
+  ~Machine() {
+    for (const auto& c : containers_) c->items.clear();
+  }
 
   ValuePtr run() {
     while (true) {
@@ -252,6 +259,7 @@ class Machine {
   }
   ValuePtr container(Value::Kind kind, std::vector<ValuePtr> items) {
     auto v = make(kind);
+    containers_.push_back(v);
     v->items = std::move(items);
     v->depth = 1;
     for (const auto& i : v->items) v->depth = std::max(v->depth, i->depth + 1);
@@ -372,6 +380,7 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, ValuePtr> memo_;
   std::unordered_map<std::string, at::Tensor> storages_;
+  std::vector<ValuePtr> containers_;  // every tuple, list and dict made (see ~Machine)
 };
 
 void flatten(const std::string& path, const Value& dict, const std::string& prefix, StateDict& out,
@@ -411,6 +420,11 @@ StateDict unpickle_state_dict(const std::string& path) {
     const std::string what = e.what();
     throw CheckpointError("'" + path + "' is not a torch.save zip archive: " + what.substr(0, what.find('\n')));
   }
+  return unpickle_state_dict(*reader, path);
+}
+
+StateDict unpickle_state_dict(caffe2::serialize::PyTorchStreamReader& archive, const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader* reader = &archive;
   if (reader->hasRecord("byteorder")) {
     auto [data, size] = reader->getRecord("byteorder");
     if (std::string(static_cast<const char*>(data.get()), size) != "little")

@@ -15,6 +15,10 @@
 
 #include "booster/checkpoint/safetensors.h"  // StateDict, CheckpointError
 
+namespace caffe2::serialize {
+class PyTorchStreamReader;
+}
+
 namespace booster::checkpoint::detail {
 
 // Reads the torch.save zip archive `path` and returns its tensors: a dict (or OrderedDict) of
@@ -26,5 +30,8 @@ namespace booster::checkpoint::detail {
 // deeper than 1000, a top level that is not a dict, a missing or wrongly sized storage record, a view
 // outside its storage, a key that is not str or int, and two tensors flattening to one name.
 StateDict unpickle_state_dict(const std::string& path);
+// The same for an archive already open (`path` names it in messages; tests/fuzz/pickle_fuzz.cpp
+// feeds in-memory archives this way).
+StateDict unpickle_state_dict(caffe2::serialize::PyTorchStreamReader& archive, const std::string& path);
 
 }  // namespace booster::checkpoint::detail
