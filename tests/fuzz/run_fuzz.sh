@@ -2,7 +2,8 @@
 # run_fuzz.sh — builds a fuzzer (libFuzzer + ASan + UBSan, parser only: no LibTorch code is
 # linked, except for pickle) and runs it for a bounded time. FUZZ_TARGET picks it: safetensors
 # (default: the safetensors header and offsets), config (the TOML config reader and --set
-# overrides) or pickle (the restricted unpickler of .bin files).
+# overrides), index (a HuggingFace index's weight_map) or pickle (the restricted unpickler of .bin
+# files).
 #
 #   [FUZZ_TARGET=config] tests/fuzz/run_fuzz.sh [OUTPUT_DIR] [SECONDS] [extra libFuzzer args...]
 #
@@ -56,6 +57,13 @@ case "$target" in
     defines=('-DTOML_ASSERT(expr)=((void)0)' -fno-sanitize=unreachable)
     libs=()
     ;;
+  index)
+    sources=("$here/index_fuzz.cpp" "$root/booster/src/checkpoint/index_json.cpp")
+    seeds=("$here/corpus_index")
+    dict=()
+    defines=()
+    libs=()
+    ;;
   pickle)
     # The unpickler needs LibTorch (tensors, the zip reader): linked as Debian ships it
     # (uninstrumented); only our sources are instrumented.
@@ -66,7 +74,7 @@ case "$target" in
     libs=(-ltorch_cpu -lc10)
     ;;
   *)
-    echo "run_fuzz: FUZZ_TARGET must be safetensors, config or pickle, got '$target'" >&2
+    echo "run_fuzz: FUZZ_TARGET must be safetensors, config, index or pickle, got '$target'" >&2
     exit 2
     ;;
 esac

@@ -336,6 +336,11 @@ TEST(ShardLoading, PeakMemoryIsAboutOneShard) {
   // (32-39 MiB measured here for 8 MiB shards). Pinning the threshold at its default (128 KiB)
   // makes large blocks go back to the system on free, so VmHWM shows the live memory.
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  // A Booster test earlier in this process may have set [booster] malloc = "retain" (trim threshold
+  // 2 GiB): freed heap would stay resident and the loads below reuse it unseen. Back to glibc's
+  // default and return what is free now.
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  malloc_trim(0);
 #endif
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");

@@ -13,6 +13,7 @@
 
 #include "booster/checkpoint/safetensors.h"
 #include "booster/io/atomic_write.h"
+#include "index_json.h"  // is_plain_file_name: checkpoint file names, weight_map values, extra files
 
 namespace booster::checkpoint {
 struct TensorSpec;  // state_dict_io.h
@@ -58,10 +59,6 @@ void as_checkpoint_error(F&& f) {
     throw CheckpointError(e.what());
   }
 }
-
-// A plain file name: not empty, "." or "..", no '/', '\\' or NUL (state_dict_io.cpp). Checkpoint
-// file names, index weight_map values and extra files must be plain.
-bool is_plain_file_name(const std::string& name);
 
 // The safetensors writer in pieces (safetensors.cpp), so that a file's header can be written before
 // its tensors are at hand: write_safetensors is these over a StateDict, save_state_dict_streamed

@@ -41,6 +41,7 @@
 namespace booster::checkpoint {
 
 using detail::quote;
+using detail::is_plain_file_name;
 using detail::shape_text;
 
 namespace {
@@ -62,12 +63,6 @@ std::string rank_file_name(const std::string& base, int rank, int world_size) {
 std::string entry_name(const std::string& name, int64_t offset) { return name + "@" + std::to_string(offset); }
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
-
-// A plain file name: no directory part, not "." / "..", no separators or NUL.
-bool is_plain_file_name(const std::string& name) {
-  if (name.empty() || name == "." || name == "..") return false;
-  return name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
-}
 
 std::string range_text(int64_t begin, int64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";

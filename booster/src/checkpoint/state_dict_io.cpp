@@ -36,13 +36,9 @@
 #include "booster/checkpoint/torch_pickle.h"
 #include "booster/io/atomic_write.h"
 #include "checkpoint_detail.h"
+#include "index_json.h"
 
 namespace booster::checkpoint {
-
-bool detail::is_plain_file_name(const std::string& name) {
-  if (name.empty() || name == "." || name == "..") return false;
-  return name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
-}
 
 namespace {
 
@@ -136,29 +132,8 @@ struct CheckpointPlan {
 CheckpointPlan plan_index(const std::string& index_path) {
   const std::string dir = fs::path(index_path).parent_path().string();
   const std::string shard_dir = dir.empty() ? std::string(".") : dir;
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(read_text_file(index_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError("index '" + index_path + "' is not valid JSON: " + e.what());
-  }
-  if (!index.is_object()) throw CheckpointError("index '" + index_path + "' is not a JSON object");
-  if (index.contains("metadata") && !index["metadata"].is_object())
-    throw CheckpointError("index '" + index_path + "': \"metadata\" is not an object");
-  auto wm = index.find("weight_map");
-  if (wm == index.end() || !wm->is_object())
-    throw CheckpointError("index '" + index_path + "' has no \"weight_map\" object");
-
-  std::map<std::string, std::vector<std::string>> by_file;  // sorted by file name = shard order
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    if (!it.value().is_string())
-      throw CheckpointError("index '" + index_path + "': weight_map entry '" + it.key() + "' is not a string");
-    const std::string file = it.value().get<std::string>();
-    if (!is_plain_file_name(file))
-      throw CheckpointError("index '" + index_path + "': weight_map entry '" + it.key() + "' names '" + file +
-                            "', which is not a plain file name inside the checkpoint directory");
-    by_file[file].push_back(it.key());
-  }
+  std::map<std::string, std::vector<std::string>> by_file =
+      detail::parse_weight_map(read_text_file(index_path), index_path);
   // Validate before reading any tensor data.
   CheckpointPlan plan;
   plan.index_path = index_path;
