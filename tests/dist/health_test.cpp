@@ -1,7 +1,8 @@
 // health_test.cpp — a hung rank is named: 3 ranks under `booster run` with timeout_s = 5; after
 // one allreduce rank 2 stops itself with SIGSTOP (or sleeps, stuck outside collectives); ranks 0 and
-// 1 must fail their next allreduce within the timeout plus the health check's store wait, with an
-// error naming rank 2 and why, and the launcher must stop the job and leave no process behind.
+// 1 must fail their next allreduce within the timeout plus the health check's store wait, rank 0 (the
+// store's server) with an error naming rank 2 and why, and the launcher must stop the job and leave
+// no process behind.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -36,12 +37,16 @@ TEST(Health, StoppedRankIsNamedAndTheJobEnds) {
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(r.seconds, 40.0) << r.output;
-  for (int rank : {0, 1}) {
-    const std::string err = bt::read_file(dir.file("rank" + std::to_string(rank) + ".err"));
-    EXPECT_THAT(err, HasSubstr("rank 2 did not answer")) << "rank " << rank << ": " << err;
-    EXPECT_THAT(err, HasSubstr("SIGSTOP")) << err;
-    EXPECT_THAT(err, ::testing::Not(HasSubstr("rank 1 did not answer"))) << err;
-  }
+  // Rank 0 serves the store, so it can always read the heartbeats and must name rank 2. Rank 1 times
+  // out at about the same moment; when rank 0 has already exited, rank 1 cannot read the store any
+  // more and says so instead (seen once in three CI runs).
+  const std::string err0 = bt::read_file(dir.file("rank0.err"));
+  EXPECT_THAT(err0, HasSubstr("rank 2 did not answer")) << err0;
+  EXPECT_THAT(err0, HasSubstr("SIGSTOP")) << err0;
+  EXPECT_THAT(err0, ::testing::Not(HasSubstr("rank 1 did not answer"))) << err0;
+  const std::string err1 = bt::read_file(dir.file("rank1.err"));
+  EXPECT_THAT(err1, ::testing::AnyOf(HasSubstr("rank 2 did not answer"), HasSubstr("rank 0 may be gone"))) << err1;
+  EXPECT_THAT(err1, ::testing::Not(HasSubstr("rank 0 did not answer"))) << err1;
   for (int rank : {0, 1, 2}) expect_gone(dir, rank);
 }
 
@@ -51,10 +56,11 @@ TEST(Health, RankStuckOutsideCollectivesIsNamed) {
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(r.seconds, 40.0) << r.output;
-  for (int rank : {0, 1}) {
-    const std::string err = bt::read_file(dir.file("rank" + std::to_string(rank) + ".err"));
-    EXPECT_THAT(err, HasSubstr("rank 2 is alive but has issued")) << "rank " << rank << ": " << err;
-    EXPECT_THAT(err, HasSubstr("stuck outside collectives")) << err;
-  }
+  const std::string err0 = bt::read_file(dir.file("rank0.err"));
+  EXPECT_THAT(err0, HasSubstr("rank 2 is alive but has issued")) << err0;
+  EXPECT_THAT(err0, HasSubstr("stuck outside collectives")) << err0;
+  const std::string err1 = bt::read_file(dir.file("rank1.err"));  // as above: rank 0 may have gone first
+  EXPECT_THAT(err1, ::testing::AnyOf(HasSubstr("rank 2 is alive but has issued"), HasSubstr("rank 0 may be gone")))
+      << err1;
   for (int rank : {0, 1, 2}) expect_gone(dir, rank);
 }
