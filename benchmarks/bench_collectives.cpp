@@ -10,7 +10,9 @@
 // S-byte output (each rank gives S/W bytes: ours all_gather_into_tensor, raw allgather into views of
 // the flat output, the only way raw Gloo 1.13 has); reduce-scatter of an S-byte input (ours: the
 // reduce_scatter_tensor = the adapter's pairwise exchange; raw Gloo 1.13 has no reduce_scatter, so
-// the peer is the raw in-place allreduce of the same buffer + the chunk copy).
+// the peer is the raw in-place allreduce of the same buffer + the chunk copy); bf16 allreduce of an
+// S-byte bf16 tensor (ours: the adapter's pairwise reduce-scatter + all-gather in bf16; raw Gloo has
+// no bf16, so the peer is what a raw c10d user writes: cast to float32, allreduce, cast back).
 //
 // Correctness: before timing, every op runs once on both sides with known inputs; each rank checks
 // ours == raw bit for bit and both == the analytic result, and exits non-zero on a mismatch.
@@ -97,13 +99,23 @@ int run(const Args& a) {
     }
     cases[2] = {"reduce_scatter", n * 4, base + rank, at::empty({n}), at::empty({chunk}),
                 reduced.narrow(0, rank * chunk, chunk).clone()};
+    {
+      // The same message size in bf16 (twice the elements); the expected value is the float32 sum
+      // of the bf16 inputs, rounded once.
+      at::Tensor in = (at::arange(2 * n, at::kFloat).remainder_(1024).mul_(0.25) + rank).to(at::kBFloat16);
+      at::Tensor sum = at::zeros({2 * n});
+      for (int r = 0; r < ws; ++r)
+        sum.add_((at::arange(2 * n, at::kFloat).remainder_(1024).mul_(0.25) + r).to(at::kBFloat16).to(at::kFloat));
+      cases.push_back({"allreduce_bf16", n * 4, in, at::empty({2 * n}, at::kBFloat16), at::Tensor(),
+                       sum.to(at::kBFloat16)});
+    }
 
     // Each side's op, including the untimed refill of in-place buffers.
     auto prepare = [&](Case& c) {
-      if (c.op == "allreduce" || c.op == "reduce_scatter") c.work.copy_(c.input);
+      if (c.op != "allgather") c.work.copy_(c.input);
     };
     auto run_ours = [&](Case& c) {
-      if (c.op == "allreduce") ours->allreduce(c.work).wait();
+      if (c.op == "allreduce" || c.op == "allreduce_bf16") ours->allreduce(c.work).wait();
       else if (c.op == "allgather") ours->all_gather_into_tensor(c.output, c.input).wait();
       else ours->reduce_scatter_tensor(c.output, c.input).wait();
     };
@@ -116,13 +128,17 @@ int run(const Args& a) {
         for (int r = 0; r < ws; ++r) out[0].push_back(c.output.narrow(0, r * chunk, chunk));
         std::vector<at::Tensor> in{c.input};
         raw->allgather(out, in)->wait();
+      } else if (c.op == "allreduce_bf16") {
+        std::vector<at::Tensor> t{c.work.to(at::kFloat)};
+        raw->allreduce(t)->wait();
+        c.work.copy_(t[0]);
       } else {
         std::vector<at::Tensor> t{c.work};
         raw->allreduce(t)->wait();
         c.output.copy_(c.work.narrow(0, rank * chunk, chunk));
       }
     };
-    auto result = [&](Case& c) { return c.op == "allreduce" ? c.work : c.output; };
+    auto result = [&](Case& c) { return c.output.defined() && c.op != "allreduce_bf16" ? c.output : c.work; };
 
     // memcpy of the same bytes: the single-process limit of moving them once.
     at::Tensor src = at::rand({n}), dst = at::empty({n});
@@ -133,7 +149,7 @@ int run(const Args& a) {
       run_ours(c);
       at::Tensor got_ours = result(c).clone();
       prepare(c);
-      if (c.op != "allreduce") c.output.zero_();
+      if (c.output.defined()) c.output.zero_();
       run_raw(c);
       at::Tensor got_raw = result(c).clone();
       if (!at::equal(got_ours, got_raw) || !at::equal(got_ours, c.expected)) {

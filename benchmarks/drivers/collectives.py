@@ -37,7 +37,9 @@ def run(ctx):
         nbytes = res["bytes"]
         ours, raw, copy = bu.median(res["ours_s"]), bu.median(res["raw_s"]), bu.median(res["memcpy_s"])
         op = {"allreduce": "allreduce", "allgather": "allgather (into one tensor)",
-              "reduce_scatter": "reduce-scatter (pairwise; peer: raw allreduce of the same buffer)"}[res["op"]]
+              "reduce_scatter": "reduce-scatter (pairwise; peer: raw allreduce of the same buffer)",
+              "allreduce_bf16": "bf16 allreduce (ours: bf16 reduce-scatter + all-gather; peer: fp32 allreduce of "
+                                "the cast buffer)"}[res["op"]]
         rows.append([op, bu.fmt_bytes(nbytes),
                      f"{bu.fmt_s(ours)} ({bu.fmt_bw(nbytes, ours)})",
                      f"{bu.fmt_s(raw)} ({bu.fmt_bw(nbytes, raw)})",
@@ -54,7 +56,10 @@ def run(ctx):
             "over Gloo point-to-point: (N-1)/N of the buffer sent and received per rank). *Peer* is a raw "
             "`c10d::ProcessGroupGloo` created in the same processes with the same Gloo options: allreduce in place, "
             "allgather into views of the flat output, and for reduce-scatter the raw in-place allreduce of the same "
-            "buffer plus the chunk copy (what a raw c10d user writes; the bound for a reduce-scatter is 2x its speed). *Limit* is a single-process memcpy "
+            "buffer plus the chunk copy (what a raw c10d user writes; the bound for a reduce-scatter is 2x its speed). "
+            "The bf16 allreduce row moves a bf16 tensor of the given size: ours reduce-scatters and all-gathers it in "
+            "bf16 (summed in float32), the peer casts it to float32 for Gloo's allreduce and back (Gloo has no bf16; "
+            "what our adapter did before), so the bound is 2x. *Limit* is a single-process memcpy "
             "(`at::Tensor::copy_`) of the same bytes. Size is the message size: the allreduce tensor, the "
             "allgather output, the reduce-scatter input. Bandwidth = size / time. Before timing, each op runs once "
             "on both sides; results must be bit-identical and equal to the analytic answer. Each sample is the "

@@ -86,13 +86,13 @@ std::string Health::diagnose(bool compare_counts) const {
     }
   }).detach();
   if (result.wait_for(std::chrono::duration<double>(kStoreS)) != std::future_status::ready)
-    return "health check: the store (served by rank 0, or the torchrun agent) did not answer within " +
+    return "\nhealth check: the store (served by rank 0, or the torchrun agent) did not answer within " +
            std::to_string(static_cast<int>(kStoreS)) + " s: rank 0 is stopped, hung or gone";
   std::vector<Entry> entries;
   try {
     entries = result.get();
   } catch (const std::exception& e) {
-    return std::string("health check: the store could not be read (") + e.what() + "): rank 0 may be gone";
+    return std::string("\nhealth check: the store could not be read (") + e.what() + "): rank 0 may be gone";
   }
   const int64_t now = unix_ms(), mine = issued_.load();
   std::ostringstream out;

@@ -256,8 +256,9 @@ Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
     throw DistError("booster: allreduce with AVG needs a floating-point tensor, got " +
                     std::string(c10::toString(tensor.scalar_type())) + "; use SUM and divide yourself");
   std::string what = describe("allreduce", tensor);
-  // Gloo: bf16 travels as fp32 (cast here, copied back on wait).
   bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  // Gloo: bf16 as a pairwise reduce-scatter + all-gather in bf16 (half the bytes of fp32).
+  if (cast && impl_->pg && impl_->size > 1) return detail::allreduce_by_halves(*impl_, tensor, op, what);
   std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::AllreduceOptions ao;
   ao.reduceOp = to_c10d(op);

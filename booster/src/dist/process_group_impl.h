@@ -44,6 +44,7 @@ struct ProcessGroup::Impl {
   std::vector<int> global_ranks;
   std::shared_ptr<detail::Health> health;  // the world's heartbeats (null for one rank)
   bool world = false;                      // this is the world group (its collectives are counted)
+  int64_t allreduce_sequence = 0;          // bf16 allreduces issued (tags of their all-gather halves)
 };
 
 namespace detail {
@@ -55,6 +56,14 @@ std::string describe(const char* op, const at::Tensor& t);
 // failure name the ranks that did not answer.
 Work make_work(c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish, std::string what,
                const ProcessGroup::Impl* group = nullptr);
+
+// One Gloo send (send = true) or recv of `tensor` with rank `peer` of `pg` on `wire_tag`; the Work
+// keeps the tensor alive. DistError naming `what` when Gloo refuses it.
+Work post_p2p(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool send, const at::Tensor& tensor, int peer,
+              int wire_tag, std::string what);
+// bf16 allreduce of `tensor` (contiguous) on `group`: reduce-scatter then all-gather of even
+// ranges, both pairwise (process_group_scatter.cpp).
+Work allreduce_by_halves(ProcessGroup::Impl& group, at::Tensor& tensor, ReduceOp op, std::string what);
 
 }  // namespace detail
 }  // namespace booster::dist

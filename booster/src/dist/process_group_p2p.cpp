@@ -58,17 +58,22 @@ void ProcessGroup::check_p2p(const char* op, const at::Tensor* tensor, int peer,
                                 tensor->device().str());
 }
 
-Work ProcessGroup::post_p2p(bool send, const at::Tensor& tensor, int peer, int wire_tag, std::string what) {
+Work detail::post_p2p(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool send, const at::Tensor& tensor, int peer,
+                      int wire_tag, std::string what) {
   std::vector<at::Tensor> wire{tensor};
   c10::intrusive_ptr<c10d::Work> w;
   try {
-    w = send ? impl_->pg->send(wire, peer, wire_tag) : impl_->pg->recv(wire, peer, wire_tag);
+    w = send ? pg->send(wire, peer, wire_tag) : pg->recv(wire, peer, wire_tag);
   } catch (const std::exception& e) {
     throw DistError("booster: " + what + " failed: " + e.what() +
                     "\n(another rank may have exited or raised an error, or an earlier operation timed out)");
   }
   // The Work keeps `wire` (the tensor) alive until it is waited for or dropped.
   return detail::make_work(std::move(w), [wire]() {}, std::move(what));
+}
+
+Work ProcessGroup::post_p2p(bool send, const at::Tensor& tensor, int peer, int wire_tag, std::string what) {
+  return detail::post_p2p(impl_->pg, send, tensor, peer, wire_tag, std::move(what));
 }
 
 Work ProcessGroup::isend(const at::Tensor& tensor, int peer, int tag) {

@@ -1,21 +1,31 @@
 // process_group_scatter.cpp — reduce-scatter and all-gather of dist::ProcessGroup, pairwise over
-// Gloo point-to-point (LibTorch 1.13's Gloo has neither collective).
+// Gloo point-to-point (LibTorch 1.13's Gloo has neither collective), and the bf16 allreduce built
+// from them.
 //
-// Direct (pairwise) exchange, every message posted at once: for reduce-scatter rank r sends chunk p
-// of its input to every rank p != r and receives chunk r from every other rank; for all-gather it
-// sends its chunk to every other rank, received straight into that rank's slice of the output. Each
+// Direct (pairwise) exchange, every message posted at once: for reduce-scatter rank r sends range p
+// of its input to every rank p != r and receives range r from every other rank; for all-gather it
+// sends its range to every other rank, received straight into that rank's range of the output. Each
 // rank sends and receives (N-1)/N of the buffer, as a ring would (Thakur, Rabenseifner and Gropp,
 // "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005), without a ring's
-// N-1 dependent steps, so the operation is asynchronous like the others. Chunks are sent in their
-// own dtype (bf16 travels as bf16); reduce-scatter sums in float32 for floating types narrower than
-// it (the sum of the N chunks in rank order, the same order on every rank), in the dtype otherwise.
+// N-1 dependent steps, so the operation is asynchronous like the others. Ranges may differ in size
+// (MPI_Reduce_scatter's recvcounts, MPI_Allgatherv's counts). A reduce-scatter range travels in
+// pieces of kPieceBytes, so wait() sums piece k while later pieces are still arriving. Ranges are
+// sent in their own dtype (bf16 travels as bf16); reduce-scatter sums in float32 for floating types
+// narrower than it (the sum of the N ranges in rank order, so the result does not depend on arrival
+// order), in the dtype otherwise.
 // Messages use internal tags above every user and isend_tensor tag, so they never match user
 // point-to-point; all ranks issue collectives in the same order, so messages between two ranks on
-// one tag match in that order.
+// one tag match in that order. The all-gather half of a bf16 allreduce is posted by a helper thread
+// once the reduce-scatter half is done, at a moment that differs between ranks: it takes a tag of
+// its own, from a sequence number every rank assigns in issue order.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "booster/dist/process_group.h"
@@ -27,6 +37,11 @@ namespace {
 
 constexpr int kReduceScatterTag = (1 << 30) + 1;
 constexpr int kAllGatherTag = (1 << 30) + 2;
+// Tags of the all-gather halves of bf16 allreduces: kAllreduceGatherTag + (sequence mod 2^20).
+constexpr int kAllreduceGatherTag = (1 << 30) + (1 << 20);
+constexpr int64_t kAllreduceGatherTags = 1 << 20;
+// Reduce-scatter ranges travel in pieces of this many bytes (the last piece of a range shorter).
+constexpr int64_t kPieceBytes = 1 << 20;
 
 void check_contiguous(const at::Tensor& t, const char* op) {
   if (!t.defined()) throw DistError(std::string("booster: ") + op + ": tensor is undefined");
@@ -39,77 +54,113 @@ at::ScalarType accumulation_dtype(at::ScalarType t) {
   return (t == at::kBFloat16 || t == at::kHalf) ? at::kFloat : t;
 }
 
+// Start of each rank's range: offsets[r] = counts[0] + ... + counts[r-1]; offsets[size] = total.
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t r = 0; r < counts.size(); ++r) offsets[r + 1] = offsets[r] + counts[r];
+  return offsets;
+}
+
+void check_counts(const std::vector<int64_t>& counts, int size, int64_t numel, const char* op) {
+  if (static_cast<int>(counts.size()) != size)
+    throw DistError(std::string("booster: ") + op + " needs one count per rank (" + std::to_string(size) + "), got " +
+                    std::to_string(counts.size()));
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    if (c < 0) throw DistError(std::string("booster: ") + op + ": negative count " + std::to_string(c));
+    total += c;
+  }
+  if (total != numel)
+    throw DistError(std::string("booster: ") + op + ": the counts add up to " + std::to_string(total) +
+                    " elements but the buffer has " + std::to_string(numel));
+}
+
+// dst = a (op) b, elementwise; dst may be a or b.
+void combine(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG: at::add_out(dst, a, b); break;
+    case ReduceOp::MAX: at::maximum_out(dst, a, b); break;
+    case ReduceOp::MIN: at::minimum_out(dst, a, b); break;
+    case ReduceOp::PRODUCT: at::mul_out(dst, a, b); break;
+  }
+}
+
+void average(at::Tensor& t, int size) {
+  if (at::isFloatingType(t.scalar_type())) t.div_(size);
+  else t.div_(size, "trunc");
+}
+
+// What a collective needs of its group, by value: the all-gather half of a bf16 allreduce runs in
+// wait(), which needs no ProcessGroup object alive (as c10d's works).
+struct GroupRef {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null: a group of one rank
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<detail::Health> health;
+  bool world = false;
+};
+
+GroupRef ref_of(const ProcessGroup::Impl& g) { return GroupRef{g.pg, g.rank, g.size, g.health, g.world}; }
+
+// A Work with no backend work of its own whose finish() runs `finish`; a DistError from it gets the
+// group's health check appended.
+Work composite_work(const GroupRef& g, const std::string& what, std::function<void()> finish) {
+  auto impl = std::make_shared<Work::Impl>();
+  impl->what = what;
+  impl->health = g.health;
+  impl->world = g.world;
+  impl->finish = [finish = std::move(finish), health = g.health, world = g.world]() {
+    try {
+      finish();
+    } catch (const DistError& e) {
+      throw DistError(std::string(e.what()) + (health ? health->diagnose(world) : std::string()));
+    }
+  };
+  return Work(impl);
+}
+
+// Reduce-scatter of `flat` (ranges of `counts`) into `out` (counts[rank] elements; may be this
+// rank's range of `flat` itself).
+Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std::vector<int64_t>& counts,
+                           at::Tensor out, ReduceOp op, const std::string& what);
+// All-gather of the ranges of `counts` in `flat`, on `tag`; `count` = it is a collective of its own
+// for the health check (not the second half of an allreduce).
+Work all_gather_ranges(const GroupRef& g, const at::Tensor& flat, const std::vector<int64_t>& counts, int tag,
+                       const std::string& what, bool count = true);
+
 }  // namespace
 
+// Even split of numel over size ranks, the first numel % size ranks one element more.
+std::vector<int64_t> ProcessGroup::even_counts(int64_t numel, int size) {
+  std::vector<int64_t> counts(static_cast<size_t>(size), numel / size);
+  for (int64_t r = 0; r < numel % size; ++r) ++counts[static_cast<size_t>(r)];
+  return counts;
+}
+
 Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  at::Tensor in = input;  // only read: the chunks are sent from it and summed from it
-  return reduce_scatter_impl(output, in, op, /*scratch=*/false);
+  check_contiguous(output, "reduce_scatter_tensor");
+  check_contiguous(input, "reduce_scatter_tensor");
+  if (input.numel() != output.numel() * impl_->size || output.scalar_type() != input.scalar_type())
+    throw DistError("booster: reduce_scatter_tensor needs an input of numel " +
+                    std::to_string(output.numel() * impl_->size) + " and the output's dtype, got numel " +
+                    std::to_string(input.numel()));
+  std::vector<int64_t> counts(static_cast<size_t>(impl_->size), output.numel());
+  return reduce_scatter_ranges(ref_of(*impl_), input.view({-1}), counts, output.view({-1}), op,
+                               detail::describe("reduce_scatter", input));
 }
 
 Work ProcessGroup::reduce_scatter_tensor_consuming(at::Tensor& output, at::Tensor& input, ReduceOp op) {
-  return reduce_scatter_impl(output, input, op, /*scratch=*/true);
+  return reduce_scatter_tensor(output, input, op);  // the pairwise exchange never writes its input
 }
 
-Work ProcessGroup::reduce_scatter_impl(at::Tensor& output, at::Tensor& input, ReduceOp op, bool scratch) {
-  (void)scratch;  // the pairwise exchange never writes its input
-  check_contiguous(output, "reduce_scatter_tensor");
-  check_contiguous(input, "reduce_scatter_tensor");
-  const int size = impl_->size, rank = impl_->rank;
-  if (input.numel() != output.numel() * size || output.scalar_type() != input.scalar_type())
-    throw DistError("booster: reduce_scatter_tensor needs an input of numel " +
-                    std::to_string(output.numel() * size) + " and the output's dtype, got numel " +
-                    std::to_string(input.numel()));
-  const int64_t n = output.numel();
-  const at::Tensor flat = input.view({-1});
-  at::Tensor out = output;
-  const std::string what = detail::describe("reduce_scatter", input);
-  if (impl_->health && impl_->world) impl_->health->note_collective();
-  // Received chunks, by source rank (this rank's own chunk is read from the input). When the sum
-  // needs no wider dtype, rank 0's chunk lands straight in `output` (received there, or copied on
-  // rank 0) and the others are added to it in rank order: no accumulator, one buffer fewer.
-  const at::ScalarType acc_dtype = accumulation_dtype(out.scalar_type());
-  const bool into_output = acc_dtype == out.scalar_type();
-  auto received = std::make_shared<std::vector<at::Tensor>>(static_cast<size_t>(size));
-  auto works = std::make_shared<std::vector<Work>>();
-  if (impl_->pg && size > 1 && n > 0) {
-    for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
-      works->push_back(post_p2p(true, flat.narrow(0, static_cast<int64_t>(p) * n, n), p, kReduceScatterTag, what));
-      at::Tensor& slot = (*received)[static_cast<size_t>(p)];
-      slot = (into_output && p == 0) ? out.view({-1}) : at::empty({n}, input.options());
-      works->push_back(post_p2p(false, slot, p, kReduceScatterTag, what));
-    }
-  }
-  if (into_output && rank == 0 && n > 0) out.view({-1}).copy_(flat.narrow(0, 0, n));
-  auto impl = std::make_shared<Work::Impl>();
-  impl->what = what;
-  impl->health = impl_->health;
-  impl->world = impl_->world;
-  impl->finish = [works, received, flat, out, n, rank, size, op, acc_dtype, into_output]() mutable {
-    for (auto& w : *works) w.wait();
-    if (n == 0) return;
-    auto part = [&](int r) {
-      return r == rank ? flat.narrow(0, static_cast<int64_t>(rank) * n, n) : (*received)[static_cast<size_t>(r)];
-    };
-    at::Tensor acc = into_output ? out.view({-1}) : part(0).to(acc_dtype, /*non_blocking=*/false, /*copy=*/true);
-    for (int r = 1; r < size; ++r) {
-      at::Tensor x = into_output ? part(r) : part(r).to(acc_dtype);
-      switch (op) {
-        case ReduceOp::SUM:
-        case ReduceOp::AVG: acc.add_(x); break;
-        case ReduceOp::MAX: at::maximum_out(acc, acc, x); break;
-        case ReduceOp::MIN: at::minimum_out(acc, acc, x); break;
-        case ReduceOp::PRODUCT: acc.mul_(x); break;
-      }
-    }
-    if (op == ReduceOp::AVG) {
-      if (at::isFloatingType(acc.scalar_type())) acc.div_(size);
-      else acc.div_(size, "trunc");
-    }
-    if (!into_output) out.view({-1}).copy_(acc);
-    received->clear();
-  };
-  return Work(impl);
+Work ProcessGroup::reduce_scatter_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts, ReduceOp op) {
+  check_contiguous(buffer, "reduce_scatter_in_place");
+  check_counts(counts, impl_->size, buffer.numel(), "reduce_scatter_in_place");
+  const std::vector<int64_t> offsets = offsets_of(counts);
+  at::Tensor flat = buffer.view({-1});
+  at::Tensor mine = flat.narrow(0, offsets[static_cast<size_t>(impl_->rank)], counts[static_cast<size_t>(impl_->rank)]);
+  return reduce_scatter_ranges(ref_of(*impl_), flat, counts, mine, op, detail::describe("reduce_scatter_in_place", buffer));
 }
 
 Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
@@ -130,25 +181,149 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
     if (ib < ob + output.nbytes() && ob < ib + in.nbytes()) in = in.clone();
     mine.copy_(in);
   }
-  const std::string what = detail::describe("all_gather_into_tensor", input);
-  if (impl_->health && impl_->world) impl_->health->note_collective();
-  auto works = std::make_shared<std::vector<Work>>();
-  if (impl_->pg && size > 1 && n > 0) {
-    for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
-      works->push_back(post_p2p(true, mine, p, kAllGatherTag, what));
-      at::Tensor slot = flat.narrow(0, static_cast<int64_t>(p) * n, n);
-      works->push_back(post_p2p(false, slot, p, kAllGatherTag, what));
+  std::vector<int64_t> counts(static_cast<size_t>(size), n);
+  return all_gather_ranges(ref_of(*impl_), flat, counts, kAllGatherTag, detail::describe("all_gather_into_tensor", input));
+}
+
+Work ProcessGroup::all_gather_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts) {
+  check_contiguous(buffer, "all_gather_in_place");
+  check_counts(counts, impl_->size, buffer.numel(), "all_gather_in_place");
+  return all_gather_ranges(ref_of(*impl_), buffer.view({-1}), counts, kAllGatherTag, detail::describe("all_gather_in_place", buffer));
+}
+
+namespace {
+
+Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std::vector<int64_t>& counts,
+                           at::Tensor out, ReduceOp op, const std::string& what) {
+  const int size = g.size, rank = g.rank;
+  const std::vector<int64_t> offsets = offsets_of(counts);
+  const int64_t n = counts[static_cast<size_t>(rank)];
+  const at::Tensor own = flat.narrow(0, offsets[static_cast<size_t>(rank)], n);
+  const bool in_place = own.data_ptr() == out.data_ptr();
+  const int64_t piece = std::max<int64_t>(1, kPieceBytes / static_cast<int64_t>(flat.element_size()));
+  auto pieces_of = [piece](int64_t count) { return (count + piece - 1) / piece; };
+  if (g.health && g.world) g.health->note_collective();
+  // received[p]: range `rank` of rank p's input (undefined for p == rank); recv_works[k][p]: its piece k.
+  auto received = std::make_shared<std::vector<at::Tensor>>(static_cast<size_t>(size));
+  auto recv_works = std::make_shared<std::vector<std::vector<Work>>>(static_cast<size_t>(pieces_of(n)),
+                                                                     std::vector<Work>(static_cast<size_t>(size)));
+  auto send_works = std::make_shared<std::vector<Work>>();
+  if (g.pg && size > 1) {
+    for (int p = 0; p < size; ++p)
+      if (p != rank && n > 0) (*received)[static_cast<size_t>(p)] = at::empty({n}, flat.options());
+    int64_t most = 0;
+    for (int64_t c : counts) most = std::max(most, pieces_of(c));
+    for (int64_t k = 0; k < most; ++k) {
+      for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        const int64_t count_p = counts[static_cast<size_t>(p)];
+        if (k * piece < count_p) {
+          const int64_t len = std::min(piece, count_p - k * piece);
+          send_works->push_back(detail::post_p2p(g.pg, true, flat.narrow(0, offsets[static_cast<size_t>(p)] + k * piece, len),
+                                                 p, kReduceScatterTag, what));
+        }
+        if (k * piece < n) {
+          const int64_t len = std::min(piece, n - k * piece);
+          (*recv_works)[static_cast<size_t>(k)][static_cast<size_t>(p)] = detail::post_p2p(
+              g.pg, false, (*received)[static_cast<size_t>(p)].narrow(0, k * piece, len), p, kReduceScatterTag, what);
+        }
+      }
     }
   }
-  auto impl = std::make_shared<Work::Impl>();
-  impl->what = what;
-  impl->health = impl_->health;
-  impl->world = impl_->world;
-  impl->finish = [works]() {
+  return composite_work(g, what, [received, recv_works, send_works, own, out, n, piece, rank, size, op, in_place]() mutable {
+    const at::ScalarType acc_dtype = accumulation_dtype(out.scalar_type());
+    const bool widen = acc_dtype != out.scalar_type();
+    at::Tensor acc_buffer =
+        widen && n > 0 ? at::empty({std::min(piece, n)}, out.options().dtype(acc_dtype)) : at::Tensor();
+    for (int64_t k = 0; k * piece < n; ++k) {
+      const int64_t begin = k * piece, len = std::min(piece, n - begin);
+      for (auto& w : (*recv_works)[static_cast<size_t>(k)]) w.wait();
+      auto part = [&](int r) {
+        return r == rank ? own.narrow(0, begin, len) : (*received)[static_cast<size_t>(r)].narrow(0, begin, len);
+      };
+      at::Tensor out_k = out.narrow(0, begin, len);
+      if (widen) {
+        at::Tensor acc = acc_buffer.narrow(0, 0, len);
+        acc.copy_(part(0));
+        for (int r = 1; r < size; ++r) combine(acc, acc, part(r).to(acc_dtype), op);
+        if (op == ReduceOp::AVG) average(acc, size);
+        out_k.copy_(acc);
+        continue;
+      }
+      // Same dtype: the ranges in rank order, accumulated in a received buffer until this rank's
+      // range is reached, from then on in the output (a + b == b + a: the order stays rank order).
+      at::Tensor acc;
+      for (int r = 0; r < size; ++r) {
+        const at::Tensor x = part(r);
+        if (!acc.defined()) {
+          if (r == rank && !in_place) out_k.copy_(x);
+          acc = r == rank ? out_k : x;
+          continue;
+        }
+        at::Tensor dst = (r == rank || acc.data_ptr() == out_k.data_ptr()) ? out_k : acc;
+        combine(dst, acc, x, op);
+        acc = dst;
+      }
+      if (op == ReduceOp::AVG) average(out_k, size);
+    }
+    for (auto& w : *send_works) w.wait();
+    received->clear();
+  });
+}
+
+Work all_gather_ranges(const GroupRef& g, const at::Tensor& flat, const std::vector<int64_t>& counts, int tag,
+                       const std::string& what, bool count) {
+  const std::vector<int64_t> offsets = offsets_of(counts);
+  if (count && g.health && g.world) g.health->note_collective();
+  auto works = std::make_shared<std::vector<Work>>();
+  if (g.pg && g.size > 1) {
+    const at::Tensor mine = flat.narrow(0, offsets[static_cast<size_t>(g.rank)], counts[static_cast<size_t>(g.rank)]);
+    for (int p = 0; p < g.size; ++p) {
+      if (p == g.rank) continue;
+      if (mine.numel() > 0) works->push_back(detail::post_p2p(g.pg, true, mine, p, tag, what));
+      if (counts[static_cast<size_t>(p)] > 0)
+        works->push_back(detail::post_p2p(
+            g.pg, false, flat.narrow(0, offsets[static_cast<size_t>(p)], counts[static_cast<size_t>(p)]), p, tag, what));
+    }
+  }
+  return composite_work(g, what, [works]() {
     for (auto& w : *works) w.wait();
+  });
+}
+
+}  // namespace
+
+Work detail::allreduce_by_halves(ProcessGroup::Impl& group, at::Tensor& tensor, ReduceOp op, std::string what) {
+  const GroupRef g = ref_of(group);
+  const std::vector<int64_t> counts = ProcessGroup::even_counts(tensor.numel(), g.size);
+  const at::Tensor flat = tensor.view({-1});
+  const std::vector<int64_t> offsets = offsets_of(counts);
+  at::Tensor mine = flat.narrow(0, offsets[static_cast<size_t>(g.rank)], counts[static_cast<size_t>(g.rank)]);
+  Work scatter = reduce_scatter_ranges(g, flat, counts, mine, op, what);
+  const int tag = kAllreduceGatherTag + static_cast<int>(group.allreduce_sequence++ % kAllreduceGatherTags);
+  // The all-gather half starts as soon as the reduce-scatter half is done, on a thread of its own:
+  // started from wait(), it would deadlock ranks that wait for two allreduces in different orders
+  // (each rank's first wait would need the other's second all-gather).
+  struct Halves {
+    std::promise<Work> gather_posted;
+    std::future<Work> gather;
   };
-  return Work(impl);
+  auto halves = std::make_shared<Halves>();
+  halves->gather = halves->gather_posted.get_future();
+  std::thread([g, scatter, flat, counts, tag, what, halves]() mutable {
+    try {
+      scatter.wait();
+      halves->gather_posted.set_value(all_gather_ranges(g, flat, counts, tag, what, /*count=*/false));
+    } catch (...) {
+      halves->gather_posted.set_exception(std::current_exception());
+    }
+  }).detach();
+  GroupRef outer = g;
+  outer.health = nullptr;  // each half's own error already carries the health check
+  return composite_work(outer, what, [halves]() {
+    Work gather = halves->gather.get();
+    gather.wait();
+  });
 }
 
 }  // namespace booster::dist

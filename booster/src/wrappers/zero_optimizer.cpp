@@ -32,59 +32,67 @@ struct ZeroOptimizer::Group {
 
 namespace {
 
-// Stage 2: the part of a bucket in rank r's shard is reduced to r and added to r's gradient shard
-// (DeepSpeed stage 2 average_tensor: one reduce per (bucket, owner) range).
+// A bucket is a contiguous range of its group's flat buffer (the reducer packs a bucket's
+// parameters in ascending order, as the layout does); the part of it inside rank r's shard is
+// reduced to r by one in-place reduce-scatter with per-rank counts (DeepSpeed's stage-2
+// average_tensor, with one collective per bucket instead of one reduce per owner). Stage 2 adds the
+// owned part into r's gradient shard and the bucket is released; stage 1 keeps the buckets (they are
+// the parameters' .grad()), whose owned part then holds the averaged gradient.
 class OwnerReduction : public BucketReduction {
  public:
   using Group = ZeroOptimizer::Group;
   OwnerReduction(std::vector<std::shared_ptr<Group>> groups, std::vector<size_t> group_of, std::vector<size_t> local_of,
-                 std::shared_ptr<dist::ProcessGroup> world)
+                 std::shared_ptr<dist::ProcessGroup> world, bool keep_buckets)
       : groups_(std::move(groups)), group_of_(std::move(group_of)), local_of_(std::move(local_of)),
-        world_(std::move(world)) {}
+        world_(std::move(world)), keep_buckets_(keep_buckets) {}
 
   void launch(size_t index, BucketView& bucket) override {
     if (pending_.size() <= index) pending_.resize(index + 1);
     Group& g = *groups_[group_of_[bucket.params.front()]];
-    int64_t begin = g.layout.offsets[local_of_[bucket.params.front()]];
-    int64_t end = begin + bucket.flat.numel();
+    const int64_t begin = g.layout.offsets[local_of_[bucket.params.front()]];
+    const int64_t end = begin + bucket.flat.numel();
+    for (size_t k = 0; k < bucket.params.size(); ++k)
+      if (g.layout.offsets[local_of_[bucket.params[k]]] - begin != bucket.offsets[k])
+        throw std::logic_error("booster: ZeRO: a gradient bucket is not a contiguous range of its group's flat buffer");
+    std::vector<int64_t> counts(static_cast<size_t>(world_->size()), 0);
     for (int r = 0; r < world_->size(); ++r) {
-      int64_t lo = std::max(begin, g.layout.shard_begin(r));
-      int64_t hi = std::min(end, g.layout.shard_begin(r) + g.layout.shard_numel);
-      if (hi <= lo) continue;
-      Range range;
-      range.owner = r;
-      range.group = &g;
-      range.shard_offset = lo - g.layout.shard_begin(r);
-      range.values = bucket.flat.narrow(0, lo - begin, hi - lo);
-      range.work = world_->reduce(range.values, r, dist::ReduceOp::SUM);
-      pending_[index].push_back(std::move(range));
+      const int64_t lo = std::max(begin, g.layout.shard_begin(r));
+      const int64_t hi = std::min(end, g.layout.shard_begin(r) + g.layout.shard_numel);
+      counts[static_cast<size_t>(r)] = std::max<int64_t>(0, hi - lo);
     }
+    const int rank = world_->rank();
+    Pending& p = pending_[index];
+    p.group = &g;
+    p.bucket_offset = std::min(std::max<int64_t>(0, g.layout.shard_begin(rank) - begin), bucket.flat.numel());
+    p.shard_offset = std::max<int64_t>(0, begin - g.layout.shard_begin(rank));
+    p.count = counts[static_cast<size_t>(rank)];
+    p.work = world_->reduce_scatter_in_place(bucket.flat, counts, dist::ReduceOp::SUM);
   }
 
-  void finish(size_t index, BucketView&) override {
-    std::vector<Range> ranges = std::move(pending_.at(index));
-    pending_[index].clear();
-    for (auto& range : ranges) range.work.wait();  // all waited before any throw escapes
+  void finish(size_t index, BucketView& bucket) override {
+    Pending p = std::move(pending_.at(index));
+    pending_[index] = Pending();
+    p.work.wait();
+    if (keep_buckets_ || p.count == 0) return;
     at::NoGradGuard no_grad;
-    for (auto& range : ranges)
-      if (range.owner == world_->rank())
-        range.group->grad_shard.narrow(0, range.shard_offset, range.values.numel()).add_(range.values);
+    p.group->grad_shard.narrow(0, p.shard_offset, p.count).add_(bucket.flat.narrow(0, p.bucket_offset, p.count));
   }
 
-  bool writes_back() const override { return false; }
+  bool writes_back() const override { return keep_buckets_; }
 
  private:
-  struct Range {
-    int owner = 0;
+  struct Pending {
     Group* group = nullptr;
-    int64_t shard_offset = 0;
-    at::Tensor values;  // view of the bucket
+    int64_t bucket_offset = 0;  // where this rank's part starts in the bucket
+    int64_t shard_offset = 0;   // and in this rank's shard
+    int64_t count = 0;          // its length (0: the bucket does not reach this rank's shard)
     dist::Work work;
   };
   std::vector<std::shared_ptr<Group>> groups_;
   std::vector<size_t> group_of_, local_of_;  // per reducer parameter index
   std::shared_ptr<dist::ProcessGroup> world_;
-  std::vector<std::vector<Range>> pending_;  // per bucket
+  bool keep_buckets_;
+  std::vector<Pending> pending_;  // per bucket
 };
 
 // cpu_offload: says once per process how the master slices will step.
@@ -206,9 +214,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
       grads_are_buckets_ = grads_are_buckets_ && (zero_.communication_dtype == at::ScalarType::Undefined ||
                                                   zero_.communication_dtype == p.scalar_type());
     ro.gradient_as_bucket_view = grads_are_buckets_;
-  } else {
-    ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world);
   }
+  ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world, zero_.stage == 1);
   reducer_ = std::make_unique<GradientReducer>(trainable, world, ro);
   if (has_state) load_param_states(existing);
   if (zero_.cpu_offload) log_offload_step(*optimizer_);

@@ -13,9 +13,9 @@
 //    sequence of collectives;
 //  - a callback queued on the autograd engine runs at the end of backward: it waits for every bucket
 //    and writes the averaged gradients back into param.grad(), so backward() returns with synced grads.
-// How a full bucket is reduced is a strategy (BucketReduction): the default allreduces it (DDP,
-// ZeRO-1); ZeRO-2 reduces each rank's range of the bucket to that rank and releases param.grad()
-// as soon as it was copied into the bucket (after DeepSpeed's stage-2 `average_tensor`).
+// How a full bucket is reduced is a strategy (BucketReduction): the default allreduces it (DDP);
+// ZeRO reduce-scatters it along the shards (after DeepSpeed's stage-2 `average_tensor`), and at
+// stage 2 releases param.grad() as soon as it was copied into the bucket.
 // The reducer only talks to the network through booster::dist::ProcessGroup. Plugins reuse it.
 #pragma once
 

@@ -7,8 +7,13 @@
 //     would, all messages posted at once; chunks travel in their own dtype (bf16 as bf16) and
 //     reduce-scatter sums in float32 for bf16/fp16, in rank order (the same on every rank);
 //   - ReduceOp::AVG: SUM, then division by size() when the work is waited for;
-//   - bfloat16 allreduce / broadcast / reduce: cast to float32 for the wire, cast back on wait
-//     (Gloo's reductions have no bf16).
+//   - bfloat16 allreduce: a reduce-scatter then an all-gather of the bf16 buffer over those
+//     pairwise exchanges (bf16 on the wire, each range summed in float32 in rank order and rounded
+//     once, so every rank gets the same bits); half the bytes of an fp32 allreduce. A helper thread
+//     posts the all-gather half as soon as the reduce-scatter half is done, so ranks may wait for
+//     their allreduces in any order;
+//   - bfloat16 broadcast / reduce / allgather: cast to float32 for the wire, cast back on wait
+//     (Gloo has no bf16).
 // Point-to-point tags: user tags [0, 2^29), isend_tensor [2^29, 2^30), these collectives 2^30 + k.
 //
 // All collectives are asynchronous: they return a Work that must be waited for before the output
@@ -114,6 +119,23 @@ class BOOSTER_API ProcessGroup {
   // Sends (N-1)/N of input and receives as much (pairwise); `input` must stay unchanged until wait().
   // Temporary memory: N-1 received chunks (about one input). bf16/fp16 are summed in float32.
   Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM);
+  // In-place reduce-scatter with per-rank counts (MPI_Reduce_scatter with MPI_IN_PLACE and
+  // recvcounts): `buffer` (contiguous, numel = counts[0] + ... + counts[size()-1], the same counts
+  // on every rank) is split into consecutive ranges, counts[r] elements for rank r (0 allowed); after
+  // wait() this rank's range holds the reduction of that range over all ranks, the other ranges are
+  // unchanged (only read). Sends the other ranges and receives its own from every rank, as
+  // reduce_scatter_tensor (same summation order, float32 for bf16/fp16; temporary memory: N-1
+  // copies of this rank's range). ZeRO's gradient buckets, whose ranges follow the shards.
+  // Throws DistError for a count list of the wrong length, a negative count, or counts that do not
+  // add up to buffer.numel().
+  Work reduce_scatter_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts, ReduceOp op = ReduceOp::SUM);
+  // In-place all-gather with per-rank counts (MPI_Allgatherv with MPI_IN_PLACE): rank r's range of
+  // `buffer` (laid out as in reduce_scatter_in_place) is sent to every rank; after wait() every range
+  // holds its owner's values. Same errors as reduce_scatter_in_place.
+  Work all_gather_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts);
+  // The split those two use for an even division: numel / size elements per rank, the first
+  // numel % size ranks one more.
+  static std::vector<int64_t> even_counts(int64_t numel, int size);
   // As reduce_scatter_tensor, but `input` is scratch: its contents are unspecified once the work is
   // waited for (the pairwise exchange only reads it; a backend may reduce in place).
   Work reduce_scatter_tensor_consuming(at::Tensor& output, at::Tensor& input, ReduceOp op = ReduceOp::SUM);
@@ -215,7 +237,6 @@ class BOOSTER_API ProcessGroup {
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
 
  private:
-  Work reduce_scatter_impl(at::Tensor& output, at::Tensor& input, ReduceOp op, bool scratch);
   // Point-to-point: checks a call's arguments (std::invalid_argument; tensor may be null), and
   // posts one Gloo send/recv on `wire_tag` (`what` starts its error messages).
   void check_p2p(const char* op, const at::Tensor* tensor, int peer, int tag) const;

@@ -12,11 +12,16 @@
 // and its states exist only for the slice. Groups keep their own hyper-parameters.
 //
 // Gradients (core/grad_reducer.h, bucketed and overlapped with backward, buckets never span groups):
-//   stage 1: allreduce-averaged into buckets that are the parameters' .grad() (as DDP with
-//            gradient_as_bucket_view); step() copies this rank's slice out; no_sync works.
-//   stage 2: each bucket's range owned by rank r is reduced to r (DeepSpeed's average_tensor) and
-//            added into r's gradient shard; param.grad() is released as soon as it is in a bucket,
-//            so a rank never holds more than its shard plus the buckets in flight.
+//   each bucket is reduce-scattered in place (dist::ProcessGroup::reduce_scatter_in_place, one
+//   collective per bucket, (N-1)/N of it sent per rank): its range inside rank r's shard is averaged
+//   on r (DeepSpeed's average_tensor).
+//   stage 1: the buckets are the parameters' .grad() (as DDP with gradient_as_bucket_view) and
+//            persist; after backward, param.grad() holds the averaged gradient in this rank's shard
+//            and this rank's own (unreduced) contribution elsewhere; step() copies the shard out;
+//            no_sync works.
+//   stage 2: the averaged range is added into r's gradient shard; param.grad() is released as soon
+//            as it is in a bucket, so a rank never holds more than its shard plus the buckets in
+//            flight.
 // step(): overflow check and global-norm clipping over all shards (the base wrapper with
 // local_gradients() = the slices' gradients and norm_group() = the world), the wrapped optimizer's
 // step on the slices, copy-back into the flat buffer (rounded to the model dtype), all-gather of the
