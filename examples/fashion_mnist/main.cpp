@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "booster/booster.h"
+#include "booster/checkpoint/checkpoint_manager.h"
 #include "booster/data/dataset.h"
 #include "booster/io/atomic_write.h"
 #include "booster/logging.h"
@@ -26,7 +27,8 @@ namespace {
 
 struct TrainOptions {
   int64_t epochs, batch_size, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
-  int64_t stop_after_epoch, test_subset;
+  int64_t stop_after_epoch, stop_after_step, test_subset, checkpoint_every_steps, keep_last_n;
+  bool auto_resume;
   std::string optimizer, data_dir, output_dir, checkpoint_dir, resume_from;
   double lr, weight_decay, momentum;
 };
@@ -49,11 +51,23 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& da
   o.train_subset = t.get_int("train_subset", 0, 0);                // 0 = all 60000 samples
   o.test_subset = t.get_int("test_subset", 0, 0);                  // 0 = all 10000 samples
   o.data_dir = t.get_string("data_dir", booster::data::FASHION_MNIST_DEFAULT_DIR);
-  // Checkpointing: save model/optimizer/scheduler after every epoch into checkpoint_dir; resume_from
-  // continues from such a directory; stop_after_epoch simulates an interruption (0 = run to epochs).
+  // Checkpointing (booster/checkpoint/checkpoint_manager.h): model, optimizer, scheduler and trainer
+  // state (epoch, position in it, generators) in one directory per step under checkpoint_dir,
+  // after every epoch and every checkpoint_every_steps optimizer steps (0 = at epoch ends only),
+  // keeping the newest keep_last_n (0 = all). auto_resume (default on with a checkpoint_dir)
+  // continues from the newest one there, mid-epoch included; resume_from names a checkpoint
+  // directory or a checkpoint_dir to continue from instead. stop_after_epoch / stop_after_step
+  // simulate an interruption (0 = run to the end).
   o.checkpoint_dir = t.get_string("checkpoint_dir", "");
+  o.checkpoint_every_steps = t.get_int("checkpoint_every_steps", 0, 0);
+  o.keep_last_n = t.get_int("keep_last_n", 0, 0, 1 << 20);
+  o.auto_resume = t.get_bool("auto_resume", !o.checkpoint_dir.empty());
   o.resume_from = t.get_string("resume_from", "");
   o.stop_after_epoch = t.get_int("stop_after_epoch", 0, 0);
+  o.stop_after_step = t.get_int("stop_after_step", 0, 0);
+  if (o.auto_resume && o.checkpoint_dir.empty())
+    throw booster::ConfigError("[train] auto_resume = true needs a checkpoint_dir to resume from; set "
+                               "train.checkpoint_dir or drop auto_resume");
   o.output_dir = t.get_string("output_dir", "runs/fashion_mnist");
   if (!data_dir_flag.empty()) o.data_dir = data_dir_flag;
   if (!output_flag.empty()) o.output_dir = output_flag;
@@ -83,6 +97,33 @@ std::string fmt_double(double v, int precision) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", precision, v);
   return buf;
+}
+
+// The checkpoint to continue from for resume_from = `path`: a checkpoint directory itself (it has
+// trainer_state.json, or epoch.txt from earlier versions), or a checkpoint_dir holding step
+// directories (its newest). Throws std::runtime_error naming the path otherwise.
+std::string checkpoint_to_resume(const std::string& path, const std::shared_ptr<booster::dist::ProcessGroup>& world) {
+  namespace fs = std::filesystem;
+  if (fs::exists(path + "/trainer_state.json") || fs::exists(path + "/model")) return path;
+  if (auto latest = booster::checkpoint::CheckpointManager(path, world).latest()) return *latest;
+  throw std::runtime_error("fashion_mnist: resume_from = \"" + path + "\" is neither a checkpoint (model/, "
+                           "trainer_state.json) nor a checkpoint_dir holding step_* checkpoints");
+}
+
+// The data rows of an existing metrics.csv whose epoch is before `first_epoch` ("" when none).
+std::string metrics_rows_before(const std::string& path, int64_t first_epoch) {
+  std::ifstream in(path);
+  std::string line, kept;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (header) {
+      header = false;
+      continue;
+    }
+    int64_t epoch = 0;
+    if (std::sscanf(line.c_str(), "%ld,", &epoch) == 1 && epoch < first_epoch) kept += line + "\n";
+  }
+  return kept;
 }
 
 int run(int argc, char** argv) {
@@ -145,48 +186,111 @@ int run(int argc, char** argv) {
   auto [model, boosted_opt, criterion, train_loader, lr_scheduler] =
       booster.boost(net, optimizer, cross_entropy, loader, scheduler);
 
+  int64_t steps_per_epoch = train_loader->num_batches();
+  if (opt.max_steps_per_epoch > 0) steps_per_epoch = std::min(steps_per_epoch, opt.max_steps_per_epoch);
+
+  // Resume: from resume_from (a checkpoint or a checkpoint_dir), else the newest checkpoint in
+  // checkpoint_dir (auto_resume).
+  std::unique_ptr<booster::checkpoint::CheckpointManager> checkpoints;
+  if (!opt.checkpoint_dir.empty())
+    checkpoints = std::make_unique<booster::checkpoint::CheckpointManager>(opt.checkpoint_dir, world,
+                                                                         static_cast<int>(opt.keep_last_n));
+  std::string resume_dir;
+  if (!opt.resume_from.empty()) {
+    resume_dir = checkpoint_to_resume(opt.resume_from, world);
+  } else if (checkpoints && opt.auto_resume) {
+    resume_dir = checkpoints->latest().value_or("");
+  }
+  int64_t first_epoch = 1, skip_batches = 0, global_step = 0;
+  std::vector<std::pair<std::string, double>> resumed_sums;
+  if (!resume_dir.empty()) {
+    booster.load_model(model, resume_dir + "/model");
+    booster.load_optimizer(*boosted_opt, resume_dir + "/optimizer");
+    if (lr_scheduler) booster.load_lr_scheduler(*lr_scheduler, resume_dir + "/lr_scheduler.json");
+    if (std::filesystem::exists(resume_dir + "/trainer_state.json")) {
+      booster::checkpoint::TrainerState state = booster::checkpoint::load_trainer_state(resume_dir, world);
+      global_step = state.global_step;
+      first_epoch = state.epoch;
+      if (state.step_in_epoch > 0) {
+        if (state.world_size != world->size() || !state.generator_restored)
+          throw std::runtime_error("fashion_mnist: " + resume_dir + " was saved mid-epoch by " +
+                                   std::to_string(state.world_size) + " ranks; continuing inside an epoch needs the "
+                                   "same world size (each rank's data position and generator), or resume from a "
+                                   "checkpoint saved at an epoch end");
+        skip_batches = state.step_in_epoch;
+        resumed_sums = state.sums;
+      }
+    } else {  // a per-epoch checkpoint of earlier versions: epoch.txt names the finished epoch
+      std::ifstream in(resume_dir + "/epoch.txt");
+      int64_t done = 0;
+      if (!(in >> done) || done < 1)
+        throw std::runtime_error("fashion_mnist: " + resume_dir + " has neither trainer_state.json nor a valid epoch.txt");
+      first_epoch = done + 1;
+    }
+    booster::log::info("fashion_mnist: resumed from " + resume_dir +
+                       (skip_batches > 0 ? " in epoch " + std::to_string(first_epoch) + " after batch " +
+                                               std::to_string(skip_batches)
+                                         : " after epoch " + std::to_string(first_epoch - 1)));
+  }
+  auto save_checkpoint = [&](int64_t epoch, int64_t step_in_epoch,
+                             std::vector<std::pair<std::string, double>> sums) {
+    checkpoints->save(global_step, [&](const std::string& dir) {
+      booster.save_model(model, dir + "/model");
+      booster.save_optimizer(*boosted_opt, dir + "/optimizer");
+      if (lr_scheduler) booster.save_lr_scheduler(*lr_scheduler, dir + "/lr_scheduler.json");
+      booster::checkpoint::TrainerState state;
+      state.epoch = epoch;
+      state.step_in_epoch = step_in_epoch;
+      state.global_step = global_step;
+      state.sums = std::move(sums);
+      state.config = config.to_toml();
+      booster::checkpoint::save_trainer_state(dir, state, world);
+    });
+  };
+
   std::filesystem::create_directories(opt.output_dir);
   std::ofstream csv;
   if (world->rank() == 0) {
     config.save(opt.output_dir + "/config.toml");
+    // A resumed run keeps the rows of the epochs before the one it continues.
+    const std::string kept = resume_dir.empty() ? "" : metrics_rows_before(opt.output_dir + "/metrics.csv", first_epoch);
     csv.open(opt.output_dir + "/metrics.csv");
-    csv << "epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds,lr\n";
+    csv << "epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds,lr\n" << kept;
   }
   booster::log::info("fashion_mnist: " + std::to_string(train_data->size()) + " training samples, batch " +
                      std::to_string(opt.batch_size) + " per rank x " + std::to_string(world->size()) + " ranks, " +
                      std::to_string(opt.epochs) + " epochs, " + std::to_string(at::get_num_threads()) +
                      " threads per rank");
 
-  int64_t first_epoch = 1;
-  if (!opt.resume_from.empty()) {
-    booster.load_model(model, opt.resume_from + "/model");
-    booster.load_optimizer(*boosted_opt, opt.resume_from + "/optimizer");
-    if (lr_scheduler) booster.load_lr_scheduler(*lr_scheduler, opt.resume_from + "/lr_scheduler.json");
-    std::ifstream in(opt.resume_from + "/epoch.txt");
-    int64_t done = 0;
-    if (!(in >> done) || done < 1) throw std::runtime_error("fashion_mnist: " + opt.resume_from + "/epoch.txt is missing or bad");
-    first_epoch = done + 1;
-    booster::log::info("fashion_mnist: resumed from " + opt.resume_from + " after epoch " + std::to_string(done));
-  }
-
   double accuracy = 0;
-  for (int64_t epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
+  bool stopped = false;
+  for (int64_t epoch = first_epoch; epoch <= opt.epochs && !stopped; ++epoch) {
     if (opt.stop_after_epoch > 0 && epoch > opt.stop_after_epoch) break;
-    // Per-epoch seed (dropout): a resumed run draws the same numbers as an uninterrupted one.
-    torch::manual_seed(static_cast<uint64_t>(opt.seed) * 1000003ULL + epoch * 101 + world->rank());
+    const bool mid_epoch = epoch == first_epoch && skip_batches > 0;
+    // Per-epoch seed (dropout): a run resumed at an epoch start draws the same numbers as an
+    // uninterrupted one; mid-epoch, the generator state saved with the checkpoint was restored.
+    if (!mid_epoch) torch::manual_seed(static_cast<uint64_t>(opt.seed) * 1000003ULL + epoch * 101 + world->rank());
     train_loader->set_epoch(epoch);
-    int64_t steps = train_loader->num_batches();
-    if (opt.max_steps_per_epoch > 0) steps = std::min(steps, opt.max_steps_per_epoch);
+    const int64_t steps = steps_per_epoch;
     booster::log::ProgressBar bar("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs), steps);
     auto start = std::chrono::steady_clock::now();
-    double loss_sum = 0;
+    double loss_sum = 0, seconds_before = 0;
     int64_t step = 0, samples = 0;
+    if (mid_epoch) {
+      for (const auto& [key, value] : resumed_sums) {
+        if (key == "loss_sum") loss_sum = value;
+        if (key == "samples") samples = static_cast<int64_t>(value);
+        if (key == "seconds") seconds_before = value;
+      }
+    }
     const int64_t gas = opt.gradient_accumulation_steps;
-    int64_t micro = 0;
-    for (auto batch : *train_loader) {
-      if (step >= steps) break;
+    auto it = train_loader->begin();
+    const auto end_it = train_loader->end();
+    for (; step < (mid_epoch ? skip_batches : 0) && it != end_it; ++step) ++it;  // batches already trained on
+    for (; it != end_it && step < steps; ++it) {
+      auto batch = *it;
       // Gradient accumulation: average over `gas` micro-batches, synchronise only on the last one.
-      bool last_micro = (micro + 1) % gas == 0;
+      const bool last_micro = (step + 1) % gas == 0;
       auto loss = criterion(model.forward(batch.data), batch.target);
       if (last_micro) {
         booster.backward(loss / static_cast<double>(gas), *boosted_opt);
@@ -197,14 +301,30 @@ int run(int argc, char** argv) {
         auto no_sync = booster.no_sync(model, boosted_opt.get());
         booster.backward(loss / static_cast<double>(gas), *boosted_opt);
       }
-      ++micro;
       loss_sum += loss.item<double>();
       samples += batch.data.size(0);
       ++step;
       bar.update(step, "loss " + fmt_double(loss_sum / step, 4));
+      if (!last_micro) continue;
+      ++global_step;
+      if (checkpoints && opt.checkpoint_every_steps > 0 && global_step % opt.checkpoint_every_steps == 0 && step < steps) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        save_checkpoint(epoch, step,
+                        {{"loss_sum", loss_sum}, {"samples", static_cast<double>(samples)},
+                         {"seconds", seconds_before + seconds}});
+      }
+      if (opt.stop_after_step > 0 && global_step >= opt.stop_after_step) {
+        stopped = true;
+        break;
+      }
     }
     bar.finish();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (stopped) {
+      booster::log::info("fashion_mnist: stopped after optimizer step " + std::to_string(global_step) +
+                         " (stop_after_step)");
+      break;
+    }
+    double seconds = seconds_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double mean_loss = world->allreduce_scalar(loss_sum / std::max<int64_t>(step, 1), booster::dist::ReduceOp::SUM) /
                        world->size();
     double total_samples = world->allreduce_scalar(static_cast<double>(samples), booster::dist::ReduceOp::SUM);
@@ -213,15 +333,7 @@ int run(int argc, char** argv) {
     booster::log::info("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs) + "  train_loss " +
                        fmt_double(mean_loss, 4) + "  test_accuracy " + fmt_double(accuracy, 4) + "  samples/s " +
                        fmt_double(throughput, 0) + "  time " + fmt_double(seconds, 1) + " s");
-    if (!opt.checkpoint_dir.empty()) {
-      booster.save_model(model, opt.checkpoint_dir + "/model");
-      booster.save_optimizer(*boosted_opt, opt.checkpoint_dir + "/optimizer");
-      if (lr_scheduler) booster.save_lr_scheduler(*lr_scheduler, opt.checkpoint_dir + "/lr_scheduler.json");
-      // The progress marker goes last and is crash-safe: it names an epoch only once that epoch's
-      // model, optimizer and scheduler are all on disk.
-      if (world->rank() == 0) booster::io::atomic_write_file(opt.checkpoint_dir + "/epoch.txt", std::to_string(epoch) + "\n");
-      world->barrier();
-    }
+    if (checkpoints) save_checkpoint(epoch + 1, 0, {});  // the next epoch, from its start
     if (csv.is_open()) {
       csv << epoch << "," << fmt_double(mean_loss, 6) << "," << fmt_double(accuracy, 6) << ","
           << fmt_double(throughput, 1) << "," << fmt_double(seconds, 2) << ","

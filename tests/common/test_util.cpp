@@ -206,4 +206,17 @@ bool process_alive(int pid) {
   return state != 'Z' && state != 'X';
 }
 
+std::string latest_checkpoint(const std::string& root) {
+  std::string name = read_file(root + "/latest");
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  return name.empty() ? "" : root + "/" + name;
+}
+
+int64_t checkpoint_next_epoch(const std::string& checkpoint) {
+  const std::string text = read_file(checkpoint + "/trainer_state.json");
+  const size_t at = text.find("\"epoch\":");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(text.c_str() + at + 8, nullptr, 10);
+}
+
 }  // namespace booster::testing

@@ -102,5 +102,11 @@ bool process_alive(int pid);
 // Reads a whole file ("" if absent).
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& text);
+// The newest checkpoint directory under a checkpoint_dir (its `latest` pointer; see
+// checkpoint/checkpoint_manager.h), "" when there is none.
+std::string latest_checkpoint(const std::string& root);
+// The "epoch" of a checkpoint's trainer_state.json (the epoch a resumed run continues; one past the
+// last finished epoch for a checkpoint saved at an epoch end), -1 when unreadable.
+int64_t checkpoint_next_epoch(const std::string& checkpoint);
 
 }  // namespace booster::testing

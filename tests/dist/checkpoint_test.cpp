@@ -58,15 +58,15 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunAndContinuesOnOtherWorldSizes) 
   ASSERT_EQ(ra.exit_code, 0) << ra.output;
   auto rb = run_example(2, dir.file("run_b"), {"train.checkpoint_dir=\"" + b + "\"", "train.stop_after_epoch=2"});
   ASSERT_EQ(rb.exit_code, 0) << rb.output;
-  EXPECT_EQ(read_file(b + "/epoch.txt"), "2\n");
+  EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(b)), 3);
   auto rc = run_example(2, dir.file("run_c"),
                         {"train.resume_from=\"" + b + "\"", "train.checkpoint_dir=\"" + c + "\""});
   ASSERT_EQ(rc.exit_code, 0) << rc.output;
   EXPECT_THAT(rc.output, HasSubstr("resumed from"));
-  EXPECT_EQ(read_file(c + "/epoch.txt"), "3\n");
+  EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(c)), 4);
 
-  auto full = booster::checkpoint::load_safetensors(a + "/model/model.safetensors");
-  auto resumed = booster::checkpoint::load_safetensors(c + "/model/model.safetensors");
+  auto full = booster::checkpoint::load_safetensors(latest_checkpoint(a) + "/model/model.safetensors");
+  auto resumed = booster::checkpoint::load_safetensors(latest_checkpoint(c) + "/model/model.safetensors");
   ASSERT_EQ(full.size(), resumed.size());
   for (size_t i = 0; i < full.size(); ++i) {
     EXPECT_EQ(full[i].first, resumed[i].first);
@@ -74,10 +74,44 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunAndContinuesOnOtherWorldSizes) 
         << full[i].first << " max |diff| " << (full[i].second.to(torch::kDouble) - resumed[i].second.to(torch::kDouble)).abs().max().item<double>();
   }
   // The optimizer state too (AdamW moments by parameter name).
-  auto opt_full = booster::checkpoint::load_safetensors(a + "/optimizer/optimizer.safetensors");
-  auto opt_resumed = booster::checkpoint::load_safetensors(c + "/optimizer/optimizer.safetensors");
+  auto opt_full = booster::checkpoint::load_safetensors(latest_checkpoint(a) + "/optimizer/optimizer.safetensors");
+  auto opt_resumed = booster::checkpoint::load_safetensors(latest_checkpoint(c) + "/optimizer/optimizer.safetensors");
   ASSERT_EQ(opt_full.size(), opt_resumed.size());
   for (size_t i = 0; i < opt_full.size(); ++i) EXPECT_TRUE(torch::equal(opt_full[i].second, opt_resumed[i].second));
+
+  // Mid-epoch: stopped after optimizer step 10 with a checkpoint every 4 steps (the newest is step 8,
+  // inside epoch 1), the same command continues by itself (auto_resume: the batch position, each
+  // rank's generator, the step) and ends bitwise equal to the uninterrupted run.
+  const std::string e = dir.file("e");
+  const std::vector<std::string> every4 = {"train.checkpoint_dir=\"" + e + "\"", "train.checkpoint_every_steps=4",
+                                           "train.keep_last_n=2"};
+  std::vector<std::string> stop = every4;
+  stop.push_back("train.stop_after_step=10");
+  auto re1 = run_example(2, dir.file("run_e"), stop);
+  ASSERT_EQ(re1.exit_code, 0) << re1.output;
+  EXPECT_EQ(latest_checkpoint(e), e + "/step_000000008");
+  auto re2 = run_example(2, dir.file("run_e"), every4);
+  ASSERT_EQ(re2.exit_code, 0) << re2.output;
+  EXPECT_THAT(re2.output, HasSubstr("resumed from " + e + "/step_000000008 in epoch 1 after batch 8"));
+  EXPECT_EQ(latest_checkpoint(e), e + "/step_000000048");
+  auto mid = booster::checkpoint::load_safetensors(latest_checkpoint(e) + "/model/model.safetensors");
+  ASSERT_EQ(mid.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_TRUE(torch::equal(full[i].second, mid[i].second)) << full[i].first;
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(e), std::filesystem::directory_iterator()), 3)
+      << "keep_last_n = 2: two step directories and `latest`";
+  // The epoch-1 row of metrics.csv survives the resume, with the uninterrupted run's train loss.
+  auto loss_and_accuracy = [](const std::string& csv, int row) {  // "epoch,train_loss,test_accuracy" of a row
+    size_t at = 0;
+    for (int r = 0; r < row && at != std::string::npos; ++r) at = csv.find('\n', at) + 1;
+    size_t end = at;
+    for (int commas = 0; commas < 3 && end != std::string::npos; ++commas) end = csv.find(',', end + 1);
+    return csv.substr(at, end - at);
+  };
+  const std::string csv_a = read_file(dir.file("run_a") + "/metrics.csv"), csv_e = read_file(dir.file("run_e") + "/metrics.csv");
+  for (int row = 1; row <= 3; ++row) {
+    EXPECT_EQ(loss_and_accuracy(csv_e, row), loss_and_accuracy(csv_a, row)) << "metrics.csv row " << row;
+    EXPECT_EQ(loss_and_accuracy(csv_e, row).substr(0, 2), std::to_string(row) + ",");
+  }
 
   // The 2-rank checkpoint continues on 1 and on 4 ranks (gathered, name-keyed state).
   for (int n : {1, 4}) {
@@ -86,9 +120,9 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunAndContinuesOnOtherWorldSizes) 
                          {"train.resume_from=\"" + b + "\"", "train.checkpoint_dir=\"" + d + "\""});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr("world size " + std::to_string(n)));
-    EXPECT_EQ(read_file(d + "/epoch.txt"), "3\n");
-    auto m = booster::checkpoint::load_safetensors(d + "/model/model.safetensors");
-    auto before = booster::checkpoint::load_safetensors(b + "/model/model.safetensors");
+    EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(d)), 4);
+    auto m = booster::checkpoint::load_safetensors(latest_checkpoint(d) + "/model/model.safetensors");
+    auto before = booster::checkpoint::load_safetensors(latest_checkpoint(b) + "/model/model.safetensors");
     EXPECT_FALSE(torch::equal(m[0].second, before[0].second)) << "epoch 3 should have changed the weights";
   }
 }

@@ -218,16 +218,16 @@ TEST(Example, Zero2Bf16CheckpointResumesUnderDdpFp32) {
   auto zero = run("zero2.toml", dir.file("zero2"),
                   {"train.checkpoint_dir=\"" + zero_ckpt + "\"", "train.stop_after_epoch=1"});
   ASSERT_EQ(zero.exit_code, 0) << zero.output;
-  EXPECT_EQ(read_file(zero_ckpt + "/epoch.txt"), "1\n");
+  EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(zero_ckpt)), 2);
   auto ddp = run("ddp.toml", dir.file("ddp"),
                  {"train.resume_from=\"" + zero_ckpt + "\"", "train.checkpoint_dir=\"" + ddp_ckpt + "\""});
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  EXPECT_THAT(ddp.output, HasSubstr("resumed from " + zero_ckpt + " after epoch 1"));
+  EXPECT_THAT(ddp.output, HasSubstr("resumed from " + latest_checkpoint(zero_ckpt) + " after epoch 1"));
   // bf16 weights and running statistics widen; BatchNorm's num_batches_tracked stayed an integer
   // under bf16 ZeRO (only floating-point tensors are cast), so nothing converts to Long.
   EXPECT_THAT(ddp.output, HasSubstr("converted 16 tensors BFloat16 -> Float (the model's dtype)"));
   EXPECT_THAT(ddp.output, Not(HasSubstr("-> Long")));
-  EXPECT_EQ(read_file(ddp_ckpt + "/epoch.txt"), "2\n");
+  EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(ddp_ckpt)), 3);
   EXPECT_THAT(read_file(dir.file("ddp/metrics.csv")), HasSubstr("\n2,"));
 }
 
@@ -245,13 +245,13 @@ TEST(Example, FsdpCheckpointResumesUnderDdp) {
   auto fsdp = run("fsdp.toml", dir.file("fsdp"),
                   {"train.checkpoint_dir=\"" + fsdp_ckpt + "\"", "train.stop_after_epoch=1"});
   ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
-  EXPECT_EQ(read_file(fsdp_ckpt + "/epoch.txt"), "1\n");
+  EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(fsdp_ckpt)), 2);
   auto ddp = run("ddp.toml", dir.file("ddp"),
                  {"train.resume_from=\"" + fsdp_ckpt + "\"", "train.checkpoint_dir=\"" + ddp_ckpt + "\""});
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  EXPECT_THAT(ddp.output, HasSubstr("resumed from " + fsdp_ckpt + " after epoch 1"));
+  EXPECT_THAT(ddp.output, HasSubstr("resumed from " + latest_checkpoint(fsdp_ckpt) + " after epoch 1"));
   EXPECT_THAT(ddp.output, Not(HasSubstr("converted")));
-  EXPECT_EQ(read_file(ddp_ckpt + "/epoch.txt"), "2\n");
+  EXPECT_EQ(checkpoint_next_epoch(latest_checkpoint(ddp_ckpt)), 3);
 }
 
 // --estimate N: one process measures one real micro-batch and prints every installed plugin's

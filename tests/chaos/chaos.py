@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""chaos.py -- kill random ranks at random moments of a checkpointing training job and check that
+it always finishes with the parameters of the uninterrupted run (issue: fault tolerance).
+
+The job is the Fashion-MNIST example on 2 ranks (torch_ddp, a 1024-sample subset, 3 epochs,
+a checkpoint every 4 optimizer steps, auto_resume) under an elastic launcher with --max_restarts 3:
+`booster run` or `torchrun --no_python` (Debian's python3-torch). Each trial starts the job, then
+SIGKILLs one random rank 1-2 times once a checkpoint was committed (a kill before that only restarts
+from scratch): at a random moment of training, or (alternately) the moment a checkpoint save is in
+progress (its .tmp- directory appears). After each kill, the newest committed
+checkpoint must be complete (its safetensors files parse and their data fit the file). The
+launcher restarts the ranks; they resume from that checkpoint. At the end the job must have exited
+0 and its final checkpoint's model and optimizer files must equal the uninterrupted run's byte for
+byte.
+
+    /usr/bin/python3 tests/chaos/chaos.py --build build --trials 20 [--launcher booster|torchrun|both]
+
+Prints one line per trial and a summary; exits 1 if any trial failed, 77 when the data set is not
+installed (ctest skips).
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+DATA = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+PYTHON = "/usr/bin/python3"
+
+
+def example_args(build, source, run_dir):
+    sets = ["train.epochs=3", "train.train_subset=1024", "train.test_subset=500", "train.batch_size=32",
+            "train.lr_scheduler.warmup_steps=5", "train.checkpoint_every_steps=4", "train.keep_last_n=3",
+            f'train.checkpoint_dir="{run_dir}/ckpt"']
+    args = [os.path.join(build, "bin", "fashion_mnist"), "--config",
+            os.path.join(source, "examples", "configs", "ddp.toml"), "--output_dir", os.path.join(run_dir, "out")]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def launcher_argv(kind, build, port, max_restarts, run_dir):
+    if kind == "booster":
+        return [os.path.join(build, "bin", "booster"), "run", "--nproc_per_node", "2", "--master_port", str(port),
+                "--max_restarts", str(max_restarts)]
+    # (torch 1.13's torchrun under Python 3.11 needs --redirects given explicitly.)
+    return [PYTHON, "-m", "torch.distributed.run", "--no_python", "--nproc_per_node", "2", "--master_port", str(port),
+            "--max_restarts", str(max_restarts), "--monitor_interval", "0.2", "--redirects", "1", "--tee", "1",
+            "--log_dir", os.path.join(run_dir, "torchrun_logs")]
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_pids(run_dir):
+    """PIDs of the example's rank processes of this trial (their command line names run_dir)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{entry}/exe"))
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if exe == "fashion_mnist" and run_dir in cmd and state != "Z":
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def check_safetensors(path):
+    """'' when `path` is a complete safetensors file, else what is wrong."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or 8 + n > size:
+                return f"{path}: header length {n} does not fit {size} bytes"
+            header = json.loads(f.read(n))
+        end = 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            end = max(end, info["data_offsets"][1])
+        if 8 + n + end != size:
+            return f"{path}: tensors end at {8 + n + end}, file has {size} bytes"
+        return ""
+    except (OSError, ValueError, KeyError) as e:
+        return f"{path}: {e}"
+
+
+def latest_checkpoint(root):
+    try:
+        with open(os.path.join(root, "latest")) as f:
+            name = f.read().strip()
+    except OSError:
+        return ""
+    return os.path.join(root, name)
+
+
+def check_latest_complete(root):
+    """'' when there is no checkpoint yet or the newest one is complete."""
+    latest = latest_checkpoint(root)
+    if not latest:
+        return ""
+    if not os.path.isdir(latest):
+        return f"latest names {latest}, which does not exist"
+    problems = []
+    for rel in ("model/model.safetensors", "optimizer/optimizer.safetensors"):
+        p = os.path.join(latest, rel)
+        if not os.path.exists(p):
+            problems.append(f"{p} missing")
+        else:
+            problems.append(check_safetensors(p))
+    for rel in ("trainer_state.json", "lr_scheduler.json", "rng_state_rank0.bin", "rng_state_rank1.bin"):
+        if not os.path.exists(os.path.join(latest, rel)):
+            problems.append(f"{latest}/{rel} missing")
+    return "; ".join(p for p in problems if p)
+
+
+def final_files(run_dir):
+    latest = latest_checkpoint(os.path.join(run_dir, "ckpt"))
+    out = {}
+    for rel in ("model/model.safetensors", "optimizer/optimizer.safetensors"):
+        with open(os.path.join(latest, rel), "rb") as f:
+            out[rel] = f.read()
+    with open(os.path.join(latest, "trainer_state.json")) as f:
+        out["global_step"] = json.load(f)["global_step"]
+    return out
+
+
+def run_job(args, kind, run_dir, kills, rng, log):
+    """Runs one job, killing a random rank at each planned kill ('time:<s>' or 'save'). Returns
+    (exit code, problems, number of kills done)."""
+    os.makedirs(run_dir, exist_ok=True)
+    argv = launcher_argv(kind, args.build, free_port(), 3 if kills else 0, run_dir) + example_args(args.build, args.source, run_dir)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with open(os.path.join(run_dir, "job.log"), "w") as out:
+        job = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        problems, done, resumable = [], 0, 0
+        start = time.time()
+        ckpt = os.path.join(run_dir, "ckpt")
+        try:
+            for kill in kills:
+                first_commit = None
+                while job.poll() is None and time.time() - start < args.timeout:
+                    pids = rank_pids(run_dir)
+                    if kill == "save":  # a save in progress, after at least one was committed
+                        ready = (bool(latest_checkpoint(ckpt)) and
+                                 any(n.startswith(".tmp-") for n in os.listdir(ckpt)))
+                    else:  # `kill` seconds after the first checkpoint of this attempt was committed
+                        if first_commit is None and latest_checkpoint(ckpt):
+                            first_commit = time.time()
+                        ready = first_commit is not None and time.time() - first_commit >= kill
+                    if ready and len(pids) == 2:
+                        victim = rng.choice(pids)
+                        had_checkpoint = bool(latest_checkpoint(ckpt))
+                        os.kill(victim, signal.SIGKILL)
+                        done += 1
+                        resumable += 1 if had_checkpoint else 0
+                        log(f"    killed rank pid {victim} ({kill if kill == 'save' else 'at %.1f s' % kill})")
+                        # Let the launcher notice and stop the other rank; a committed checkpoint
+                        # must be complete at any moment, so the check need not wait for more.
+                        deadline = time.time() + 10
+                        while job.poll() is None and time.time() < deadline and set(rank_pids(run_dir)) & set(pids):
+                            time.sleep(0.02)
+                        problem = check_latest_complete(ckpt)
+                        if problem:
+                            problems.append("after a kill: " + problem)
+                        start = time.time()  # the next kill's clock starts at the restart
+                        break
+                    time.sleep(0.005 if kill == "save" else 0.05)
+            code = job.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+            code = "timeout"
+    # A restart after a kill that found a committed checkpoint must resume from one (a run restarted
+    # from scratch would end with the same parameters, so this is checked separately). Counted from
+    # the log, where a restarted attempt killed early, or torchrun's tee of a killed attempt, may
+    # miss its line: at least one resume per trial with such kills.
+    with open(os.path.join(run_dir, "job.log"), errors="replace") as f:
+        resumed = sum(1 for line in f if "fashion_mnist: resumed from" in line and "[rank 0]" in line or
+                      line.startswith("fashion_mnist: resumed from"))
+    if code == 0 and resumable and not resumed:
+        problems.append(f"{resumable} kills after a checkpoint was committed but no resumed run in the log")
+    leftover = rank_pids(run_dir)
+    if leftover:
+        problems.append(f"rank processes left behind: {leftover}")
+        for p in leftover:
+            os.kill(p, signal.SIGKILL)
+    return code, problems, done, resumed
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=os.path.join(here, "..", "..", "build"))
+    p.add_argument("--source", default=os.path.join(here, "..", ".."))
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--launcher", choices=["booster", "torchrun", "both"], default="both")
+    p.add_argument("--seed", type=int, default=int(time.time()))
+    p.add_argument("--timeout", type=float, default=300, help="seconds per job")
+    p.add_argument("--keep", action="store_true", help="keep the trial directories")
+    args = p.parse_args()
+    args.build, args.source = os.path.abspath(args.build), os.path.abspath(args.source)
+    if not os.path.exists(DATA):
+        print("chaos: dataset-fashion-mnist not installed; skipped")
+        return 77
+    rng = random.Random(args.seed)
+    work = tempfile.mkdtemp(prefix="booster_chaos_")
+    log = lambda s: print(s, flush=True)
+    log(f"chaos: seed {args.seed}, {args.trials} trials, launcher {args.launcher}, work {work}")
+    try:
+        t0 = time.time()
+        code, problems, _, _ = run_job(args, "booster", os.path.join(work, "reference"), [], rng, log)
+        ref_seconds = time.time() - t0
+        if code != 0 or problems:
+            log(f"chaos: the uninterrupted reference run failed (exit {code}): {problems}; see {work}/reference/job.log")
+            return 1
+        reference = final_files(os.path.join(work, "reference"))
+        log(f"chaos: reference run {ref_seconds:.1f} s, {reference['global_step']} optimizer steps")
+        failures = 0
+        kills_total = 0
+        resumes = {}
+        for trial in range(args.trials):
+            kind = args.launcher if args.launcher != "both" else ("booster", "torchrun")[trial % 2]
+            n_kills = rng.choice([1, 2])
+            kills = [("save" if (trial + k) % 2 else rng.uniform(0.0, 0.6) * ref_seconds) for k in range(n_kills)]
+            run_dir = os.path.join(work, f"trial{trial:02d}")
+            t0 = time.time()
+            code, problems, done, resumed = run_job(args, kind, run_dir, kills, rng, log)
+            kills_total += done
+            resumes[kind] = resumes.get(kind, 0) + resumed
+            if code != 0:
+                problems.append(f"exit code {code} (see {run_dir}/job.log)")
+            elif not problems:
+                got = final_files(run_dir)
+                for rel in ("model/model.safetensors", "optimizer/optimizer.safetensors"):
+                    if got[rel] != reference[rel]:
+                        problems.append(f"final {rel} differs from the uninterrupted run's")
+                if got["global_step"] != reference["global_step"]:
+                    problems.append(f"final global_step {got['global_step']} != {reference['global_step']}")
+            ok = not problems
+            failures += 0 if ok else 1
+            log(f"trial {trial:2d} [{kind:8s}] kills {done}/{n_kills}: {'ok' if ok else 'FAILED: ' + '; '.join(problems)}"
+                f" ({time.time() - t0:.1f} s)")
+            if ok and not args.keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        log(f"chaos: {args.trials - failures}/{args.trials} trials finished bitwise equal to the uninterrupted run "
+            f"({kills_total} ranks killed, runs resumed from a checkpoint: {resumes}, seed {args.seed})")
+        never = [k for k, n in resumes.items() if n == 0]
+        if never:
+            log(f"chaos: no run under {never} resumed from a checkpoint: the resume path was not exercised")
+            return 1
+        return 1 if failures else 0
+    finally:
+        if not args.keep and os.path.isdir(work):
+            failed = [d for d in os.listdir(work) if d.startswith("trial")]
+            if not failed:
+                shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
