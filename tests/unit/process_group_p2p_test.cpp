@@ -260,7 +260,13 @@ TEST(ProcessGroupP2P, BadArgumentsAreInvalidArguments) {
 TEST(ProcessGroupP2P, TimeoutIsDistErrorNamingTheOp) {
   std::string message;
   auto errors = run_thread_ranks(2, [&](const Group& g) {
-    if (g->rank() != 1) return;  // rank 0 never sends
+    if (g->rank() != 1) {
+      // Rank 0 never sends. It enters run_thread_ranks' final barrier (same timeout) only after 2 s,
+      // so rank 1's receive times out first; else rank 0's barrier timeout could close the
+      // connection under rank 1's receive ("Connection closed by peer"), seen in a loaded CI run.
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      return;
+    }
     at::Tensor t = at::zeros({3});
     Work w = g->irecv(t, 0, 5);
     try {
