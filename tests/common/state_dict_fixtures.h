@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <map>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "booster/checkpoint/safetensors.h"
+#include "common/test_util.h"
 
 namespace booster::testing::fixtures {
 
@@ -54,14 +57,38 @@ inline std::vector<std::string> names_of(const StateDict& sd) {
   return out;
 }
 
-inline std::set<std::string> list_dir(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+// Every supported dtype, special float values, a non-contiguous tensor, a view with an offset, a
+// 0-dim and an empty tensor. `rows` scales the sizes (so that a 1 MiB limit gives several shards).
+// Temporaries of io::atomic_write_directory (".tmp-" / ".old-" names) left in `parent`.
+inline std::vector<std::string> leftovers(const std::string& parent) {
+  std::vector<std::string> out;
+  for (const auto& name : list_dir(parent))
+    if (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos) out.push_back(name);
   return out;
 }
 
-// Every supported dtype, special float values, a non-contiguous tensor, a view with an offset, a
-// 0-dim and an empty tensor. `rows` scales the sizes (so that a 1 MiB limit gives several shards).
+// Soft RLIMIT_FSIZE in this process for a scope: writes past it fail with EFBIG (SIGXFSZ ignored).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &old_);
+    old_handler_ = signal(SIGXFSZ, SIG_IGN);
+    rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    signal(SIGXFSZ, old_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit old_{};
+  sighandler_t old_handler_;
+};
+
 inline StateDict all_dtypes(int64_t rows) {
   at::Tensor base = at::arange(rows * 64, at::kDouble).mul(0.7371).sin().mul(1000.0).reshape({rows, 64});
   at::Tensor special =

@@ -219,4 +219,10 @@ int64_t checkpoint_next_epoch(const std::string& checkpoint) {
   return std::strtoll(text.c_str() + at + 8, nullptr, 10);
 }
 
+std::set<std::string> list_dir(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
 }  // namespace booster::testing

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -108,5 +109,14 @@ std::string latest_checkpoint(const std::string& root);
 // The "epoch" of a checkpoint's trainer_state.json (the epoch a resumed run continues; one past the
 // last finished epoch for a checkpoint saved at an epoch end), -1 when unreadable.
 int64_t checkpoint_next_epoch(const std::string& checkpoint);
+
+// The names of the entries of directory `dir` (files and directories, not recursive).
+std::set<std::string> list_dir(const std::string& dir);
+
+#if defined(BOOSTER_BINARY_DIR) && defined(BOOSTER_SOURCE_DIR)
+// The Fashion-MNIST example's binary and its DDP config (the test targets define both macros).
+inline const std::string kFashionMnistBinary = std::string(BOOSTER_BINARY_DIR) + "/bin/fashion_mnist";
+inline const std::string kDdpConfig = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/ddp.toml";
+#endif
 
 }  // namespace booster::testing

@@ -16,6 +16,9 @@
 
 namespace booster::testing {
 
+// What run_thread_ranks returns when all 4 ranks returned normally.
+inline const std::vector<std::string> kNoErrors(4, "");
+
 // Runs fn(group) on `world_size` threads, rank r on thread r; returns what each rank threw ("" when
 // it returned normally), indexed by rank.
 inline std::vector<std::string> run_thread_ranks(int world_size,

@@ -34,12 +34,10 @@ using ::testing::HasSubstr;
 
 namespace {
 
-const std::string kExample = std::string(BOOSTER_BINARY_DIR) + "/bin/fashion_mnist";
-const std::string kConfig = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/ddp.toml";
 
 ProcessResult run_example(int nproc, const std::string& out, const std::vector<std::string>& sets) {
   std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", std::to_string(nproc), "--master_port",
-                                std::to_string(free_port()), kExample, "--config", kConfig, "--output_dir", out};
+                                std::to_string(free_port()), kFashionMnistBinary, "--config", kDdpConfig, "--output_dir", out};
   for (std::string s : {"train.epochs=3", "train.train_subset=1024", "train.test_subset=500", "train.batch_size=32",
                         "train.lr_scheduler.warmup_steps=5"})
     argv.insert(argv.end(), {"--set", s});

@@ -15,11 +15,9 @@ using ::testing::Not;
 
 namespace {
 
-const std::string kExample = std::string(BOOSTER_BINARY_DIR) + "/bin/fashion_mnist";
-const std::string kConfig = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/ddp.toml";
 
 std::vector<std::string> example_args(const std::string& out) {
-  return {kExample, "--config", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=5",
+  return {kFashionMnistBinary, "--config", kDdpConfig, "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=5",
           "--set", "train.lr_scheduler.warmup_steps=2", "--output_dir", out};
 }
 
@@ -48,7 +46,7 @@ void expect_run_outputs(const std::string& out) {
 // tests' size) with `config` and extra --set assignments; 180 s timeout.
 ProcessResult run_small_example(const std::string& config, const std::string& out, std::vector<std::string> sets) {
   std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                std::to_string(free_port()), kExample, "--config", config, "--output_dir", out};
+                                std::to_string(free_port()), kFashionMnistBinary, "--config", config, "--output_dir", out};
   for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
                         "train.lr_scheduler.warmup_steps=2"})
     sets.push_back(s);
@@ -156,7 +154,7 @@ TEST(Example, ZeroFsdpAndGeminiConfigsReachTheDdpAccuracyBand) {
   auto accuracy = [](const std::string& config, const std::string& out, int ranks = 2,
                      std::vector<std::string> sets = {}) {
     std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", std::to_string(ranks), "--master_port",
-                                  std::to_string(free_port()), kExample, "--config", config,
+                                  std::to_string(free_port()), kFashionMnistBinary, "--config", config,
                                   "--output_dir", out};
     for (std::string s : {"train.epochs=2", "train.train_subset=4096", "train.test_subset=1000",
                           "train.lr_scheduler.warmup_steps=10"})

@@ -21,6 +21,8 @@
 
 namespace {
 
+using booster::testing::list_dir;
+
 namespace bt = booster::testing;
 namespace fs = std::filesystem;
 using booster::io::atomic_write_directory;
@@ -29,12 +31,6 @@ using booster::io::IoError;
 using booster::io::OutputFile;
 using booster::io::write_new_file;
 using ::testing::HasSubstr;
-
-std::set<std::string> names_in(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
-}
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -55,7 +51,7 @@ TEST(AtomicWrite, FileIsCreatedThenReplacedWithNoTemporaryLeft) {
   atomic_write_file(path, "");
   EXPECT_TRUE(fs::exists(path));
   EXPECT_EQ(fs::file_size(path), 0u);
-  EXPECT_EQ(names_in(tmp.file("a/b")), std::set<std::string>{"config.toml"});
+  EXPECT_EQ(list_dir(tmp.file("a/b")), std::set<std::string>{"config.toml"});
 }
 
 TEST(AtomicWrite, FileErrorsNameThePathAndKeepTheOldContent) {
@@ -73,7 +69,7 @@ TEST(AtomicWrite, FileErrorsNameThePathAndKeepTheOldContent) {
     EXPECT_THAT(error_of([&] { atomic_write_file(tmp.file("ro/f"), "new"); }), HasSubstr("cannot create"));
     ::chmod(tmp.file("ro").c_str(), 0755);
     EXPECT_EQ(bt::read_file(tmp.file("ro/f")), "old");
-    EXPECT_EQ(names_in(tmp.file("ro")), std::set<std::string>{"f"});
+    EXPECT_EQ(list_dir(tmp.file("ro")), std::set<std::string>{"f"});
   }
 }
 
@@ -103,9 +99,9 @@ TEST(AtomicWrite, DirectoryIsReplacedWholeAndFailuresLeaveItIntact) {
     write_new_file(t + "/a", "1");
     write_new_file(t + "/b", "2");
   });
-  EXPECT_EQ(names_in(dir), (std::set<std::string>{"a", "b"}));
+  EXPECT_EQ(list_dir(dir), (std::set<std::string>{"a", "b"}));
   atomic_write_directory(dir, [](const std::string& t) { write_new_file(t + "/c", "3"); });
-  EXPECT_EQ(names_in(dir), std::set<std::string>{"c"});
+  EXPECT_EQ(list_dir(dir), std::set<std::string>{"c"});
   // An exception from fill propagates unchanged; the old directory stays and no temporary is left.
   EXPECT_THROW(atomic_write_directory(dir,
                                       [](const std::string& t) {
@@ -113,8 +109,8 @@ TEST(AtomicWrite, DirectoryIsReplacedWholeAndFailuresLeaveItIntact) {
                                         throw std::logic_error("fill failed");
                                       }),
                std::logic_error);
-  EXPECT_EQ(names_in(dir), std::set<std::string>{"c"});
-  EXPECT_EQ(names_in(tmp.path()), std::set<std::string>{"ckpt"});
+  EXPECT_EQ(list_dir(dir), std::set<std::string>{"c"});
+  EXPECT_EQ(list_dir(tmp.path()), std::set<std::string>{"ckpt"});
   bt::write_file(tmp.file("file"), "x");
   EXPECT_THAT(error_of([&] { atomic_write_directory(tmp.file("file"), [](const std::string&) {}); }),
               HasSubstr("is not a directory"));
@@ -159,7 +155,7 @@ void write_version(const std::string& kind, const std::string& target, int64_t v
 }
 int64_t loaded_version(const std::string& kind, const std::string& target) {
   if (kind == "file") return version_of(target);
-  EXPECT_EQ(names_in(target), std::set<std::string>(std::begin(kDirFiles), std::end(kDirFiles)));
+  EXPECT_EQ(list_dir(target), std::set<std::string>(std::begin(kDirFiles), std::end(kDirFiles)));
   const int64_t v = version_of(target + "/" + kDirFiles[0]);
   for (const char* name : kDirFiles) EXPECT_EQ(version_of(target + "/" + name), v) << "mixed versions";
   return v;

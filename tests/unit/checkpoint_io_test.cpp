@@ -15,6 +15,7 @@
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "common/small_net.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 using namespace booster;
 using namespace booster::checkpoint;
@@ -24,10 +25,7 @@ using ::testing::ThrowsMessage;
 
 namespace {
 
-std::shared_ptr<dist::ProcessGroup> world_of_one() {
-  static auto pg = dist::ProcessGroup::rendezvous({});
-  return pg;
-}
+using booster::testing::world_of_one;
 
 using booster::testing::Net;
 

@@ -19,6 +19,8 @@
 
 namespace {
 
+using booster::testing::list_dir;
+
 namespace fs = std::filesystem;
 using booster::checkpoint::CheckpointManager;
 using booster::testing::TempDir;
@@ -27,13 +29,6 @@ using ::testing::HasSubstr;
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::vector<std::string> names_in(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 }  // namespace
@@ -57,7 +52,7 @@ TEST(CheckpointManager, CommitsOneDirectoryPerStepPointsLatestAtItAndPrunes) {
     EXPECT_EQ(slurp(root + "/latest"), CheckpointManager::step_name(step) + "\n");
   }
   EXPECT_EQ(m.steps(), (std::vector<int64_t>{20, 30}));
-  EXPECT_EQ(names_in(root), (std::vector<std::string>{"latest", "step_000000020", "step_000000030"}));
+  EXPECT_EQ(list_dir(root), (std::set<std::string>{"latest", "step_000000020", "step_000000030"}));
   EXPECT_EQ(CheckpointManager::step_name(7), "step_000000007");
   EXPECT_EQ(CheckpointManager::step_name(12345678901LL), "step_12345678901");
 }
@@ -87,11 +82,11 @@ TEST(CheckpointManager, LatestFallsBackToTheNewestDirectoryAndCrashLeftoversAreC
   EXPECT_EQ(m.latest(), root + "/step_000000007");
   EXPECT_EQ(m.steps(), (std::vector<int64_t>{5, 7}));
   m.save(9, [](const std::string& d) { booster::io::write_new_file(d + "/a", "9"); });
-  EXPECT_EQ(names_in(root),
-            (std::vector<std::string>{"latest", "notes.txt", "step_000000005", "step_000000007", "step_000000009"}));
+  EXPECT_EQ(list_dir(root),
+            (std::set<std::string>{"latest", "notes.txt", "step_000000005", "step_000000007", "step_000000009"}));
   // Saving a step again replaces it whole.
   m.save(9, [](const std::string& d) { booster::io::write_new_file(d + "/b", "again"); });
-  EXPECT_EQ(names_in(root + "/step_000000009"), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(list_dir(root + "/step_000000009"), (std::set<std::string>{"b"}));
 }
 
 TEST(CheckpointManager, AFailingRankCommitsNothingAndEveryRankThrowsItsMessage) {
@@ -102,7 +97,7 @@ TEST(CheckpointManager, AFailingRankCommitsNothingAndEveryRankThrowsItsMessage) 
     m.save(1, [&](const std::string& d) {
       booster::io::write_new_file(d + "/rank" + std::to_string(g->rank()), "ok");
     });
-    EXPECT_EQ(names_in(root + "/step_000000001"), (std::vector<std::string>{"rank0", "rank1"}));
+    EXPECT_EQ(list_dir(root + "/step_000000001"), (std::set<std::string>{"rank0", "rank1"}));
     g->barrier();
     try {
       m.save(2, [&](const std::string& d) {
@@ -116,7 +111,7 @@ TEST(CheckpointManager, AFailingRankCommitsNothingAndEveryRankThrowsItsMessage) 
     }
     g->barrier();
     EXPECT_EQ(m.latest(), root + "/step_000000001");
-    EXPECT_EQ(names_in(root), (std::vector<std::string>{"latest", "step_000000001"}));
+    EXPECT_EQ(list_dir(root), (std::set<std::string>{"latest", "step_000000001"}));
   });
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
 }

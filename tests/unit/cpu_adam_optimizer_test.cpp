@@ -15,6 +15,7 @@
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "common/small_net.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 using namespace booster;
 using booster::optim::CPUAdam;
@@ -26,6 +27,8 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 namespace {
+
+using booster::testing::world_of_one;
 
 // As cpu_adam_test.cpp: 0 ulps measured (the options reach the kernel as doubles, so a scheduled lr
 // gives LibTorch's lr / bc1 exactly); 4 leaves room for a LibTorch compiled with other contractions.
@@ -193,11 +196,6 @@ struct CpuAdamTrainer : booster::testing::NetTrainer {
     wrap();
   }
 };
-
-std::shared_ptr<dist::ProcessGroup> world_of_one() {
-  static auto pg = dist::ProcessGroup::rendezvous({});
-  return pg;
-}
 
 }  // namespace
 

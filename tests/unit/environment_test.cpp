@@ -16,6 +16,7 @@
 
 #include "booster/dist/process_group.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 using booster::dist::DistError;
 using booster::dist::DistEnv;
@@ -30,6 +31,8 @@ using ::testing::Not;
 using ::testing::ThrowsMessage;
 
 namespace {
+
+using booster::testing::values_of;
 
 // Every variable a launcher reads; each test starts with all of them unset.
 const std::vector<std::string> kLaunchVars{
@@ -79,11 +82,6 @@ std::vector<std::string> parse(std::vector<std::string> args, booster::dist::Fla
 std::shared_ptr<ProcessGroup> world1() {
   static auto w = ProcessGroup::rendezvous(RendezvousOptions{});
   return w;
-}
-
-std::vector<double> values_of(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous().view({-1});
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "booster/nn/unit.h"
 #include "booster/plugin_loader.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 namespace bt = booster::testing;
 using booster::EstimateRequest;
@@ -29,10 +30,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::shared_ptr<booster::dist::ProcessGroup> world1() {
-  static auto w = booster::dist::ProcessGroup::rendezvous(booster::dist::RendezvousOptions{});
-  return w;
-}
+using booster::testing::world_of_one;
 
 struct NetImpl : torch::nn::Module {
   NetImpl() {
@@ -51,7 +49,7 @@ TORCH_MODULE(Net);
 // Every installed plugin's rows for `r`, by "plugin: configuration".
 std::map<std::string, MemoryEstimate> rows_of(const EstimateRequest& r) {
   std::map<std::string, MemoryEstimate> out;
-  for (auto& e : booster::estimate_installed_plugins(r, world1()).rows) out[e.plugin + ": " + e.configuration] = e;
+  for (auto& e : booster::estimate_installed_plugins(r, world_of_one()).rows) out[e.plugin + ": " + e.configuration] = e;
   return out;
 }
 
@@ -153,7 +151,7 @@ TEST(Estimate, TheTableListsPluginsWithoutAnEstimateAndThoseThatFail) {
   EstimateRequest r;
   r.parameters = r.largest_unit = r.largest_parameter = 1000;
   r.world_size = 2;
-  auto table = booster::estimate_installed_plugins(r, world1());
+  auto table = booster::estimate_installed_plugins(r, world_of_one());
   EXPECT_THAT(table.without_estimate, ::testing::Contains("test_minimal"));
   std::string failed;
   for (const auto& f : table.failed) failed += f + "\n";

@@ -25,6 +25,7 @@
 #include "common/small_net.h"
 #include "common/test_util.h"
 #include "common/thread_ranks.h"
+#include "common/tensor_test_util.h"
 
 using namespace booster;
 using namespace booster::checkpoint;
@@ -36,12 +37,11 @@ using ::testing::ThrowsMessage;
 
 namespace {
 
-namespace fs = std::filesystem;
+using booster::testing::list_dir;
 
-std::shared_ptr<dist::ProcessGroup> world_of_one() {
-  static auto pg = dist::ProcessGroup::rendezvous({});
-  return pg;
-}
+using booster::testing::world_of_one;
+
+namespace fs = std::filesystem;
 
 const OptimizerSaveOptions kSharded{SaveOptions{}, OptimizerFormat::kSharded};
 const OptimizerSaveOptions kGathered{SaveOptions{}, OptimizerFormat::kGathered};
@@ -56,20 +56,14 @@ std::shared_ptr<torch::optim::Optimizer> make_opt(const std::string& kind, std::
 }
 
 // A Net (seed 3) and its optimizer; wrap() (any thread) makes the named wrapper.
-struct Trainer : booster::testing::NetTrainer {
-  explicit Trainer(const std::string& kind, at::ScalarType dtype = at::kFloat) {
+struct ResumeTrainer : booster::testing::NetTrainer {
+  explicit ResumeTrainer(const std::string& kind, at::ScalarType dtype = at::kFloat) {
     torch::manual_seed(3);
     net = Net();
     net->to(dtype);
     opt = make_opt(kind, net->parameters());
   }
 };
-
-std::set<std::string> names_in(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
-}
 
 std::string rank_file(int r, int n) {
   char buf[64];
@@ -116,13 +110,13 @@ class ShardedOptimizerCheckpoint : public ::testing::TestWithParam<std::string> 
 TEST_P(ShardedOptimizerCheckpoint, SaveLoadContinueEqualsUninterrupted) {
   TempDir dir;
   CheckpointIO io(world_of_one());
-  Trainer full(GetParam()), first(GetParam()), resumed(GetParam());
+  ResumeTrainer full(GetParam()), first(GetParam()), resumed(GetParam());
   for (auto* t : {&full, &first, &resumed}) t->wrap();
   full.steps(5, 0);
   first.steps(3, 0);
   io.save_model(*first.net, dir.file("model"), {});
   io.save_optimizer(*first.wrapper, dir.file("opt"), kSharded);
-  EXPECT_EQ(names_in(dir.file("opt")),
+  EXPECT_EQ(list_dir(dir.file("opt")),
             (std::set<std::string>{"optimizer.sharded.json", "optimizer_groups.json", rank_file(0, 1)}));
   io.load_model(*resumed.net, dir.file("model"));
   io.load_optimizer(*resumed.wrapper, dir.file("opt"));
@@ -136,18 +130,18 @@ INSTANTIATE_TEST_SUITE_P(CheckpointIO, ShardedOptimizerCheckpoint,
 TEST(OptimizerCheckpoint, FormatSwitch) {
   TempDir dir;
   CheckpointIO io(world_of_one());
-  Trainer t("adamw");
+  ResumeTrainer t("adamw");
   t.wrap();
   t.steps(2, 0);
   // kAuto: the base wrapper's state is replicated, so gathered (HF-like, one file).
   EXPECT_FALSE(t.wrapper->state_is_sharded());
   io.save_optimizer(*t.wrapper, dir.file("auto"), {});
-  EXPECT_EQ(names_in(dir.file("auto")), (std::set<std::string>{"optimizer.safetensors", "optimizer_groups.json"}));
+  EXPECT_EQ(list_dir(dir.file("auto")), (std::set<std::string>{"optimizer.safetensors", "optimizer_groups.json"}));
   // A plain SaveOptions converts (format kAuto).
   SaveOptions bin;
   bin.use_safetensors = false;
   io.save_optimizer(*t.wrapper, dir.file("bin"), bin);
-  EXPECT_EQ(names_in(dir.file("bin")), (std::set<std::string>{"optimizer.bin", "optimizer_groups.json"}));
+  EXPECT_EQ(list_dir(dir.file("bin")), (std::set<std::string>{"optimizer.bin", "optimizer_groups.json"}));
   EXPECT_THAT([&] { io.save_optimizer(*t.wrapper, dir.file("x"), OptimizerSaveOptions{bin, OptimizerFormat::kSharded}); },
               ThrowsMessage<CheckpointError>(HasSubstr("the sharded optimizer format is safetensors only")));
   EXPECT_FALSE(fs::exists(dir.file("x")));
@@ -171,20 +165,20 @@ TEST(OptimizerCheckpoint, FormatSwitch) {
 TEST(OptimizerCheckpoint, ReplicatedStateIsSavedByRankZeroOnly) {
   TempDir dir;
   const std::string ckpt = dir.file("opt");
-  std::vector<std::unique_ptr<Trainer>> ranks, loaders;
+  std::vector<std::unique_ptr<ResumeTrainer>> ranks, loaders;
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(std::make_unique<Trainer>("adamw"));
-    loaders.push_back(std::make_unique<Trainer>("adamw"));
+    ranks.push_back(std::make_unique<ResumeTrainer>("adamw"));
+    loaders.push_back(std::make_unique<ResumeTrainer>("adamw"));
   }
   auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<dist::ProcessGroup>& group) {
     OptimizerWrapperOptions o;
     o.group = group;
-    Trainer& t = *ranks[group->rank()];
+    ResumeTrainer& t = *ranks[group->rank()];
     t.wrap(o);
     t.steps(3, 0);
     CheckpointIO io(group);
     io.save_optimizer(*t.wrapper, ckpt, kSharded);
-    Trainer& l = *loaders[group->rank()];
+    ResumeTrainer& l = *loaders[group->rank()];
     l.wrap(o);
     io.load_optimizer(*l.wrapper, ckpt);
     expect_states_equal(l.wrapper->gather_param_states(), t.wrapper->gather_param_states(),
@@ -199,7 +193,7 @@ TEST(OptimizerCheckpoint, ReplicatedStateIsSavedByRankZeroOnly) {
   }
   EXPECT_LT(fs::file_size(fs::path(ckpt) / rank_file(1, 2)), 1024u);  // a header only
 
-  Trainer full("adamw"), resumed("adamw");
+  ResumeTrainer full("adamw"), resumed("adamw");
   full.wrap();
   resumed.wrap();
   full.steps(5, 0);
@@ -223,7 +217,7 @@ std::vector<std::pair<std::string, at::Tensor>> named(Net& net) {
   return out;
 }
 
-std::unique_ptr<ZeroOptimizer> make_zero(Trainer& t, const std::shared_ptr<dist::ProcessGroup>& group, int stage) {
+std::unique_ptr<ZeroOptimizer> make_zero(ResumeTrainer& t, const std::shared_ptr<dist::ProcessGroup>& group, int stage) {
   OptimizerWrapperOptions o;
   o.group = group;
   ZeroOptions zo;
@@ -241,9 +235,9 @@ std::unique_ptr<ZeroOptimizer> make_zero(Trainer& t, const std::shared_ptr<dist:
 TEST(OptimizerCheckpoint, ZeroSlicesSaveWithoutGatheringAndLoadAtOtherWorldSizes) {
   TempDir dir;
   const std::string ckpt = dir.file("zero2");
-  std::vector<std::unique_ptr<Trainer>> two, three;
-  for (int r = 0; r < 2; ++r) two.push_back(std::make_unique<Trainer>("adamw"));
-  for (int r = 0; r < 3; ++r) three.push_back(std::make_unique<Trainer>("adamw"));
+  std::vector<std::unique_ptr<ResumeTrainer>> two, three;
+  for (int r = 0; r < 2; ++r) two.push_back(std::make_unique<ResumeTrainer>("adamw"));
+  for (int r = 0; r < 3; ++r) three.push_back(std::make_unique<ResumeTrainer>("adamw"));
   const std::vector<ParamOptimState> want = formula_states(two[0]->net->parameters());
 
   auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<dist::ProcessGroup>& group) {
@@ -259,7 +253,7 @@ TEST(OptimizerCheckpoint, ZeroSlicesSaveWithoutGatheringAndLoadAtOtherWorldSizes
     io.save_optimizer(*z, ckpt, {});  // kAuto: sharded
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
-  EXPECT_EQ(names_in(ckpt), (std::set<std::string>{"optimizer.sharded.json", "optimizer_groups.json",
+  EXPECT_EQ(list_dir(ckpt), (std::set<std::string>{"optimizer.sharded.json", "optimizer_groups.json",
                                                    rank_file(0, 2), rank_file(1, 2)}));
   ShardedStateReader reader(ckpt);
   ASSERT_EQ(reader.tensors().size(), 8u);
@@ -284,14 +278,14 @@ TEST(OptimizerCheckpoint, ZeroSlicesSaveWithoutGatheringAndLoadAtOtherWorldSizes
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
   // The base wrapper (DDP) in one process reads the whole tensors.
-  Trainer ddp("adamw");
+  ResumeTrainer ddp("adamw");
   ddp.wrap();
   CheckpointIO(world_of_one()).load_optimizer(*ddp.wrapper, ckpt);
   expect_states_equal(ddp.wrapper->gather_param_states(), want, "1 process");
   // The gathered format (consolidated) loads into ZeRO on 2 ranks the same way.
   consolidate_sharded_state(ckpt, dir.file("gathered"));
-  std::vector<std::unique_ptr<Trainer>> again;
-  for (int r = 0; r < 2; ++r) again.push_back(std::make_unique<Trainer>("adamw"));
+  std::vector<std::unique_ptr<ResumeTrainer>> again;
+  for (int r = 0; r < 2; ++r) again.push_back(std::make_unique<ResumeTrainer>("adamw"));
   errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<dist::ProcessGroup>& group) {
     auto z = make_zero(*again[group->rank()], group, 2);
     CheckpointIO(group).load_optimizer(*z, dir.file("gathered"));
@@ -306,7 +300,7 @@ TEST(OptimizerCheckpoint, ZeroSlicesSaveWithoutGatheringAndLoadAtOtherWorldSizes
 TEST(OptimizerCheckpoint, ShardedLoadValidatesBeforeChangingAnything) {
   TempDir dir;
   CheckpointIO io(world_of_one());
-  Trainer saved("adamw");
+  ResumeTrainer saved("adamw");
   saved.wrap();
   saved.steps(2, 0);
   io.save_optimizer(*saved.wrapper, dir.file("opt"), kSharded);
@@ -339,7 +333,7 @@ TEST(OptimizerCheckpoint, ShardedLoadValidatesBeforeChangingAnything) {
   }
   save_sharded_state(dir.file("partial"), pieces, nullptr, "optimizer",
                      {{"optimizer_groups.json", reader.read_extra_file("optimizer_groups.json")}});
-  Trainer other("adamw");
+  ResumeTrainer other("adamw");
   other.wrap();
   other.steps(1, 7);
   auto before = other.wrapper->gather_param_states();
@@ -352,13 +346,13 @@ TEST(OptimizerCheckpoint, ShardedLoadValidatesBeforeChangingAnything) {
 TEST(OptimizerCheckpoint, ShardedBf16StateLoadsIntoFp32ConvertedAndLogged) {
   TempDir dir;
   CheckpointIO io(world_of_one());
-  Trainer bf16("adamw", at::kBFloat16);
+  ResumeTrainer bf16("adamw", at::kBFloat16);
   OptimizerWrapperOptions no_master;
   no_master.master_weights = false;
   bf16.wrap(no_master);
   bf16.steps(2, 0);
   io.save_optimizer(*bf16.wrapper, dir.file("opt"), kSharded);
-  Trainer fp32("adamw");
+  ResumeTrainer fp32("adamw");
   fp32.wrap();
   booster::log::set_rank(0);
   booster::log::set_level("info");

@@ -19,6 +19,7 @@
 #include "common/debiased_momentum.h"
 #include "common/small_net.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 using namespace booster;
 using booster::checkpoint::CheckpointError;
@@ -33,10 +34,7 @@ using ::testing::ThrowsMessage;
 
 namespace {
 
-std::shared_ptr<dist::ProcessGroup> world_of_one() {
-  static auto pg = dist::ProcessGroup::rendezvous({});
-  return pg;
-}
+using booster::testing::world_of_one;
 
 std::set<std::string> json_keys(const nlohmann::json& j) {
   std::set<std::string> keys;
@@ -47,8 +45,8 @@ std::set<std::string> json_keys(const nlohmann::json& j) {
 using booster::testing::Net;
 
 // DebiasedMomentum with two parameter groups of different options, wrapped as boost() would.
-struct Trainer : booster::testing::NetTrainer {
-  Trainer() {
+struct RegistryTrainer : booster::testing::NetTrainer {
+  RegistryTrainer() {
     booster::testing::ensure_debiased_momentum_registered();
     seed_base = 200;
     torch::manual_seed(5);
@@ -220,7 +218,7 @@ TEST(OptimizerRegistry, IncompleteOrInconsistentSpecsAreRejected) {
 TEST(OptimizerRegistry, UserOptimizerRoundTripsThroughACheckpoint) {
   TempDir dir;
   CheckpointIO io(world_of_one());
-  Trainer full, first, resumed;
+  RegistryTrainer full, first, resumed;
   full.steps(5, 0);
   first.steps(3, 0);
   io.save_model(*first.net, dir.file("model"), {});
@@ -260,7 +258,7 @@ TEST(OptimizerRegistry, UserOptimizerRoundTripsThroughACheckpoint) {
   auto p = full.net->parameters(), q = resumed.net->parameters();
   for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(torch::equal(p[i], q[i])) << "param " << i;
   // A checkpoint of a built-in type is refused by name.
-  Trainer other;
+  RegistryTrainer other;
   auto sgd = std::make_shared<torch::optim::SGD>(other.net->parameters(), torch::optim::SGDOptions(0.1));
   OptimizerWrapper sgd_wrapper(sgd, nullptr);
   sgd_wrapper.set_parameter_names(other.wrapper->parameter_names());

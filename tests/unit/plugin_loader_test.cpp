@@ -20,6 +20,7 @@
 #include "booster/config.h"
 #include "booster/dist/process_group.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 namespace fs = std::filesystem;
 using booster::Config;
@@ -37,22 +38,19 @@ using booster::testing::ScopedEnv;
 
 namespace {
 
+using booster::testing::world_of_one;
+
 const std::string kTestPluginDir = BOOSTER_TEST_PLUGIN_DIR;
 
 std::string test_plugin(const std::string& name) { return kTestPluginDir + "/booster_plugin_" + name + ".so"; }
 
 
 // A single-process world (in-process store, no port, no global launch).
-std::shared_ptr<booster::dist::ProcessGroup> world1() {
-  static auto w = booster::dist::ProcessGroup::rendezvous(booster::dist::RendezvousOptions{});
-  return w;
-}
-
 PluginContext context(const std::string& name, const std::string& plugin_toml = "") {
   PluginContext ctx;
   ctx.name = name;
   ctx.options = Config::from_string("[plugin]\n" + plugin_toml, "test.toml").section("plugin");
-  ctx.world = world1();
+  ctx.world = world_of_one();
   return ctx;
 }
 
@@ -138,7 +136,7 @@ TEST(PluginLoader, LoadsByExplicitPath) {
   auto plugin = booster::load_plugin(context("test_minimal", "scale = 2.5\n"), test_plugin("test_minimal"));
   ASSERT_NE(plugin, nullptr);
   EXPECT_EQ(plugin->name(), "test_minimal");
-  EXPECT_EQ(plugin->world(), world1());
+  EXPECT_EQ(plugin->world(), world_of_one());
   EXPECT_THAT(plugin->supported_precisions(), ElementsAre("fp32"));
   EXPECT_FALSE(plugin->control_precision());
   EXPECT_FALSE(plugin->control_checkpoint_io());

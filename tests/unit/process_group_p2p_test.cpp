@@ -15,8 +15,12 @@
 
 #include "booster/dist/process_group.h"
 #include "common/thread_ranks.h"
+#include "common/tensor_test_util.h"
 
 namespace {
+
+using booster::testing::kNoErrors;
+using booster::testing::values_of;
 
 using booster::dist::DistError;
 using booster::dist::P2POp;
@@ -29,13 +33,6 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 using Group = std::shared_ptr<ProcessGroup>;
 using Kind = P2POp::Kind;
-
-std::vector<double> values_of(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous().view({-1});
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
-const std::vector<std::string> kNoErrors(4, "");
 
 // What rank r sends in the ring tests: distinct per rank and exact in every dtype used.
 at::Tensor payload(int r, at::ScalarType dtype) {

@@ -170,10 +170,10 @@ TEST(ProcessGroupScatter, InPlaceCollectivesWithPerRankCountsOn1To4Ranks) {
       at::Tensor t = at::zeros({4});
       std::vector<int64_t> wrong_length(static_cast<size_t>(world) + 1, 0);
       EXPECT_THAT([&] { g->reduce_scatter_in_place(t, wrong_length); },
-                  testing::ThrowsMessage<booster::dist::DistError>(testing::HasSubstr("one count per rank")));
+                  ::testing::ThrowsMessage<booster::dist::DistError>(::testing::HasSubstr("one count per rank")));
       std::vector<int64_t> short_counts(static_cast<size_t>(world), 0);
       EXPECT_THAT([&] { g->all_gather_in_place(t, short_counts); },
-                  testing::ThrowsMessage<booster::dist::DistError>(testing::HasSubstr("add up to 0 elements")));
+                  ::testing::ThrowsMessage<booster::dist::DistError>(::testing::HasSubstr("add up to 0 elements")));
     });
     EXPECT_EQ(errors, std::vector<std::string>(static_cast<size_t>(world), "")) << world << " ranks";
   }

@@ -13,8 +13,12 @@
 #include <vector>
 
 #include "common/thread_ranks.h"
+#include "common/tensor_test_util.h"
 
 namespace {
+
+using booster::testing::kNoErrors;
+using booster::testing::values_of;
 
 using booster::dist::DistError;
 using booster::dist::ProcessGroup;
@@ -25,13 +29,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 using Group = std::shared_ptr<ProcessGroup>;
-
-std::vector<double> values_of(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous().view({-1});
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
-const std::vector<std::string> kNoErrors(4, "");
 
 TEST(ProcessGroup, NewGroupCollectivesSeeOnlyTheMembers) {
   auto errors = run_thread_ranks(4, [](const Group& world) {

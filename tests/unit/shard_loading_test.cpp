@@ -28,8 +28,11 @@
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/dist/process_group.h"
 #include "common/test_util.h"
+#include "common/tensor_test_util.h"
 
 namespace {
+
+using booster::testing::world_of_one;
 
 namespace fs = std::filesystem;
 namespace bt = booster::testing;
@@ -43,11 +46,6 @@ using booster::checkpoint::SaveOptions;
 using booster::checkpoint::save_state_dict;
 using booster::checkpoint::StateDict;
 
-std::shared_ptr<booster::dist::ProcessGroup> world_of_one() {
-  static auto pg = booster::dist::ProcessGroup::rendezvous(booster::dist::RendezvousOptions{});
-  return pg;
-}
-
 struct Layer {
   std::string name;
   int64_t in, out;
@@ -55,8 +53,8 @@ struct Layer {
 };
 
 // Linear layers registered under the given names.
-struct Net : torch::nn::Module {
-  explicit Net(const std::vector<Layer>& layers) {
+struct LayerNet : torch::nn::Module {
+  explicit LayerNet(const std::vector<Layer>& layers) {
     for (const auto& l : layers) {
       auto lin = register_module(l.name, torch::nn::Linear(l.in, l.out));
       if (l.dtype != at::kFloat) lin->to(l.dtype);
@@ -110,12 +108,12 @@ void save_sharded(const std::string& dir, torch::nn::Module& m, int64_t mb, bool
 TEST(ShardLoading, LoadModelRestoresEveryTensorBitExact) {
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");
-  Net src(layers(8));
+  LayerNet src(layers(8));
   save_sharded(dir, src, 1);
   const auto groups = index_groups(dir + "/model.safetensors.index.json");
   ASSERT_GE(groups.size(), 4u);  // 8 weights alone + the biases
 
-  Net dst(layers(8));
+  LayerNet dst(layers(8));
   CheckpointIO io(world_of_one());
   io.load_model(dst, dir);
   const auto want = clones(src);
@@ -130,7 +128,7 @@ TEST(ShardLoading, ForEachShardCallsOncePerFileWithTheIndexNames) {
     SCOPED_TRACE(safetensors ? "safetensors" : "bin");
     bt::TempDir tmp;
     const std::string dir = tmp.file("ckpt");
-    Net src(layers(8));
+    LayerNet src(layers(8));
     save_sharded(dir, src, 1, safetensors);
     const auto groups =
         index_groups(dir + (safetensors ? "/model.safetensors.index.json" : "/pytorch_model.bin.index.json"));
@@ -163,7 +161,7 @@ TEST(ShardLoading, ForEachShardCallsOncePerFileWithTheIndexNames) {
 TEST(ShardLoading, SingleFileIsOneShard) {
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");
-  Net src(layers(2, 8, 4));
+  LayerNet src(layers(2, 8, 4));
   save_state_dict(dir, state_of(src), SaveOptions{});
   int calls = 0;
   for_each_checkpoint_shard(dir, "model", [&](const StateDict& shard) {
@@ -181,7 +179,7 @@ TEST(ShardLoading, ListCheckpointTensorsMatchesTheFiles) {
     SCOPED_TRACE(safetensors ? "safetensors" : "bin");
     bt::TempDir tmp;
     const std::string dir = tmp.file("ckpt");
-    Net src(layers(8));
+    LayerNet src(layers(8));
     src.named_children()["l3"]->to(at::kHalf);
     save_sharded(dir, src, 1, safetensors);
     const std::string index = dir + (safetensors ? "/model.safetensors.index.json" : "/pytorch_model.bin.index.json");
@@ -208,7 +206,7 @@ TEST(ShardLoading, ListCheckpointTensorsMatchesTheFiles) {
 TEST(ShardLoading, ListValidatesTheIndexLikeLoadStateDict) {
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");
-  Net src(layers(8));
+  LayerNet src(layers(8));
   save_sharded(dir, src, 1);
   const auto groups = index_groups(dir + "/model.safetensors.index.json");
   fs::remove(dir + "/" + groups.begin()->first);
@@ -227,7 +225,7 @@ TEST(ShardLoading, ListValidatesTheIndexLikeLoadStateDict) {
 TEST(ShardLoading, StrictReportsEverythingInOneErrorAndChangesNothing) {
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");
-  Net src(layers(8));
+  LayerNet src(layers(8));
   save_sharded(dir, src, 1);
 
   // l2 wrong shape, l3 another float dtype (converted on load, not an error), l7 absent
@@ -236,7 +234,7 @@ TEST(ShardLoading, StrictReportsEverythingInOneErrorAndChangesNothing) {
   spec[2].out = 256;
   spec[3].dtype = at::kDouble;
   spec.push_back({"l8", 768, 512});
-  Net dst(spec);
+  LayerNet dst(spec);
   const auto before = clones(dst);
   CheckpointIO io(world_of_one());
   std::string msg;
@@ -263,11 +261,11 @@ TEST(ShardLoading, StrictReportsEverythingInOneErrorAndChangesNothing) {
 TEST(ShardLoading, NonStrictLoadsTheMatchingKeys) {
   bt::TempDir tmp;
   const std::string dir = tmp.file("ckpt");
-  Net src(layers(8));
+  LayerNet src(layers(8));
   save_sharded(dir, src, 1);
   auto spec = layers(7);
   spec.push_back({"l8", 768, 512});
-  Net dst(spec);
+  LayerNet dst(spec);
   const auto before = clones(dst);
   const auto want = clones(src);
   CheckpointIO io(world_of_one());
@@ -346,11 +344,11 @@ TEST(ShardLoading, PeakMemoryIsAboutOneShard) {
   const std::string dir = tmp.file("ckpt");
   const auto spec = layers(8, 1024, 2048);  // 8 MiB weight + 8 KiB bias each: 64 MiB
   {
-    Net src(spec);
+    LayerNet src(spec);
     save_sharded(dir, src, 9);  // one layer per shard
   }
   ASSERT_EQ(index_groups(dir + "/model.safetensors.index.json").size(), 8u);
-  Net dst(spec);  // allocated (and written by the initialiser) before the measurement
+  LayerNet dst(spec);  // allocated (and written by the initialiser) before the measurement
   CheckpointIO io(world_of_one());
   list_checkpoint_tensors(dir);  // warm-up: first-use allocations are not the shard's
 

@@ -48,6 +48,7 @@ using booster::checkpoint::StateDict;
 using booster::checkpoint::write_bin;
 using Shards = std::vector<std::vector<size_t>>;
 using namespace booster::testing::fixtures;
+using booster::testing::list_dir;
 
 const std::string kInterop = std::string(BOOSTER_SOURCE_DIR) + "/tests/unit/checkpoint_interop.py";
 
@@ -419,12 +420,6 @@ TEST(StateDictIO, LoadErrors) {
 
 // ---- atomic replacement and failures -------------------------------------------------------------
 
-std::vector<std::string> leftovers(const std::string& parent) {
-  std::vector<std::string> out;
-  for (const auto& name : list_dir(parent))
-    if (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos) out.push_back(name);
-  return out;
-}
 
 TEST(StateDictIO, SaveReplacesExistingCheckpoint) {
   bt::TempDir tmp;
@@ -481,25 +476,6 @@ TEST(StateDictIO, AtomicWriteDirectory) {
   EXPECT_TRUE(leftovers(tmp.path()).empty());
 }
 
-// Soft RLIMIT_FSIZE in this process for a scope: writes past it fail with EFBIG.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    getrlimit(RLIMIT_FSIZE, &old_);
-    old_handler_ = signal(SIGXFSZ, SIG_IGN);
-    rlimit lim = old_;
-    lim.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &lim);
-  }
-  ~FileSizeLimit() {
-    setrlimit(RLIMIT_FSIZE, &old_);
-    signal(SIGXFSZ, old_handler_);
-  }
-
- private:
-  rlimit old_{};
-  sighandler_t old_handler_;
-};
 
 TEST(StateDictIO, FailedSaveLeavesOldCheckpointIntact) {
   bt::TempDir tmp;

@@ -43,6 +43,7 @@ using booster::checkpoint::save_state_dict_streamed;
 using booster::checkpoint::StateDict;
 using booster::checkpoint::TensorSpec;
 using namespace booster::testing::fixtures;
+using booster::testing::list_dir;
 
 std::vector<TensorSpec> specs_of(const StateDict& sd) {
   std::vector<TensorSpec> specs;
@@ -76,13 +77,6 @@ void expect_same_files(const std::string& expected_dir, const std::string& dir) 
     EXPECT_TRUE(bytes == bt::read_file(dir + "/" + name)) << name << " differs";
 }
 
-// Temporaries of io::atomic_write_directory left in `parent`.
-std::vector<std::string> leftovers(const std::string& parent) {
-  std::vector<std::string> out;
-  for (const auto& name : list_dir(parent))
-    if (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos) out.push_back(name);
-  return out;
-}
 
 std::vector<size_t> iota(size_t n) {
   std::vector<size_t> v(n);
@@ -145,25 +139,6 @@ void expect_files_are_per_file_writes(const std::string& dir, const StateDict& s
 }
 
 
-// Soft RLIMIT_FSIZE in this process for a scope: writes past it fail with EFBIG.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    getrlimit(RLIMIT_FSIZE, &old_);
-    old_handler_ = signal(SIGXFSZ, SIG_IGN);
-    rlimit lim = old_;
-    lim.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &lim);
-  }
-  ~FileSizeLimit() {
-    setrlimit(RLIMIT_FSIZE, &old_);
-    signal(SIGXFSZ, old_handler_);
-  }
-
- private:
-  rlimit old_{};
-  sighandler_t old_handler_;
-};
 
 // A previous checkpoint in `dir` and the means to check that a failed save left it as it was.
 class PreviousCheckpoint {
