@@ -32,6 +32,9 @@ std::string shape_text(const std::vector<int64_t>& shape);
 // "tensor 'name'"
 std::string tensor_label(const std::string& name);
 
+// `dir` + "/" + `name`: a file's path in a checkpoint directory.
+inline std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
 // A file descriptor closed on destruction (movable, not copyable).
 class Fd {
  public:

@@ -40,6 +40,7 @@
 
 namespace booster::checkpoint {
 
+using detail::join;
 using detail::quote;
 using detail::is_plain_file_name;
 using detail::shape_text;
@@ -61,8 +62,6 @@ std::string rank_file_name(const std::string& base, int rank, int world_size) {
 }
 
 std::string entry_name(const std::string& name, int64_t offset) { return name + "@" + std::to_string(offset); }
-
-std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
 std::string range_text(int64_t begin, int64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";

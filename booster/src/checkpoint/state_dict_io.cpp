@@ -47,6 +47,7 @@ using detail::as_checkpoint_error;
 using detail::errno_text;
 using detail::Fd;
 using detail::is_plain_file_name;
+using detail::join;
 
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path, int err) {
   throw CheckpointError(what + " '" + path + "': " + errno_text(err));
@@ -55,8 +56,6 @@ using detail::is_plain_file_name;
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
-std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
 // ---- loading helpers ------------------------------------------------------------------------
 
