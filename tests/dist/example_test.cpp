@@ -156,7 +156,7 @@ TEST(Example, ZeroFsdpAndGeminiConfigsReachTheDdpAccuracyBand) {
     std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", std::to_string(ranks), "--master_port",
                                   std::to_string(free_port()), kFashionMnistBinary, "--config", config,
                                   "--output_dir", out};
-    for (std::string s : {"train.epochs=2", "train.train_subset=4096", "train.test_subset=1000",
+    for (std::string s : {"train.epochs=1", "train.train_subset=4096", "train.test_subset=1000",
                           "train.lr_scheduler.warmup_steps=10"})
       sets.push_back(s);
     for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
