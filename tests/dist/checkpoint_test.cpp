@@ -88,6 +88,8 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunAndContinuesOnOtherWorldSizes) 
   auto re1 = run_example(2, dir.file("run_e"), stop);
   ASSERT_EQ(re1.exit_code, 0) << re1.output;
   EXPECT_EQ(latest_checkpoint(e), e + "/step_000000008");
+  const std::string mid8 = dir.file("mid8");  // kept for the error cases below (keep_last_n prunes it)
+  std::filesystem::copy(e + "/step_000000008", mid8, std::filesystem::copy_options::recursive);
   auto re2 = run_example(2, dir.file("run_e"), every4);
   ASSERT_EQ(re2.exit_code, 0) << re2.output;
   EXPECT_THAT(re2.output, HasSubstr("resumed from " + e + "/step_000000008 in epoch 1 after batch 8"));
@@ -110,6 +112,22 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunAndContinuesOnOtherWorldSizes) 
     EXPECT_EQ(loss_and_accuracy(csv_e, row), loss_and_accuracy(csv_a, row)) << "metrics.csv row " << row;
     EXPECT_EQ(loss_and_accuracy(csv_e, row).substr(0, 2), std::to_string(row) + ",");
   }
+
+  // A mid-epoch checkpoint holds each rank's data position and generator: on another world size it
+  // is a clear error naming both ways out, and nothing is written to its directory.
+  const std::string mid8_state = read_file(mid8 + "/trainer_state.json");
+  auto r1 = run_example(1, dir.file("run_mid1"), {"train.resume_from=\"" + mid8 + "\""});
+  EXPECT_NE(r1.exit_code, 0);
+  EXPECT_THAT(r1.output, HasSubstr("was saved mid-epoch by 2 ranks"));
+  EXPECT_THAT(r1.output, HasSubstr("resume from a checkpoint saved at an epoch end"));
+  EXPECT_EQ(read_file(mid8 + "/trainer_state.json"), mid8_state);
+  // resume_from naming neither a checkpoint nor a checkpoint_dir with step directories.
+  const std::string empty = dir.file("empty");
+  std::filesystem::create_directories(empty);
+  auto r2 = run_example(2, dir.file("run_empty"), {"train.resume_from=\"" + empty + "\""});
+  EXPECT_NE(r2.exit_code, 0);
+  EXPECT_THAT(r2.output, HasSubstr("is neither a checkpoint (model/, trainer_state.json) nor a checkpoint_dir"));
+  EXPECT_TRUE(list_dir(empty).empty());
 
   // The 2-rank checkpoint continues on 1 and on 4 ranks (gathered, name-keyed state).
   for (int n : {1, 4}) {
