@@ -15,6 +15,10 @@ std::string configure_host_allocator(const std::string& mode) {
   if (mode != "retain")
     throw std::invalid_argument("booster: malloc = \"" + mode + "\" is not a mode; use \"retain\" (keep freed "
                                 "memory for reuse, the default) or \"system\" (glibc's defaults)");
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's allocator replaces glibc's (BOOSTER_SANITIZE builds); mallopt has no effect.
+  return "malloc = \"retain\": AddressSanitizer's allocator is in use, glibc settings left alone";
+#endif
   const char* preload = std::getenv("LD_PRELOAD");
   if (preload != nullptr) {
     const std::string p = preload;
