@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "booster/dist/process_group.h"
@@ -70,7 +73,7 @@ void check_group(booster::dist::ProcessGroup& g, int64_t n, at::ScalarType dtype
 TEST(ProcessGroupScatter, PairwiseCollectivesEqualTheDocumentedReductionOn1To4Ranks) {
   for (int world : {1, 2, 3, 4}) {
     auto errors = booster::testing::run_thread_ranks(world, [&](const std::shared_ptr<booster::dist::ProcessGroup>& g) {
-      for (int64_t n : {0, 1, 7, 100003})
+      for (int64_t n : {0, 1, 7, 100003, 300001})  // 300001 float32: two pieces of a range
         for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
           check_group(*g, n, dtype, std::to_string(world) + " ranks, n " + std::to_string(n) + ", " +
                                         c10::toString(dtype));
@@ -216,4 +219,35 @@ TEST(ProcessGroupScatter, Bf16AllreduceIsTheFloat32SumInRankOrderRoundedOnceAndW
     });
     EXPECT_EQ(errors, std::vector<std::string>(static_cast<size_t>(world), "")) << world << " ranks";
   }
+}
+
+// is_completed() of a collective made of point-to-point parts: false while a peer has not posted its
+// side (rank 1 starts 300 ms late), true after wait(); for reduce-scatter, all-gather and the bf16
+// allreduce (both halves).
+TEST(ProcessGroupScatter, IsCompletedIsFalseWhileAPeerHasNotPostedItsSide) {
+  std::atomic<bool> peer_posted{false};
+  auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<booster::dist::ProcessGroup>& g) {
+    const int64_t n = 3 << 20;  // several 1 MiB pieces per range
+    at::Tensor rs = at::ones({n}), ag = at::full({n}, 1.f + g->rank()), ar = at::ones({n}, at::kBFloat16);
+    const auto counts = booster::dist::ProcessGroup::even_counts(n, 2);
+    if (g->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::vector<booster::dist::Work> works = {g->reduce_scatter_in_place(rs, counts, ReduceOp::SUM),
+                                              g->all_gather_in_place(ag, counts), g->allreduce(ar, ReduceOp::SUM)};
+    if (g->rank() == 1) {
+      peer_posted = true;
+      for (auto& w : works) w.wait();
+      return;
+    }
+    const bool early[3] = {works[0].is_completed(), works[1].is_completed(), works[2].is_completed()};
+    if (!peer_posted.load())
+      for (int k = 0; k < 3; ++k) EXPECT_FALSE(early[k]) << "work " << k << " completed before the peer posted";
+    for (int k = 0; k < 3; ++k) {
+      works[static_cast<size_t>(k)].wait();
+      EXPECT_TRUE(works[static_cast<size_t>(k)].is_completed()) << "work " << k << " after wait()";
+    }
+    EXPECT_EQ(rs.narrow(0, 0, counts[0]).sum().item<double>(), 2.0 * static_cast<double>(counts[0]));
+    EXPECT_EQ(ag.narrow(0, counts[0], counts[1]).min().item<double>(), 2.0);
+    EXPECT_EQ(ar.to(at::kFloat).min().item<double>(), 2.0);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
 }

@@ -24,6 +24,7 @@ namespace booster::dist {
 
 bool Work::is_completed() const {
   if (!impl_ || impl_->done) return true;
+  if (impl_->ready) return impl_->ready();
   return !impl_->work || impl_->work->isCompleted();
 }
 

@@ -19,6 +19,8 @@ namespace booster::dist {
 struct Work::Impl {
   c10::intrusive_ptr<c10d::Work> work;  // null for a work that finished synchronously
   std::function<void()> finish;         // runs once after the backend work completed
+  std::function<bool()> ready;          // a work made of parts: whether all of them completed
+                                        // (null: the backend work's state decides)
   std::string what;                     // "allreduce of 1048576 float elements" for errors
   bool done = false;
   std::shared_ptr<detail::Health> health;  // names unresponsive ranks when the work fails

@@ -9,7 +9,10 @@
 // "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005), without a ring's
 // N-1 dependent steps, so the operation is asynchronous like the others. Ranges may differ in size
 // (MPI_Reduce_scatter's recvcounts, MPI_Allgatherv's counts). A reduce-scatter range travels in
-// pieces of kPieceBytes, so wait() sums piece k while later pieces are still arriving. Ranges are
+// pieces of kPieceBytes, so wait() sums piece k while later pieces are still arriving. When the
+// output shares no memory with the input, one peer's range is received straight into the output
+// (a 2-rank reduce-scatter then allocates nothing: a fresh 64 MiB buffer cost 16k page faults per
+// call); the others get buffers of their own. Ranges are
 // sent in their own dtype (bf16 travels as bf16); reduce-scatter sums in float32 for floating types
 // narrower than it (the sum of the N ranges in rank order, so the result does not depend on arrival
 // order), in the dtype otherwise.
@@ -21,6 +24,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
@@ -103,11 +107,20 @@ struct GroupRef {
 
 GroupRef ref_of(const ProcessGroup::Impl& g) { return GroupRef{g.pg, g.rank, g.size, g.health, g.world}; }
 
-// A Work with no backend work of its own whose finish() runs `finish`; a DistError from it gets the
-// group's health check appended.
-Work composite_work(const GroupRef& g, const std::string& what, std::function<void()> finish) {
+// Whether every work of `works` has completed (no blocking).
+bool all_completed(const std::vector<Work>& works) {
+  for (const auto& w : works)
+    if (!w.is_completed()) return false;
+  return true;
+}
+
+// A Work with no backend work of its own whose wait() runs `finish` and whose is_completed() asks
+// `ready`; a DistError from `finish` gets the group's health check appended.
+Work composite_work(const GroupRef& g, const std::string& what, std::function<void()> finish,
+                    std::function<bool()> ready) {
   auto impl = std::make_shared<Work::Impl>();
   impl->what = what;
+  impl->ready = std::move(ready);
   impl->health = g.health;
   impl->world = g.world;
   impl->finish = [finish = std::move(finish), health = g.health, world = g.world]() {
@@ -200,6 +213,13 @@ Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std:
   const int64_t n = counts[static_cast<size_t>(rank)];
   const at::Tensor own = flat.narrow(0, offsets[static_cast<size_t>(rank)], n);
   const bool in_place = own.data_ptr() == out.data_ptr();
+  // direct: the rank whose range is received straight into `out` instead of a buffer of its own
+  // (the first rank in rank order other than this one), when `out` shares no memory with `flat`;
+  // -1 otherwise. The sum starts from the first two ranks' ranges, so `out` is read before written.
+  const auto* flat_begin = static_cast<const char*>(flat.data_ptr());
+  const auto* out_begin = static_cast<const char*>(out.data_ptr());
+  const bool disjoint = out_begin + out.nbytes() <= flat_begin || flat_begin + flat.nbytes() <= out_begin;
+  const int direct = (disjoint && size > 1 && g.pg && n > 0) ? (rank == 0 ? 1 : 0) : -1;
   const int64_t piece = std::max<int64_t>(1, kPieceBytes / static_cast<int64_t>(flat.element_size()));
   auto pieces_of = [piece](int64_t count) { return (count + piece - 1) / piece; };
   if (g.health && g.world) g.health->note_collective();
@@ -210,7 +230,7 @@ Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std:
   auto send_works = std::make_shared<std::vector<Work>>();
   if (g.pg && size > 1) {
     for (int p = 0; p < size; ++p)
-      if (p != rank && n > 0) (*received)[static_cast<size_t>(p)] = at::empty({n}, flat.options());
+      if (p != rank && n > 0) (*received)[static_cast<size_t>(p)] = p == direct ? out : at::empty({n}, flat.options());
     int64_t most = 0;
     for (int64_t c : counts) most = std::max(most, pieces_of(c));
     for (int64_t k = 0; k < most; ++k) {
@@ -230,7 +250,14 @@ Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std:
       }
     }
   }
-  return composite_work(g, what, [received, recv_works, send_works, own, out, n, piece, rank, size, op, in_place]() mutable {
+  auto ready = [recv_works, send_works]() {
+    for (const auto& piece_works : *recv_works)
+      for (const auto& w : piece_works)
+        if (!w.is_completed()) return false;
+    return all_completed(*send_works);
+  };
+  return composite_work(g, what, [received, recv_works, send_works, own, out, n, piece, rank, size, op, in_place,
+                                  direct]() mutable {
     const at::ScalarType acc_dtype = accumulation_dtype(out.scalar_type());
     const bool widen = acc_dtype != out.scalar_type();
     at::Tensor acc_buffer =
@@ -250,8 +277,16 @@ Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std:
         out_k.copy_(acc);
         continue;
       }
+      if (direct >= 0) {
+        // out_k holds range `direct` (rank 0 or 1): out_k = x0 op x1, then op x2, ... in rank order.
+        if (direct == 0) combine(out_k, out_k, part(1), op);
+        else combine(out_k, part(0), out_k, op);
+        for (int r = 2; r < size; ++r) combine(out_k, out_k, part(r), op);
+        if (op == ReduceOp::AVG) average(out_k, size);
+        continue;
+      }
       // Same dtype: the ranges in rank order, accumulated in a received buffer until this rank's
-      // range is reached, from then on in the output (a + b == b + a: the order stays rank order).
+      // range is reached, from then on in the output.
       at::Tensor acc;
       for (int r = 0; r < size; ++r) {
         const at::Tensor x = part(r);
@@ -268,7 +303,7 @@ Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std:
     }
     for (auto& w : *send_works) w.wait();
     received->clear();
-  });
+  }, ready);
 }
 
 Work all_gather_ranges(const GroupRef& g, const at::Tensor& flat, const std::vector<int64_t>& counts, int tag,
@@ -288,7 +323,7 @@ Work all_gather_ranges(const GroupRef& g, const at::Tensor& flat, const std::vec
   }
   return composite_work(g, what, [works]() {
     for (auto& w : *works) w.wait();
-  });
+  }, [works]() { return all_completed(*works); });
 }
 
 }  // namespace
@@ -306,10 +341,10 @@ Work detail::allreduce_by_halves(ProcessGroup::Impl& group, at::Tensor& tensor, 
   // (each rank's first wait would need the other's second all-gather).
   struct Halves {
     std::promise<Work> gather_posted;
-    std::future<Work> gather;
+    std::shared_future<Work> gather;
   };
   auto halves = std::make_shared<Halves>();
-  halves->gather = halves->gather_posted.get_future();
+  halves->gather = halves->gather_posted.get_future().share();
   std::thread([g, scatter, flat, counts, tag, what, halves]() mutable {
     try {
       scatter.wait();
@@ -323,6 +358,13 @@ Work detail::allreduce_by_halves(ProcessGroup::Impl& group, at::Tensor& tensor, 
   return composite_work(outer, what, [halves]() {
     Work gather = halves->gather.get();
     gather.wait();
+  }, [halves]() {
+    if (halves->gather.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    try {
+      return halves->gather.get().is_completed();
+    } catch (...) {
+      return true;  // the reduce-scatter half failed: wait() throws at once
+    }
   });
 }
 

@@ -65,6 +65,9 @@ struct P2POp {
 
 // Handle of an asynchronous collective. wait() blocks until done, rethrows the backend's error as
 // DistError, then runs the finishing step (copy-back, division). Waiting twice is a no-op.
+// is_completed() does not block. A collective made of point-to-point parts (reduce-scatter,
+// all-gather, the bf16 allreduce) is completed only when every part is; c10d's Gloo send and recv
+// works report completion only once waited for, so these report false until wait() returned.
 class BOOSTER_API Work {
  public:
   Work() = default;  // a completed no-op work
