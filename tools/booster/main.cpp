@@ -8,12 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include <unistd.h>
 
+extern char** environ;
+
+#include "hostfile.h"
 #include "plot.h"
 #include "run_args.h"
 #include "supervisor.h"
@@ -72,6 +76,29 @@ int main(int argc, char** argv) {
     if (!problem.empty()) {
       std::cerr << "booster run: " << problem << "\nRun with --help for more information.\n";
       return booster::cli::kRunUsageError;
+    }
+    if (!run_options.hostfile.empty()) {
+      // --hostfile: one `booster run` per host through ssh, this executable on every host.
+      try {
+        const std::vector<std::string> hosts = booster::cli::select_hosts(
+            booster::cli::read_hostfile(run_options.hostfile), run_options.include, run_options.exclude,
+            run_options.nnodes_given ? run_options.nnodes : 0);
+        std::error_code ec;
+        const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+        if (ec) throw std::runtime_error("cannot find this executable's path (/proc/self/exe: " + ec.message() + ")");
+        const std::string cwd = std::filesystem::current_path(ec).string();
+        if (ec) throw std::runtime_error("cannot find the current directory: " + ec.message());
+        std::vector<std::string> environment;
+        for (char** e = environ; *e; ++e) environment.emplace_back(*e);
+        for (int node = 0; node < static_cast<int>(hosts.size()); ++node)
+          run_options.node_commands.push_back(booster::cli::node_command(
+              run_options, hosts, node, run_options.master_port, self, cwd, environment));
+        run_options.node_hosts = hosts;
+        run_options.nnodes = static_cast<int>(hosts.size());
+      } catch (const std::exception& e) {
+        std::cerr << "booster run: " << e.what() << "\n";
+        return booster::cli::kRunUsageError;
+      }
     }
     std::cout.flush();
     return booster::cli::run_launcher(run_options);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace booster::cli {
 
@@ -21,13 +22,30 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
   run->add_option("--nproc_per_node,--nproc-per-node", o.nproc_per_node,
                   "Number of ranks (processes) to start on this node")
       ->capture_default_str();
-  run->add_option("--nnodes", o.nnodes, "Number of nodes in the job (run one launcher per node)")
-      ->capture_default_str();
+  run->add_option("--nnodes", o.nnodes,
+                  "Number of nodes in the job (run one launcher per node; with --hostfile, use the first "
+                  "nnodes hosts)")
+      ->capture_default_str()
+      ->each([&o](const std::string&) { o.nnodes_given = true; });
   run->add_option("--node_rank,--node-rank", o.node_rank, "Index of this node, in [0, nnodes)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&o](const std::string&) { o.node_rank_given = true; });
   run->add_option("--master_addr,--master-addr", o.master_addr,
-                  "Address of the node running rank 0 (MASTER_ADDR)")
-      ->capture_default_str();
+                  "Address of the node running rank 0 (MASTER_ADDR); with --hostfile, default: the first host")
+      ->capture_default_str()
+      ->each([&o](const std::string&) { o.master_addr_given = true; });
+  run->add_option("--hostfile", o.hostfile,
+                  "File of hosts, one per line: start the job on them through ssh (node_rank = line order)");
+  run->add_option("--include", o.include, "With --hostfile: run only on these hosts (host1,host2)");
+  run->add_option("--exclude", o.exclude, "With --hostfile: do not run on these hosts (host1,host2)");
+  run->add_option("--ssh_command,--ssh-command", o.ssh_command,
+                  "With --hostfile: the command that runs a command line on a host (its words, then the host, "
+                  "then the command line)")
+      ->capture_default_str()
+      ->each([&o](const std::string&) { o.ssh_command_given = true; });
+  run->add_option("--ssh_port,--ssh-port", o.ssh_port, "With --hostfile: ssh port of the hosts (ssh -p)");
+  run->add_flag("--stop_on_stdin_eof", o.stop_on_stdin_eof,
+                "Stop the ranks when stdin reaches end of file (set on the launchers --hostfile starts)");
   run->add_option("--master_port,--master-port", o.master_port,
                   "Rendezvous port on master_addr (MASTER_PORT); default: a free port on a single node, "
                   "29500 with several nodes")
@@ -49,9 +67,13 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
       "Output lines are prefixed with \"[rank R]: \". SIGINT/SIGTERM/SIGHUP are forwarded to the ranks;\n"
       "when one rank fails the others get SIGTERM, then SIGKILL after 5 s; with --max_restarts K the\n"
       "job is then started again (TORCHELASTIC_RESTART_COUNT = 1..K).\n"
+      "With --hostfile the launcher starts `booster run` on every host through ssh (in the same\n"
+      "directory, with this environment except host-specific variables) and stops all of them when\n"
+      "one node fails; every host needs the same paths.\n"
       "Exit codes: 0 all ranks exited 0; 1 a rank failed; 2 usage error; 127 program cannot be\n"
       "executed; 128+N the launcher received signal N.\n"
-      "Example: booster run --nproc_per_node 4 ./train --config configs/ddp.toml");
+      "Example: booster run --nproc_per_node 4 ./train --config configs/ddp.toml\n"
+      "         booster run --hostfile hosts --exclude node3 --nproc_per_node 2 ./train --config c.toml");
   return run;
 }
 
@@ -92,6 +114,25 @@ int resolve_master_port(const RunOptions& o) {
 std::string validate_run_options(const RunOptions& o) {
   if (o.command.empty() || o.command[0].empty())
     return "missing the program to run (usage: booster run [OPTIONS] PROGRAM [ARGS...])";
+  if (o.hostfile.empty()) {
+    const std::pair<bool, const char*> hostfile_only[] = {{!o.include.empty(), "--include"},
+                                                          {!o.exclude.empty(), "--exclude"},
+                                                          {o.ssh_command_given, "--ssh_command"},
+                                                          {o.ssh_port != 0, "--ssh_port"}};
+    for (const auto& [given, name] : hostfile_only)
+      if (given) return std::string(name) + " only applies with --hostfile (the hosts to start the job on through ssh)";
+  } else {
+    if (o.node_rank_given)
+      return "--node_rank cannot be combined with --hostfile: a host's node rank is its position in the hostfile";
+    if (o.max_restarts > 0)
+      return "--max_restarts with --hostfile is not supported yet (restarts across nodes); restart multi-node "
+             "jobs with torchrun --max_restarts, which our ranks support";
+    if (!o.include.empty() && !o.exclude.empty())
+      return "--include and --exclude are mutually exclusive: give one of them";
+    if (o.ssh_port < 0 || o.ssh_port > 65535)
+      return "--ssh_port must be in [1, 65535] (got " + std::to_string(o.ssh_port) + ")";
+    if (o.ssh_command.find_first_not_of(" \t") == std::string::npos) return "--ssh_command must not be empty";
+  }
   if (o.nproc_per_node < 1)
     return "--nproc_per_node must be at least 1 (got " + std::to_string(o.nproc_per_node) + ")";
   if (o.nnodes < 1) return "--nnodes must be at least 1 (got " + std::to_string(o.nnodes) + ")";

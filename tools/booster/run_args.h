@@ -32,6 +32,24 @@ struct RunOptions {
   int max_restarts = 0;                   // torchrun's --max_restarts (single node)
   std::vector<std::string> command;       // program (looked up in PATH if it has no '/') + args
   double kill_grace_seconds = 5.0;        // after SIGTERM, wait this long before SIGKILL
+  bool nnodes_given = false;              // --nnodes was on the command line
+  bool node_rank_given = false;           // --node_rank was on the command line
+  bool master_addr_given = false;         // --master_addr was on the command line
+
+  // --hostfile mode (hostfile.h, ColossalAI's `colossalai run --hostfile`): this launcher starts one
+  // launcher per host through ssh and supervises those ssh processes instead of ranks.
+  std::string hostfile;                             // "" = this launcher runs its node's ranks
+  std::string include;                              // comma-separated hosts to run on
+  std::string exclude;                              // comma-separated hosts not to run on
+  std::string ssh_command = "ssh -o BatchMode=yes";  // how a node is reached (words split at spaces)
+  bool ssh_command_given = false;
+  int ssh_port = 0;                                 // > 0: "-p PORT" after the ssh command
+  // Set on the launchers started through ssh: end of file on stdin (the ssh connection, or the
+  // launcher that started this one, is gone) stops the ranks like SIGTERM.
+  bool stop_on_stdin_eof = false;
+  // Filled from the hostfile before run_launcher (main.cpp): each node's argv and host.
+  std::vector<std::vector<std::string>> node_commands;
+  std::vector<std::string> node_hosts;
 };
 
 // Adds the `run` subcommand with its options to `app`, storing parsed values into `options`
@@ -48,7 +66,9 @@ int resolve_master_port(const RunOptions& options);
 
 // Returns "" if `options` describe a job that can be launched, else a one-line error message
 // (nproc_per_node < 1, nnodes < 1, node_rank outside [0, nnodes), port outside [1, 65535],
-// empty master_addr, no program, max_restarts < 0, or max_restarts > 0 with nnodes > 1).
+// empty master_addr, no program, max_restarts < 0, or max_restarts > 0 with nnodes > 1; with
+// --hostfile: --node_rank or --max_restarts given; without it: --include, --exclude, --ssh_command
+// or --ssh_port given; --include together with --exclude; ssh_port outside [0, 65535]).
 std::string validate_run_options(const RunOptions& options);
 
 }  // namespace booster::cli

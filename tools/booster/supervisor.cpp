@@ -6,6 +6,8 @@
 // child only makes async-signal-safe calls before execve.
 #include "supervisor.h"
 
+#include "process_util.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -36,107 +38,6 @@ constexpr size_t kMaxLine = size_t{1} << 20;   // longer lines are split
 constexpr size_t kReadChunk = 64 * 1024;        // per read() from a rank's pipe
 constexpr auto kGiveUpAfterKill = std::chrono::seconds(3);
 
-// Writes everything (retrying EINTR, waiting on EAGAIN); drops the data if the fd is broken
-// (e.g. EPIPE: SIGPIPE is ignored in the launcher).
-void write_all(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd p{fd, POLLOUT, 0};
-        ::poll(&p, 1, 1000);
-        continue;
-      }
-      return;
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-void log_error(const std::string& message) {
-  std::string line = "booster run: " + message + "\n";
-  write_all(STDERR_FILENO, line.data(), line.size());
-}
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return "signal " + std::to_string(sig);
-  }
-}
-
-// Makes sure fds 0, 1, 2 are open, so pipes created later never land on them.
-void ensure_standard_fds() {
-  for (int fd = 0; fd <= 2; ++fd) {
-    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
-      int n = ::open("/dev/null", O_RDWR);
-      if (n >= 0 && n != fd) {
-        ::dup2(n, fd);
-        ::close(n);
-      }
-    }
-  }
-}
-
-// PATH lookup like execvp, done up front so a missing program is one clear error.
-// Returns the path to execve, or "" with *error set.
-std::string resolve_program(const std::string& program, std::string* error) {
-  auto check = [&](const std::string& path) -> int {  // 0 if executable regular file, else errno
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return errno;
-    if (S_ISDIR(st.st_mode)) return EISDIR;
-    if (::access(path.c_str(), X_OK) != 0) return errno;
-    return 0;
-  };
-  if (program.find('/') != std::string::npos) {
-    int e = check(program);
-    if (e != 0) {
-      *error = "cannot execute '" + program + "': " + std::strerror(e);
-      return "";
-    }
-    return program;
-  }
-  const char* env_path = std::getenv("PATH");
-  std::string path_list = env_path ? env_path : "/usr/local/bin:/usr/bin:/bin";
-  int first_error = 0;
-  size_t start = 0;
-  while (true) {
-    size_t colon = path_list.find(':', start);
-    std::string dir = path_list.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    if (dir.empty()) dir = ".";
-    std::string candidate = dir + "/" + program;
-    int e = check(candidate);
-    if (e == 0) return candidate;
-    if (e != ENOENT && e != ENOTDIR && first_error == 0) first_error = e;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  if (first_error != 0)
-    *error = "cannot execute '" + program + "' (found in PATH): " + std::strerror(first_error);
-  else
-    *error = "cannot execute '" + program + "': not found in PATH";
-  return "";
-}
-
 // One of a rank's output pipes: complete lines go to `out_fd` with the rank's prefix.
 struct Stream {
   int fd = -1;       // read end, non-blocking; -1 once closed
@@ -147,7 +48,10 @@ struct Stream {
 struct Rank {
   int local_rank = 0;
   int global_rank = 0;
-  std::string prefix;     // "[rank R]: "
+  std::string prefix;     // "[rank R]: " ("" for a node started through ssh: its lines carry ranks)
+  std::string label;      // "rank R", or "node K (HOST)" in --hostfile mode
+  std::vector<std::string> argv;  // the program and its arguments
+  int stdin_write = -1;   // --hostfile mode: write end of the node's stdin pipe, closed to stop it
   pid_t pid = -1;         // also its process-group id
   bool exited = false;    // reaped
   bool group_gone = false;
@@ -160,13 +64,13 @@ class Launcher {
 
   int run() {
     std::string error;
-    std::string program = resolve_program(opts_.command[0], &error);
+    std::string program = resolve_program(nodes() ? opts_.node_commands[0][0] : opts_.command[0], &error);
     if (program.empty()) {
       log_error(error);
       return kRunCannotExec;
     }
     try {
-      master_port_ = resolve_master_port(opts_);
+      if (!nodes()) master_port_ = resolve_master_port(opts_);
     } catch (const std::exception& e) {
       log_error(e.what());
       return kRunUsageError;
@@ -206,12 +110,20 @@ class Launcher {
     ranks_.clear();
     stopping_ = killed_ = false;
     exit_code_ = kRunOk;
-    ranks_.resize(static_cast<size_t>(opts_.nproc_per_node));
-    for (int i = 0; i < opts_.nproc_per_node; ++i) {
+    const int children = nodes() ? static_cast<int>(opts_.node_commands.size()) : opts_.nproc_per_node;
+    ranks_.resize(static_cast<size_t>(children));
+    for (int i = 0; i < children; ++i) {
       Rank& r = ranks_[static_cast<size_t>(i)];
       r.local_rank = i;
       r.global_rank = opts_.node_rank * opts_.nproc_per_node + i;
-      r.prefix = "[rank " + std::to_string(r.global_rank) + "]: ";
+      if (nodes()) {
+        r.label = "node " + std::to_string(i) + " (" + opts_.node_hosts.at(static_cast<size_t>(i)) + ")";
+        r.argv = opts_.node_commands[static_cast<size_t>(i)];
+      } else {
+        r.label = "rank " + std::to_string(r.global_rank);
+        r.prefix = "[" + r.label + "]: ";
+        r.argv = opts_.command;
+      }
       r.out.out_fd = STDOUT_FILENO;
       r.err.out_fd = STDERR_FILENO;
     }
@@ -237,6 +149,18 @@ class Launcher {
       drain(r, r.err);
       close_stream(r, r.out);
       close_stream(r, r.err);
+    }
+    close_node_stdins();
+  }
+
+  bool nodes() const { return !opts_.node_commands.empty(); }
+
+  // --hostfile mode: end of file on every node's stdin, so each remote launcher stops its ranks
+  // (--stop_on_stdin_eof) even if its ssh process outlived our signals.
+  void close_node_stdins() {
+    for (Rank& r : ranks_) {
+      if (r.stdin_write >= 0) ::close(r.stdin_write);
+      r.stdin_write = -1;
     }
   }
 
@@ -288,21 +212,37 @@ class Launcher {
 
   // Starts rank `r`; returns kRunOk, kRunCannotExec (execve failed) or kRunRankFailed.
   int spawn(Rank& r, const std::string& program) {
-    std::vector<std::string> env = rank_environment(r);
+    std::vector<std::string> env;
+    if (nodes())
+      for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    else
+      env = rank_environment(r);
     std::vector<char*> envp, argv;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::vector<std::string> args = opts_.command;
+    std::vector<std::string> args = r.argv;
     for (auto& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
+    // A node's stdin is a pipe we hold open: ssh forwards its end of file to the remote launcher.
+    int in[2] = {-1, -1};
+    if (nodes() && ::pipe2(in, O_CLOEXEC) != 0) return fail_errno("pipe");
+    const int stdin_fd = nodes() ? in[0] : devnull_;
 
     int out[2], err[2], exec_err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return fail_errno("pipe");
+    auto close_stdin = [&] {
+      if (in[0] >= 0) close_pair(in);
+    };
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      close_stdin();
+      return fail_errno("pipe");
+    }
     if (::pipe2(err, O_CLOEXEC) != 0) {
+      close_stdin();
       close_pair(out);
       return fail_errno("pipe");
     }
     if (::pipe2(exec_err, O_CLOEXEC) != 0) {
+      close_stdin();
       close_pair(out);
       close_pair(err);
       return fail_errno("pipe");
@@ -314,6 +254,7 @@ class Launcher {
 
     pid_t pid = ::fork();
     if (pid < 0) {
+      close_stdin();
       close_pair(out);
       close_pair(err);
       close_pair(exec_err);
@@ -324,7 +265,7 @@ class Launcher {
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
       if (::getppid() != launcher_pid) _exit(127);  // the launcher died before prctl
-      ::dup2(devnull_, STDIN_FILENO);
+      ::dup2(stdin_fd, STDIN_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
       struct sigaction dfl {};
@@ -339,6 +280,10 @@ class Launcher {
       _exit(127);
     }
     ::setpgid(pid, pid);  // also in the parent, so the group exists before we ever signal it
+    if (nodes()) {
+      ::close(in[0]);
+      r.stdin_write = in[1];
+    }
     ::close(out[1]);
     ::close(err[1]);
     ::close(exec_err[1]);
@@ -360,7 +305,7 @@ class Launcher {
       }
       r.exited = true;
       r.group_gone = true;
-      log_error("cannot execute '" + opts_.command[0] + "' for rank " + std::to_string(r.global_rank) +
+      log_error("cannot execute '" + r.argv[0] + "' for " + r.label +
                 ": " + std::strerror(child_errno));
       return kRunCannotExec;
     }
@@ -411,6 +356,7 @@ class Launcher {
     stopping_ = true;
     exit_code_ = exit_code;
     signal_groups(sig);
+    close_node_stdins();
     kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(opts_.kill_grace_seconds));
   }
@@ -451,8 +397,9 @@ class Launcher {
                                ? "exited with code " + std::to_string(WEXITSTATUS(status))
                                : "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
                                      signal_name(WTERMSIG(status)) + ")";
-        log_error("rank " + std::to_string(r.global_rank) + " (pid " + std::to_string(pid) + ") " + what +
-                  (ranks_.size() > 1 ? "; stopping the other ranks" : "; stopping the job"));
+        log_error(r.label + " (pid " + std::to_string(pid) + ") " + what +
+                  (ranks_.size() == 1 ? "; stopping the job"
+                                      : nodes() ? "; stopping the other nodes" : "; stopping the other ranks"));
         begin_stop(SIGTERM, kRunRankFailed);
       }
     }
@@ -496,6 +443,11 @@ class Launcher {
       std::vector<std::pair<Rank*, Stream*>> owners;
       fds.push_back({signal_fd_, POLLIN, 0});
       owners.push_back({nullptr, nullptr});
+      const bool watch_stdin = opts_.stop_on_stdin_eof && !stdin_closed_;
+      if (watch_stdin) {
+        fds.push_back({STDIN_FILENO, POLLIN, 0});
+        owners.push_back({nullptr, nullptr});
+      }
       for (Rank& r : ranks_) {
         for (Stream* s : {&r.out, &r.err}) {
           if (s->fd < 0) continue;
@@ -517,10 +469,23 @@ class Launcher {
           on_signal(static_cast<int>(info.ssi_signo));
         }
       }
-      for (size_t i = 1; i < fds.size(); ++i) {
+      if (watch_stdin && (fds[1].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) on_stdin();
+      for (size_t i = watch_stdin ? 2 : 1; i < fds.size(); ++i) {
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_once(*owners[i].first, *owners[i].second);
       }
     }
+  }
+
+  // --stop_on_stdin_eof: input is read and dropped; end of file (or a read error) stops the ranks.
+  void on_stdin() {
+    char chunk[4096];
+    const ssize_t n = ::read(STDIN_FILENO, chunk, sizeof(chunk));
+    if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) return;
+    stdin_closed_ = true;
+    if (stopping_) return;
+    log_error("stdin was closed (the launcher that started this node through --hostfile is gone); "
+              "stopping the ranks");
+    begin_stop(SIGTERM, kRunRankFailed);
   }
 
   // Emits the complete lines in s.buf (and, if `flush`, the rest as a last line).
@@ -580,6 +545,7 @@ class Launcher {
   int signal_fd_ = -1;
   int devnull_ = -1;
   bool stopping_ = false;
+  bool stdin_closed_ = false;  // --stop_on_stdin_eof saw end of file
   bool killed_ = false;
   int exit_code_ = kRunOk;
   Clock::time_point kill_at_{};
