@@ -13,7 +13,7 @@ PKGS=(
   libcli11-dev libspdlog-dev libfmt-dev
   zlib1g-dev
   dataset-fashion-mnist bible-kjv
-  python3-torch procps iproute2
+  python3-torch procps iproute2 openssh-server
   clang libclang-rt-14-dev
   gnuplot-nox fonts-liberation
 )

@@ -7,6 +7,12 @@
 #
 #   bash tests/multinode/two_nodes_netns.sh BUILD_DIR [CONFIG_OVERRIDE...]
 #
+# Then, when Debian's openssh-server is installed (scripts/install_deps.sh installs it), the same job
+# a third time through `booster run --hostfile` run in the first namespace: an sshd on port 2222 in
+# each namespace (keys, config and pid files in a temporary directory; each sshd sets the node's
+# GLOO_SOCKET_IFNAME with SetEnv) starts one launcher per node through real ssh; its ranks must be
+# bitwise equal to the 4 local ranks too.
+#
 # Needs root and iproute2's `ip netns` (creates and always deletes the namespaces and the veth);
 # otherwise it prints why and exits 77, which ctest reports as skipped. Without overrides it runs
 # torch_ddp and then low_level_zero (ZeRO-2, fp32: reduce-scatter and all-gather over the veth);
@@ -50,6 +56,37 @@ for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
 ip -n "$ns_a" link set "$veth_a" up
 ip -n "$ns_b" link set "$veth_b" up
 
+# sshd in each namespace, when installed: node k is reached as 10.203.0.(k+1) on port 2222.
+ssh_cmd=""
+if [[ -x /usr/sbin/sshd ]] && command -v ssh-keygen >/dev/null; then
+  mkdir -p "$out/ssh" /run/sshd
+  ssh-keygen -q -t ed25519 -N '' -f "$out/ssh/host_key"
+  ssh-keygen -q -t ed25519 -N '' -f "$out/ssh/id"
+  cp "$out/ssh/id.pub" "$out/ssh/authorized_keys"
+  for k in 0 1; do
+    ns=$ns_a ifname=$veth_a
+    ((k == 1)) && ns=$ns_b ifname=$veth_b
+    cat >"$out/ssh/sshd_$k.conf" <<CONF
+Port 2222
+ListenAddress 10.203.0.$((k + 1))
+HostKey $out/ssh/host_key
+AuthorizedKeysFile $out/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile $out/ssh/sshd_$k.pid
+SetEnv GLOO_SOCKET_IFNAME=$ifname
+CONF
+    ip netns exec "$ns" /usr/sbin/sshd -f "$out/ssh/sshd_$k.conf" -E "$out/ssh/sshd_$k.log"
+  done
+  printf '# the two namespaces\n10.203.0.1\n10.203.0.2\n' >"$out/hostfile"
+  ssh_cmd="ssh -i $out/ssh/id -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+else
+  echo "two_nodes_netns: openssh-server is not installed: the --hostfile job is skipped (apt-get install openssh-server)"
+fi
+
 port=29611
 for config in "${configs[@]}"; do
 job=(scenario=train steps=3 batch=4 optimizer=adamw)
@@ -84,5 +121,47 @@ for r in 0 1 2 3; do
 done
 echo "two_nodes_netns: ranks 0-3 bitwise equal: $config"
 port=$((port + 1))
+if [[ -n $ssh_cmd ]]; then
+  rm -rf "$out/hostfile_job" && mkdir -p "$out/hostfile_job"
+  echo "two_nodes_netns: the same job through booster run --hostfile (sshd in each namespace)"
+  ip netns exec "$ns_a" timeout 300 "$booster" run --hostfile "$out/hostfile" --nproc_per_node 2 \
+    --master_port $port --ssh_port 2222 --ssh_command "$ssh_cmd" "$worker" "${job[@]}" out="$out/hostfile_job" \
+    >"$out/hostfile.log" 2>&1 || {
+    echo "two_nodes_netns: the --hostfile job failed" >&2; tail -n 20 "$out/hostfile.log" "$out"/ssh/sshd_*.log >&2; exit 1; }
+  for r in 0 1 2 3; do
+    if ! cmp -s "$out/hostfile_job/rank$r.pt" "$out/local/rank$r.pt"; then
+      echo "two_nodes_netns: FAILED: rank $r's parameters differ between the --hostfile job and 4 local ranks" >&2
+      exit 1
+    fi
+  done
+  echo "two_nodes_netns: --hostfile over ssh: ranks 0-3 bitwise equal: $config"
+  port=$((port + 1))
+fi
 done
-echo "two_nodes_netns: PASSED: 2 nodes x 2 ranks over a veth equal 4 local ranks bitwise"
+if [[ -n $ssh_cmd ]]; then
+  # A failing rank on node 1: the job ends with exit 1 and leaves no rank in either namespace (node
+  # 0's remote launcher stops when its ssh connection closes).
+  echo "two_nodes_netns: --hostfile, rank 3 exits 3 while the others sleep"
+  start=$SECONDS
+  code=0
+  ip netns exec "$ns_a" timeout 120 "$booster" run --hostfile "$out/hostfile" --nproc_per_node 2 \
+    --master_port $port --ssh_port 2222 --ssh_command "$ssh_cmd" /bin/sh -c \
+    'if [ "$RANK" = 3 ]; then sleep 2; exit 3; fi; exec sleep 100' >"$out/failing.log" 2>&1 || code=$?
+  if ((code != 1)); then
+    echo "two_nodes_netns: FAILED: the --hostfile job with a failing rank exited $code, not 1" >&2
+    cat "$out/failing.log" >&2; exit 1
+  fi
+  grep -q "node 1 (10.203.0.2)" "$out/failing.log" || {
+    echo "two_nodes_netns: FAILED: the launcher did not name the failing node" >&2; cat "$out/failing.log" >&2; exit 1; }
+  for ((i = 0; i < 100; ++i)); do
+    left=$(for ns in "$ns_a" "$ns_b"; do ip netns pids "$ns"; done | xargs -r ps -o comm= -p | grep -c -v sshd || true)
+    ((left == 0)) && break
+    sleep 0.1
+  done
+  if ((left != 0)); then
+    echo "two_nodes_netns: FAILED: $left processes of the failed --hostfile job are still running" >&2; exit 1
+  fi
+  sed 's/^/    > /' "$out/failing.log"
+  echo "two_nodes_netns: --hostfile: the failing rank stopped both nodes in $((SECONDS - start)) s, nothing left"
+fi
+echo "two_nodes_netns: PASSED: 2 nodes x 2 ranks over a veth equal 4 local ranks bitwise${ssh_cmd:+ (also started through ssh with --hostfile)}"
