@@ -4,7 +4,9 @@ it always finishes with the parameters of the uninterrupted run (issue: fault to
 
 The job is the Fashion-MNIST example on 2 ranks (torch_ddp, a 1024-sample subset, 3 epochs,
 a checkpoint every 4 optimizer steps, auto_resume) under an elastic launcher with --max_restarts 3:
-`booster run` or `torchrun --no_python` (Debian's python3-torch). Each trial starts the job, then
+`booster run`, `torchrun --no_python` (Debian's python3-torch), or `booster run --hostfile` with two
+hosts of one rank each (restarts across nodes; the nodes are reached through a stand-in for ssh that
+runs the command line here, in a session of its own). Each trial starts the job, then
 SIGKILLs one random rank 1-2 times once a checkpoint was committed (a kill before that only restarts
 from scratch): at a random moment of training, or (alternately) the moment a checkpoint save is in
 progress (its .tmp- directory appears). After each kill, the newest committed
@@ -13,7 +15,9 @@ launcher restarts the ranks; they resume from that checkpoint. At the end the jo
 0 and its final checkpoint's model and optimizer files must equal the uninterrupted run's byte for
 byte.
 
-    /usr/bin/python3 tests/chaos/chaos.py --build build --trials 20 [--launcher booster|torchrun|both]
+    /usr/bin/python3 tests/chaos/chaos.py --build build --trials 20 [--launcher booster|torchrun|hostfile|both|all]
+
+(both: booster and torchrun in turn; all: the three in turn.)
 
 Prints one line per trial and a summary; exits 1 if any trial failed, 77 when the data set is not
 installed (ctest skips).
@@ -36,7 +40,10 @@ PYTHON = "/usr/bin/python3"
 def example_args(build, source, run_dir):
     sets = ["train.epochs=3", "train.train_subset=1024", "train.test_subset=500", "train.batch_size=32",
             "train.lr_scheduler.warmup_steps=5", "train.checkpoint_every_steps=4", "train.keep_last_n=3",
-            f'train.checkpoint_dir="{run_dir}/ckpt"']
+            f'train.checkpoint_dir="{run_dir}/ckpt"',
+            # One thread per rank under every launcher: with --hostfile each "node" runs one local
+            # rank, which would get both cores, and another thread count sums in another order.
+            "distributed.threads_per_rank=1"]
     args = [os.path.join(build, "bin", "fashion_mnist"), "--config",
             os.path.join(source, "examples", "configs", "ddp.toml"), "--output_dir", os.path.join(run_dir, "out")]
     for s in sets:
@@ -48,6 +55,16 @@ def launcher_argv(kind, build, port, max_restarts, run_dir):
     if kind == "booster":
         return [os.path.join(build, "bin", "booster"), "run", "--nproc_per_node", "2", "--master_port", str(port),
                 "--max_restarts", str(max_restarts)]
+    if kind == "hostfile":
+        hosts, ssh = os.path.join(run_dir, "hosts"), os.path.join(run_dir, "fake_ssh")
+        with open(hosts, "w") as f:
+            f.write("127.0.0.1\nlocalhost\n")
+        with open(ssh, "w") as f:
+            f.write('#!/bin/sh\n# HOST COMMAND_LINE: runs the command line here, in a session of its own\n'
+                    'exec setsid -w /bin/sh -c "$2"\n')
+        os.chmod(ssh, 0o755)
+        return [os.path.join(build, "bin", "booster"), "run", "--hostfile", hosts, "--nproc_per_node", "1",
+                "--master_port", str(port), "--max_restarts", str(max_restarts), "--ssh_command", ssh]
     # (torch 1.13's torchrun under Python 3.11 needs --redirects given explicitly.)
     return [PYTHON, "-m", "torch.distributed.run", "--no_python", "--nproc_per_node", "2", "--master_port", str(port),
             "--max_restarts", str(max_restarts), "--monitor_interval", "0.2", "--redirects", "1", "--tee", "1",
@@ -210,7 +227,7 @@ def main():
     p.add_argument("--build", default=os.path.join(here, "..", "..", "build"))
     p.add_argument("--source", default=os.path.join(here, "..", ".."))
     p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--launcher", choices=["booster", "torchrun", "both"], default="both")
+    p.add_argument("--launcher", choices=["booster", "torchrun", "hostfile", "both", "all"], default="both")
     p.add_argument("--seed", type=int, default=int(time.time()))
     p.add_argument("--timeout", type=float, default=300, help="seconds per job")
     p.add_argument("--keep", action="store_true", help="keep the trial directories")
@@ -236,7 +253,9 @@ def main():
         kills_total = 0
         resumes = {}
         for trial in range(args.trials):
-            kind = args.launcher if args.launcher != "both" else ("booster", "torchrun")[trial % 2]
+            kinds = {"both": ("booster", "torchrun"), "all": ("booster", "torchrun", "hostfile")}.get(
+                args.launcher, (args.launcher,))
+            kind = kinds[trial % len(kinds)]
             n_kills = rng.choice([1, 2])
             kills = [("save" if (trial + k) % 2 else rng.uniform(0.0, 0.6) * ref_seconds) for k in range(n_kills)]
             run_dir = os.path.join(work, f"trial{trial:02d}")

@@ -163,5 +163,18 @@ if [[ -n $ssh_cmd ]]; then
   fi
   sed 's/^/    > /' "$out/failing.log"
   echo "two_nodes_netns: --hostfile: the failing rank stopped both nodes in $((SECONDS - start)) s, nothing left"
+  # The same failure once, under --max_restarts 1: both nodes start again (next port) and succeed.
+  echo "two_nodes_netns: --hostfile --max_restarts 1, rank 3 exits 3 in the first attempt"
+  ip netns exec "$ns_a" timeout 120 "$booster" run --hostfile "$out/hostfile" --nproc_per_node 2 --max_restarts 1 \
+    --ssh_port 2222 --ssh_command "$ssh_cmd" /bin/sh -c \
+    'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then if [ "$RANK" = 3 ]; then sleep 2; exit 3; fi; exec sleep 100; fi
+     echo "ok rank $RANK attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"' >"$out/restart.log" 2>&1 || {
+    echo "two_nodes_netns: FAILED: the --hostfile job with --max_restarts 1 did not succeed" >&2; cat "$out/restart.log" >&2; exit 1; }
+  for r in 0 1 2 3; do
+    grep -q "^\[rank $r\]: ok rank $r attempt 1 of 1" "$out/restart.log" || {
+      echo "two_nodes_netns: FAILED: rank $r did not run in the restarted attempt" >&2; cat "$out/restart.log" >&2; exit 1; }
+  done
+  sed 's/^/    > /' "$out/restart.log"
+  echo "two_nodes_netns: --hostfile --max_restarts: every node restarted, ranks 0-3 ran attempt 1"
 fi
 echo "two_nodes_netns: PASSED: 2 nodes x 2 ranks over a veth equal 4 local ranks bitwise${ssh_cmd:+ (also started through ssh with --hostfile)}"

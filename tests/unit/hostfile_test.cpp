@@ -151,6 +151,9 @@ TEST(Hostfile, NodeCommandStartsThisLauncherWithTheNodesRankAndForwardsTheEnviro
   o.master_addr_given = true;
   EXPECT_THAT(booster::cli::node_command(o, {"a", "b"}, 0, 29500, "/b", "/", {}).back(),
               HasSubstr("'--node_rank' '0' '--nproc_per_node' '2' '--master_addr' '10.0.0.1'"));
+  o.max_restarts = 3;
+  EXPECT_THAT(booster::cli::node_command(o, {"a", "b"}, 1, 29502, "/b", "/", {}, 2).back(),
+              HasSubstr("'--stop_on_stdin_eof' '--max_restarts' '3' '--restart_count' '2' './train'"));
   EXPECT_FALSE(booster::cli::forwarded_to_nodes("XDG_RUNTIME_DIR"));
   EXPECT_TRUE(booster::cli::forwarded_to_nodes("LD_LIBRARY_PATH"));
 }
@@ -164,7 +167,8 @@ TEST(Hostfile, UsageErrorsExitWith2AndSayWhy) {
       {{"--ssh_command", "rsh", "/bin/true"}, "--ssh_command only applies with --hostfile"},
       {{"--hostfile", hosts, "--include", "a", "--exclude", "b", "/bin/true"}, "mutually exclusive"},
       {{"--hostfile", hosts, "--node_rank", "1", "/bin/true"}, "--node_rank cannot be combined with --hostfile"},
-      {{"--hostfile", hosts, "--max_restarts", "1", "/bin/true"}, "--max_restarts with --hostfile"},
+      {{"--nnodes", "2", "--max_restarts", "1", "/bin/true"}, "start the job with --hostfile"},
+      {{"--hostfile", hosts, "--max_restarts", "40000", "/bin/true"}, "within 65535"},
       {{"--hostfile", dir.file("nope"), "/bin/true"}, "cannot read the hostfile"},
       {{"--hostfile", hosts, "--nnodes", "3", "/bin/true"}, "--nnodes 3 needs that many hosts"},
   };
@@ -237,4 +241,27 @@ TEST(Hostfile, KilledLauncherLeavesNoRankOnAnyNode) {
   ::kill(pid, SIGKILL);
   bt::wait_process(pid, 10);
   EXPECT_TRUE(all_gone(dir, {"pid0", "pid1", "pid2", "pid3"}, 15)) << bt::read_file(dir.file("out"));
+}
+
+// --max_restarts 1 with --hostfile: rank 3 fails in the first attempt while the others sleep; every
+// node is stopped and started again on the next port, and the second attempt's ranks see
+// TORCHELASTIC_RESTART_COUNT = 1 of 1.
+TEST(Hostfile, MaxRestartsStartsEveryNodeAgain) {
+  bt::TempDir dir;
+  write_text(dir.file("hosts"), "host-a\nhost-b\n");
+  const std::string script =
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then if [ \"$RANK\" = 3 ]; then exit 3; fi; exec sleep 60; fi\n"
+      "echo \"ok rank $RANK restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS port $MASTER_PORT\"\n";
+  bt::ProcessResult r = bt::run_process(
+      {BOOSTER_CLI_PATH, "run", "--hostfile", dir.file("hosts"), "--nproc_per_node", "2", "--max_restarts", "1",
+       "--ssh_command", fake_ssh(dir), "/bin/sh", "-c", script},
+      {{"FAKE_SSH_LOG", dir.file("ssh_log")}}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_THAT(r.output, HasSubstr("node 1 (host-b) (pid"));
+  EXPECT_THAT(r.output, HasSubstr("restarting all nodes (restart 1 of 1, MASTER_PORT 29501)"));
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_THAT(r.output, HasSubstr("[rank " + std::to_string(rank) + "]: ok rank " + std::to_string(rank) +
+                                    " restart 1 of 1 port 29501\n"));
+  EXPECT_EQ(bt::read_file(dir.file("ssh_log")).size(), std::string("host-a\nhost-b\n").size() * 2);
 }

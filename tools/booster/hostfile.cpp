@@ -105,7 +105,7 @@ bool forwarded_to_nodes(const std::string& name) {
 
 std::vector<std::string> node_command(const RunOptions& o, const std::vector<std::string>& hosts, int node_rank,
                                       int master_port, const std::string& launcher_path, const std::string& cwd,
-                                      const std::vector<std::string>& environment) {
+                                      const std::vector<std::string>& environment, int restart) {
   std::vector<std::string> argv;
   std::istringstream words(o.ssh_command);
   for (std::string w; words >> w;) argv.push_back(w);
@@ -122,7 +122,7 @@ std::vector<std::string> node_command(const RunOptions& o, const std::vector<std
     if (forwarded_to_nodes(kv.substr(0, eq))) remote += " " + shell_quote(kv);
   }
   const std::string master_addr = o.master_addr_given ? o.master_addr : hosts.front();
-  const std::vector<std::string> launcher = {launcher_path,
+  std::vector<std::string> launcher = {launcher_path,
                                              "run",
                                              "--nnodes",
                                              std::to_string(hosts.size()),
@@ -135,6 +135,9 @@ std::vector<std::string> node_command(const RunOptions& o, const std::vector<std
                                              "--master_port",
                                              std::to_string(master_port),
                                              "--stop_on_stdin_eof"};
+  if (o.max_restarts > 0)
+    launcher.insert(launcher.end(),
+                    {"--max_restarts", std::to_string(o.max_restarts), "--restart_count", std::to_string(restart)});
   for (const auto& w : launcher) remote += " " + shell_quote(w);
   for (const auto& w : o.command) remote += " " + shell_quote(w);
   argv.push_back(remote);

@@ -38,11 +38,14 @@ bool forwarded_to_nodes(const std::string& name);
 // options.ssh_command (split at whitespace), "-p PORT" when options.ssh_port > 0, the host, and one
 // shell command line for the remote side:
 //   cd CWD && exec env K=V... LAUNCHER run --nnodes N --node_rank K --nproc_per_node P
-//       --master_addr A --master_port PORT --stop_on_stdin_eof PROGRAM ARGS...
-// with every word shell-quoted. `environment` holds "K=V" entries; those forwarded_to_nodes() accepts
-// and whose value has no newline are passed. A = options.master_addr when given, else hosts[0].
+//       --master_addr A --master_port PORT --stop_on_stdin_eof
+//       [--max_restarts R --restart_count C] PROGRAM ARGS...
+// with every word shell-quoted (the bracket when options.max_restarts R > 0; C = `restart`, the
+// attempt). `environment` holds "K=V" entries; those forwarded_to_nodes() accepts and whose value has
+// no newline are passed. A = options.master_addr when given, else hosts[0].
 std::vector<std::string> node_command(const RunOptions& options, const std::vector<std::string>& hosts,
                                       int node_rank, int master_port, const std::string& launcher_path,
-                                      const std::string& cwd, const std::vector<std::string>& environment);
+                                      const std::string& cwd, const std::vector<std::string>& environment,
+                                      int restart = 0);
 
 }  // namespace booster::cli

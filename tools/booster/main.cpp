@@ -88,11 +88,9 @@ int main(int argc, char** argv) {
         if (ec) throw std::runtime_error("cannot find this executable's path (/proc/self/exe: " + ec.message() + ")");
         const std::string cwd = std::filesystem::current_path(ec).string();
         if (ec) throw std::runtime_error("cannot find the current directory: " + ec.message());
-        std::vector<std::string> environment;
-        for (char** e = environ; *e; ++e) environment.emplace_back(*e);
-        for (int node = 0; node < static_cast<int>(hosts.size()); ++node)
-          run_options.node_commands.push_back(booster::cli::node_command(
-              run_options, hosts, node, run_options.master_port, self, cwd, environment));
+        for (char** e = environ; *e; ++e) run_options.node_environment.emplace_back(*e);
+        run_options.launcher_path = self;
+        run_options.cwd = cwd;
         run_options.node_hosts = hosts;
         run_options.nnodes = static_cast<int>(hosts.size());
       } catch (const std::exception& e) {

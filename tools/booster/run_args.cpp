@@ -46,13 +46,17 @@ CLI::App* add_run_subcommand(CLI::App& app, RunOptions& o) {
   run->add_option("--ssh_port,--ssh-port", o.ssh_port, "With --hostfile: ssh port of the hosts (ssh -p)");
   run->add_flag("--stop_on_stdin_eof", o.stop_on_stdin_eof,
                 "Stop the ranks when stdin reaches end of file (set on the launchers --hostfile starts)");
+  run->add_option("--restart_count", o.restart_count,
+                  "Run attempt N of a job another launcher restarts (set by --hostfile with --max_restarts): "
+                  "TORCHELASTIC_RESTART_COUNT=N, no restart here");
   run->add_option("--master_port,--master-port", o.master_port,
                   "Rendezvous port on master_addr (MASTER_PORT); default: a free port on a single node, "
                   "29500 with several nodes")
       ->each([&o](const std::string&) { o.master_port_given = true; });
   run->add_option("--max_restarts,--max-restarts", o.max_restarts,
                   "Restart all ranks up to this many times when one fails (torchrun's meaning; each "
-                  "attempt gets TORCHELASTIC_RESTART_COUNT and, without --master_port, a new port)")
+                  "attempt gets TORCHELASTIC_RESTART_COUNT and, without --master_port, a new port; with "
+                  "--hostfile every node is started again)")
       ->capture_default_str();
   run->add_option("program", o.command,
                   "Program to run (looked up in PATH if it has no '/'), then its arguments, passed "
@@ -124,14 +128,13 @@ std::string validate_run_options(const RunOptions& o) {
   } else {
     if (o.node_rank_given)
       return "--node_rank cannot be combined with --hostfile: a host's node rank is its position in the hostfile";
-    if (o.max_restarts > 0)
-      return "--max_restarts with --hostfile is not supported yet (restarts across nodes); restart multi-node "
-             "jobs with torchrun --max_restarts, which our ranks support";
     if (!o.include.empty() && !o.exclude.empty())
       return "--include and --exclude are mutually exclusive: give one of them";
     if (o.ssh_port < 0 || o.ssh_port > 65535)
       return "--ssh_port must be in [1, 65535] (got " + std::to_string(o.ssh_port) + ")";
     if (o.ssh_command.find_first_not_of(" \t") == std::string::npos) return "--ssh_command must not be empty";
+    if (!o.master_port_given && o.max_restarts > 0 && o.master_port + o.max_restarts > 65535)
+      return "--master_port + --max_restarts must stay within 65535 (each restart uses the next port)";
   }
   if (o.nproc_per_node < 1)
     return "--nproc_per_node must be at least 1 (got " + std::to_string(o.nproc_per_node) + ")";
@@ -143,9 +146,10 @@ std::string validate_run_options(const RunOptions& o) {
     return "--master_port must be in [1, 65535] (got " + std::to_string(o.master_port) + ")";
   if (o.master_addr.empty()) return "--master_addr must not be empty";
   if (o.max_restarts < 0) return "--max_restarts must be at least 0 (got " + std::to_string(o.max_restarts) + ")";
-  if (o.max_restarts > 0 && o.nnodes > 1)
-    return "--max_restarts with --nnodes > 1 is not supported yet (every node's launcher would have to agree "
-           "on each restart); restart multi-node jobs with torchrun --max_restarts, which our ranks support";
+  if (o.restart_count < -1) return "--restart_count must be at least 0 (got " + std::to_string(o.restart_count) + ")";
+  if (o.max_restarts > 0 && o.nnodes > 1 && o.hostfile.empty() && o.restart_count < 0)
+    return "--max_restarts with --nnodes > 1 needs one launcher that restarts every node: start the job with "
+           "--hostfile (or restart it with torchrun --max_restarts, which our ranks support)";
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > 1000000000LL)
     return "--nnodes * --nproc_per_node is too large";
   return "";

@@ -29,7 +29,7 @@ struct RunOptions {
   std::string master_addr = "127.0.0.1";  // rendezvous host of rank 0 (MASTER_ADDR)
   int master_port = 29500;                // rendezvous port (MASTER_PORT), when given or nnodes > 1
   bool master_port_given = false;         // --master_port was on the command line
-  int max_restarts = 0;                   // torchrun's --max_restarts (single node)
+  int max_restarts = 0;                   // torchrun's --max_restarts (one node, or --hostfile)
   std::vector<std::string> command;       // program (looked up in PATH if it has no '/') + args
   double kill_grace_seconds = 5.0;        // after SIGTERM, wait this long before SIGKILL
   bool nnodes_given = false;              // --nnodes was on the command line
@@ -47,9 +47,16 @@ struct RunOptions {
   // Set on the launchers started through ssh: end of file on stdin (the ssh connection, or the
   // launcher that started this one, is gone) stops the ranks like SIGTERM.
   bool stop_on_stdin_eof = false;
-  // Filled from the hostfile before run_launcher (main.cpp): each node's argv and host.
-  std::vector<std::vector<std::string>> node_commands;
+  // Set on the launchers --hostfile starts when it restarts jobs (--max_restarts): this launcher runs
+  // attempt restart_count of the job (its ranks get TORCHELASTIC_RESTART_COUNT = restart_count and
+  // TORCHELASTIC_MAX_RESTARTS = max_restarts) and never restarts by itself; -1: not set.
+  int restart_count = -1;
+  // Filled from the hostfile before run_launcher (main.cpp): the hosts (node_rank order), and what
+  // node_command() needs to start `booster run` on each (hostfile.h).
   std::vector<std::string> node_hosts;
+  std::string launcher_path;                  // this executable, the same path on every host
+  std::string cwd;                            // the working directory, the same on every host
+  std::vector<std::string> node_environment;  // "K=V" entries, filtered by node_command()
 };
 
 // Adds the `run` subcommand with its options to `app`, storing parsed values into `options`
@@ -67,8 +74,8 @@ int resolve_master_port(const RunOptions& options);
 // Returns "" if `options` describe a job that can be launched, else a one-line error message
 // (nproc_per_node < 1, nnodes < 1, node_rank outside [0, nnodes), port outside [1, 65535],
 // empty master_addr, no program, max_restarts < 0, or max_restarts > 0 with nnodes > 1; with
-// --hostfile: --node_rank or --max_restarts given; without it: --include, --exclude, --ssh_command
-// or --ssh_port given; --include together with --exclude; ssh_port outside [0, 65535]).
+// --hostfile: --node_rank given; without it: --include, --exclude, --ssh_command or --ssh_port
+// given; --include together with --exclude; ssh_port outside [0, 65535]; restart_count < -1).
 std::string validate_run_options(const RunOptions& options);
 
 }  // namespace booster::cli

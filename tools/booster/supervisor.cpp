@@ -6,6 +6,7 @@
 // child only makes async-signal-safe calls before execve.
 #include "supervisor.h"
 
+#include "hostfile.h"
 #include "process_util.h"
 
 #include <errno.h>
@@ -64,13 +65,13 @@ class Launcher {
 
   int run() {
     std::string error;
-    std::string program = resolve_program(nodes() ? opts_.node_commands[0][0] : opts_.command[0], &error);
+    std::string program = resolve_program(nodes() ? node_argv(0)[0] : opts_.command[0], &error);
     if (program.empty()) {
       log_error(error);
       return kRunCannotExec;
     }
     try {
-      if (!nodes()) master_port_ = resolve_master_port(opts_);
+      master_port_ = nodes() ? opts_.master_port : resolve_master_port(opts_);
     } catch (const std::exception& e) {
       log_error(e.what());
       return kRunUsageError;
@@ -84,20 +85,23 @@ class Launcher {
       return kRunRankFailed;
     }
     // torchrun's elastic restarts: a failed attempt (a rank failed; not a signal to the launcher)
-    // is followed by a new one with every rank started afresh, up to max_restarts times.
-    for (restart_ = 0;; ++restart_) {
+    // is followed by a new one with every rank (every node) started afresh, up to max_restarts
+    // times. A launcher given --restart_count runs one attempt: another launcher restarts it.
+    for (restart_ = std::max(0, opts_.restart_count);; ++restart_) {
       run_attempt(program);
-      if (exit_code_ != kRunRankFailed || restart_ >= opts_.max_restarts) break;
+      if (exit_code_ != kRunRankFailed || restart_ >= opts_.max_restarts || opts_.restart_count >= 0) break;
       if (!opts_.master_port_given) {
         try {
-          master_port_ = resolve_master_port(opts_);  // a new rendezvous
+          // A new rendezvous: a free port here; on other hosts, the next port.
+          master_port_ = nodes() ? opts_.master_port + restart_ + 1 : resolve_master_port(opts_);
         } catch (const std::exception& e) {
           log_error(e.what());
           break;
         }
       }
-      log_error("restarting all ranks (restart " + std::to_string(restart_ + 1) + " of " +
-                std::to_string(opts_.max_restarts) + ", MASTER_PORT " + std::to_string(master_port_) + ")");
+      log_error(std::string("restarting all ") + (nodes() ? "nodes" : "ranks") + " (restart " +
+                std::to_string(restart_ + 1) + " of " + std::to_string(opts_.max_restarts) + ", MASTER_PORT " +
+                std::to_string(master_port_) + ")");
     }
     ::close(signal_fd_);
     ::close(devnull_);
@@ -110,7 +114,7 @@ class Launcher {
     ranks_.clear();
     stopping_ = killed_ = false;
     exit_code_ = kRunOk;
-    const int children = nodes() ? static_cast<int>(opts_.node_commands.size()) : opts_.nproc_per_node;
+    const int children = nodes() ? static_cast<int>(opts_.node_hosts.size()) : opts_.nproc_per_node;
     ranks_.resize(static_cast<size_t>(children));
     for (int i = 0; i < children; ++i) {
       Rank& r = ranks_[static_cast<size_t>(i)];
@@ -118,7 +122,7 @@ class Launcher {
       r.global_rank = opts_.node_rank * opts_.nproc_per_node + i;
       if (nodes()) {
         r.label = "node " + std::to_string(i) + " (" + opts_.node_hosts.at(static_cast<size_t>(i)) + ")";
-        r.argv = opts_.node_commands[static_cast<size_t>(i)];
+        r.argv = node_argv(i);
       } else {
         r.label = "rank " + std::to_string(r.global_rank);
         r.prefix = "[" + r.label + "]: ";
@@ -153,7 +157,13 @@ class Launcher {
     close_node_stdins();
   }
 
-  bool nodes() const { return !opts_.node_commands.empty(); }
+  bool nodes() const { return !opts_.node_hosts.empty(); }
+
+  // --hostfile mode: the command that starts node `node` of this attempt.
+  std::vector<std::string> node_argv(int node) const {
+    return node_command(opts_, opts_.node_hosts, node, master_port_, opts_.launcher_path, opts_.cwd,
+                        opts_.node_environment, restart_);
+  }
 
   // --hostfile mode: end of file on every node's stdin, so each remote launcher stops its ranks
   // (--stop_on_stdin_eof) even if its ssh process outlived our signals.

@@ -35,13 +35,17 @@ namespace booster::cli {
 // free MASTER_PORT per attempt unless --master_port was given. A job stopped by a signal to the
 // launcher is not restarted; the exit code is the last attempt's.
 // With --stop_on_stdin_eof, end of file on the launcher's stdin stops the job like SIGTERM (exit 1).
-// In --hostfile mode (options.node_commands set, hostfile.h) the children are the per-node ssh
-// commands instead of ranks: each runs in its own process group with the unchanged environment, its
+// In --hostfile mode (options.node_hosts set, hostfile.h) the children are the per-node ssh
+// commands (node_command()) instead of ranks: each runs in its own process group with the unchanged environment, its
 // lines are copied without a prefix (the remote launcher already prefixes them with the rank), and
 // its stdin is a pipe the launcher holds open and closes when the job stops, so the remote launcher
 // (started with --stop_on_stdin_eof) stops its ranks even when only the connection is lost. A node
 // whose ssh command fails is named ("node 1 (host-b) (pid 1234) exited with code 1; stopping the
-// other nodes") and the other nodes are stopped as failed ranks are.
+// other nodes") and the other nodes are stopped as failed ranks are. With max_restarts K, every node
+// is then started again, up to K times ("restarting all nodes (restart 1 of 3, MASTER_PORT 29501)"),
+// each remote launcher with --restart_count = the attempt; without --master_port attempt k uses
+// master_port + k. A launcher given restart_count >= 0 runs that one attempt and never restarts.
+// Restarts of a single-node job may differ by a port only (a free one is picked per attempt).
 // Errors (program not found or not executable, fork/pipe failure) are reported on stderr with the
 // exit codes above; this function does not throw.
 int run_launcher(const RunOptions& options);
