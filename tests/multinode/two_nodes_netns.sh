@@ -87,6 +87,16 @@ else
   echo "two_nodes_netns: openssh-server is not installed: the --hostfile job is skipped (apt-get install openssh-server)"
 fi
 
+# same_as_local DIR WHAT: every rank's parameters in $out/DIR equal the 4 local ranks' bitwise.
+same_as_local() {
+  for r in 0 1 2 3; do
+    if ! cmp -s "$out/$1/rank$r.pt" "$out/local/rank$r.pt"; then
+      echo "two_nodes_netns: FAILED: rank $r's parameters differ between $2 and 4 local ranks" >&2
+      exit 1
+    fi
+  done
+}
+
 port=29611
 for config in "${configs[@]}"; do
 job=(scenario=train steps=3 batch=4 optimizer=adamw)
@@ -113,12 +123,7 @@ fi
 echo "two_nodes_netns: the same job as 4 local ranks"
 timeout 300 "$booster" run --nproc_per_node 4 "$worker" "${job[@]}" out="$out/local" >"$out/local.log" 2>&1 || {
   echo "two_nodes_netns: the local job failed" >&2; tail -n 20 "$out/local.log" >&2; exit 1; }
-for r in 0 1 2 3; do
-  if ! cmp -s "$out/nodes/rank$r.pt" "$out/local/rank$r.pt"; then
-    echo "two_nodes_netns: FAILED: rank $r's parameters differ between 2 nodes x 2 ranks and 4 local ranks" >&2
-    exit 1
-  fi
-done
+same_as_local nodes "2 nodes x 2 ranks"
 echo "two_nodes_netns: ranks 0-3 bitwise equal: $config"
 port=$((port + 1))
 if [[ -n $ssh_cmd ]]; then
@@ -128,12 +133,7 @@ if [[ -n $ssh_cmd ]]; then
     --master_port $port --ssh_port 2222 --ssh_command "$ssh_cmd" "$worker" "${job[@]}" out="$out/hostfile_job" \
     >"$out/hostfile.log" 2>&1 || {
     echo "two_nodes_netns: the --hostfile job failed" >&2; tail -n 20 "$out/hostfile.log" "$out"/ssh/sshd_*.log >&2; exit 1; }
-  for r in 0 1 2 3; do
-    if ! cmp -s "$out/hostfile_job/rank$r.pt" "$out/local/rank$r.pt"; then
-      echo "two_nodes_netns: FAILED: rank $r's parameters differ between the --hostfile job and 4 local ranks" >&2
-      exit 1
-    fi
-  done
+  same_as_local hostfile_job "the --hostfile job"
   echo "two_nodes_netns: --hostfile over ssh: ranks 0-3 bitwise equal: $config"
   port=$((port + 1))
 fi

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -86,6 +87,18 @@ bool all_gone(const bt::TempDir& dir, const std::vector<std::string>& pid_files,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+// Runs `booster run --hostfile DIR/hosts --nproc_per_node 2 ARGS... --ssh_command FAKE_SSH /bin/sh -c
+// SCRIPT` with `env` added (FAKE_SSH_LOG = DIR/ssh_log, D = DIR) and waits up to 60 s.
+bt::ProcessResult run_hostfile_job(const bt::TempDir& dir, const std::vector<std::string>& args,
+                                   const std::string& script, std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> argv = {BOOSTER_CLI_PATH, "run", "--hostfile", dir.file("hosts"), "--nproc_per_node", "2"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--ssh_command", fake_ssh(dir), "/bin/sh", "-c", script});
+  env["FAKE_SSH_LOG"] = dir.file("ssh_log");
+  env["D"] = dir.path();
+  return bt::run_process(argv, env, 60);
 }
 
 }  // namespace
@@ -189,10 +202,8 @@ TEST(Hostfile, JobRunsOnTheSelectedHostsAsNodesInHostfileOrder) {
   const std::string rank_script =
       "echo \"RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK GROUP_RANK=$GROUP_RANK "
       "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT FOO=$FOO IF=$GLOO_SOCKET_IFNAME\"";
-  bt::ProcessResult r = bt::run_process(
-      {BOOSTER_CLI_PATH, "run", "--hostfile", dir.file("hosts"), "--exclude", "host-c", "--nproc_per_node", "2",
-       "--master_port", "29777", "--ssh_command", fake_ssh(dir), "/bin/sh", "-c", rank_script},
-      {{"FAKE_SSH_LOG", dir.file("ssh_log")}, {"FOO", "bar baz"}, {"GLOO_SOCKET_IFNAME", "eth7"}}, 60);
+  bt::ProcessResult r = run_hostfile_job(dir, {"--exclude", "host-c", "--master_port", "29777"}, rank_script,
+                                         {{"FOO", "bar baz"}, {"GLOO_SOCKET_IFNAME", "eth7"}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_THAT(r.output, HasSubstr("[rank " + std::to_string(rank) + "]: RANK=" + std::to_string(rank) +
@@ -215,10 +226,7 @@ TEST(Hostfile, AFailingNodeStopsTheOtherNodes) {
       "  exit 3\n"
       "fi\n"
       "exec sleep 60\n";
-  bt::ProcessResult r = bt::run_process(
-      {BOOSTER_CLI_PATH, "run", "--hostfile", dir.file("hosts"), "--nproc_per_node", "2", "--ssh_command",
-       fake_ssh(dir), "/bin/sh", "-c", script},
-      {{"FAKE_SSH_LOG", dir.file("ssh_log")}, {"D", dir.path()}}, 60);
+  bt::ProcessResult r = run_hostfile_job(dir, {}, script);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_THAT(r.output, HasSubstr("rank 3 (pid"));
@@ -252,10 +260,7 @@ TEST(Hostfile, MaxRestartsStartsEveryNodeAgain) {
   const std::string script =
       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then if [ \"$RANK\" = 3 ]; then exit 3; fi; exec sleep 60; fi\n"
       "echo \"ok rank $RANK restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS port $MASTER_PORT\"\n";
-  bt::ProcessResult r = bt::run_process(
-      {BOOSTER_CLI_PATH, "run", "--hostfile", dir.file("hosts"), "--nproc_per_node", "2", "--max_restarts", "1",
-       "--ssh_command", fake_ssh(dir), "/bin/sh", "-c", script},
-      {{"FAKE_SSH_LOG", dir.file("ssh_log")}}, 60);
+  bt::ProcessResult r = run_hostfile_job(dir, {"--max_restarts", "1"}, script);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_THAT(r.output, HasSubstr("node 1 (host-b) (pid"));
