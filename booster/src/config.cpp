@@ -28,6 +28,31 @@ using namespace config_text;
 
 namespace {
 const char* const kOverrideExample = "e.g. --set plugin.bucket_cap_mb=25";
+
+// toml++ 3.3.0 writes a key that is not bare as a literal string ('key'), which cannot hold a
+// single quote or a control character, and then writes such a key bare: the printed config would
+// not read back (found by the config fuzzer). Throws ConfigError naming the first such key of
+// `node` (tables and tables inside arrays, recursively) and where it is.
+void check_printable_keys(const toml::node& node, const std::string& source) {
+  auto check_key = [&](const toml::key& key) {
+    for (char ch : key.str()) {
+      const auto u = static_cast<unsigned char>(ch);
+      if (ch != '\'' && u >= 0x20 && u != 0x7f) continue;
+      throw ConfigError(source + ":" + std::to_string(key.source().begin.line) + ":" +
+                        std::to_string(key.source().begin.column) + ": key " + quote(key.str()) +
+                        " has a single quote or a control character, which a saved config cannot hold "
+                        "(option names are letters, digits, '_' and '-'): rename the key");
+    }
+  };
+  if (const toml::table* t = node.as_table()) {
+    for (const auto& [key, value] : *t) {
+      check_key(key);
+      check_printable_keys(value, source);
+    }
+  } else if (const toml::array* a = node.as_array()) {
+    for (const auto& value : *a) check_printable_keys(value, source);
+  }
+}
 }  // namespace
 
 // ---- Config: construction and parsing
@@ -46,6 +71,7 @@ Config Config::from_string(const std::string& toml_text, const std::string& sour
     throw ConfigError(source_name + ":" + std::to_string(e.source().begin.line) + ":" +
                       std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
   }
+  check_printable_keys(c.impl_->root, source_name);
   return c;
 }
 
