@@ -104,7 +104,7 @@ void expect_same_names_outputs_grads(Plain plain, WithUnits units) {
   (y_plain * y_plain).sum().backward();
   (y_units * y_units).sum().backward();
   for (const auto& p : plain->named_parameters()) {
-    const auto& q = units->named_parameters()[p.key()];
+    const torch::Tensor q = units->named_parameters()[p.key()];  // a copy: the dict is a temporary
     ASSERT_TRUE(p.value().grad().defined()) << p.key();
     EXPECT_TRUE(torch::equal(p.value().grad(), q.grad())) << p.key();
   }
