@@ -22,6 +22,13 @@ extern char** environ;
 #include "run_args.h"
 #include "supervisor.h"
 
+namespace {
+
+// This executable's path, symlinks resolved (/proc/self/exe); empty with `ec` set when unknown.
+std::filesystem::path own_path(std::error_code& ec) { return std::filesystem::read_symlink("/proc/self/exe", ec); }
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"booster: command-line tool of the Booster C++ distributed training SDK", "booster"};
   app.require_subcommand(1);
@@ -34,7 +41,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string(argv[1]) == "ckpt" || std::string(argv[1]) == "estimate")) {
     const std::string sub = argv[1];
     std::error_code ec;
-    std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    std::filesystem::path self = own_path(ec);
     if (ec) {
       std::cerr << "booster: cannot find its own directory to run booster-" << sub << " for 'booster " << sub
                 << "' (/proc/self/exe: " << ec.message() << "); run booster-" << sub << " directly\n";
@@ -84,7 +91,7 @@ int main(int argc, char** argv) {
             booster::cli::read_hostfile(run_options.hostfile), run_options.include, run_options.exclude,
             run_options.nnodes_given ? run_options.nnodes : 0);
         std::error_code ec;
-        const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+        const std::string self = own_path(ec).string();
         if (ec) throw std::runtime_error("cannot find this executable's path (/proc/self/exe: " + ec.message() + ")");
         const std::string cwd = std::filesystem::current_path(ec).string();
         if (ec) throw std::runtime_error("cannot find the current directory: " + ec.message());

@@ -11,8 +11,7 @@
 // (MPI_Reduce_scatter's recvcounts, MPI_Allgatherv's counts). A reduce-scatter range travels in
 // pieces of kPieceBytes, so wait() sums piece k while later pieces are still arriving. When the
 // output shares no memory with the input, one peer's range is received straight into the output
-// (a 2-rank reduce-scatter then allocates nothing: a fresh 64 MiB buffer cost 16k page faults per
-// call); the others get buffers of their own. Ranges are
+// (a 2-rank reduce-scatter allocates nothing); the others get buffers of their own. Ranges are
 // sent in their own dtype (bf16 travels as bf16); reduce-scatter sums in float32 for floating types
 // narrower than it (the sum of the N ranges in rank order, so the result does not depend on arrival
 // order), in the dtype otherwise.
@@ -252,8 +251,7 @@ Work reduce_scatter_ranges(const GroupRef& g, const at::Tensor& flat, const std:
   }
   auto ready = [recv_works, send_works]() {
     for (const auto& piece_works : *recv_works)
-      for (const auto& w : piece_works)
-        if (!w.is_completed()) return false;
+      if (!all_completed(piece_works)) return false;
     return all_completed(*send_works);
   };
   return composite_work(g, what, [received, recv_works, send_works, own, out, n, piece, rank, size, op, in_place,
