@@ -9,7 +9,12 @@
 #include <numeric>
 #include <stdexcept>
 
+#include <unistd.h>
+
+#include <atomic>
+
 #include "booster/dist/process_group.h"
+#include "booster/logging.h"
 
 namespace booster::hybrid {
 
@@ -149,8 +154,12 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   const std::string key = run_key(inputs, targets, m, o.train);
   const bool cached = metadata_cache_ && completed_keys_.count(key) > 0;
   std::map<std::pair<int, bool>, StreamMeta> learned;
+  std::map<Stream, int64_t> sent_bytes;  // first run of the key: message size of each stream sent
+  auto& send_rings = send_rings_[key];
+  auto& recv_rings = recv_rings_[key];
   if (cached)
     for (const auto& [stream, meta] : stream_meta_[key]) {
+      if (recv_rings.count(stream)) continue;
       Pending first{0, at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)), {}};
       first.work = pp_group_->irecv(first.tensor, stream.first % pp_, message_tag(0, stream.first, stages, stream.second));
       ahead[stream] = std::move(first);
@@ -159,6 +168,16 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     const int peer = from_vs % pp_;
     const std::pair<int, bool> stream{from_vs, backward};
     at::Tensor t;
+    if (cached) {
+      auto ring = recv_rings.find(stream);
+      if (ring != recv_rings.end()) {
+        const StreamMeta& meta = stream_meta_[key].at(stream);
+        t = at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype));
+        ring->second.ring.recv(t, pp_group_->timeout_s(), ring->second.peer_pid, ring->second.what);
+        ++shm_messages_;
+        return t;
+      }
+    }
     auto it = ahead.find(stream);
     if (it != ahead.end() && it->second.microbatch == microbatch) {
       it->second.work.wait();
@@ -180,6 +199,16 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     const int tag = message_tag(microbatch, from_vs, stages, backward);
     // Micro-batch 0 with the header; the receiver learns the shape from it and posts the rest plain.
     const bool header = microbatch == 0 && !cached;
+    if (cached) {
+      auto ring = send_rings.find({from_vs, backward});
+      if (ring != send_rings.end()) {
+        ring->second.ring.send(t, pp_group_->timeout_s(), ring->second.peer_pid, ring->second.what);
+        ++shm_messages_;
+        return;
+      }
+    } else if (microbatch == 0) {
+      sent_bytes[{from_vs, backward}] = static_cast<int64_t>(t.nbytes());
+    }
     sends.emplace_back(header ? pp_group_->isend_tensor(t, to_vs % pp_, tag) : pp_group_->isend(t, to_vs % pp_, tag), t);
   };
   std::optional<at::NoGradGuard> no_grad;
@@ -236,8 +265,15 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   }
   for (auto& [work, tensor] : sends) work.wait();
   if (metadata_cache_ && !cached) {
+    std::map<Stream, std::vector<int64_t>> received;
+    for (const auto& [stream, meta] : learned) {
+      int64_t bytes = static_cast<int64_t>(c10::elementSize(meta.dtype));
+      for (int64_t d : meta.sizes) bytes *= d;
+      received[stream] = {bytes};
+    }
     stream_meta_[key] = std::move(learned);
     completed_keys_.insert(key);
+    setup_shared_memory(key, m, received, sent_bytes);
   }
   wall_s_ = std::chrono::duration<double>(Clock::now() - start).count();
 
@@ -248,6 +284,74 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     if (o.return_outputs && !outputs.empty()) result.outputs = at::cat(outputs, 0);
   }
   return result;
+}
+
+void PipelineRunner::setup_shared_memory(const std::string& key, int microbatches,
+                                         const std::map<Stream, std::vector<int64_t>>& received,
+                                         const std::map<Stream, int64_t>& sent_bytes) {
+  constexpr int64_t kMaxRingBytes = int64_t{256} << 20;
+  const int stages = pp_ * chunks();
+  const auto index = [](const Stream& s) { return 2 * s.first + (s.second ? 1 : 0); };
+  const auto receiver_of = [&](const Stream& s) { return (s.first + (s.second ? -1 : 1) + stages) % stages % pp_; };
+  const int64_t pid = getpid();
+  static std::atomic<int64_t> counter{0};
+  auto name_of = [](int64_t owner_pid, int64_t n) {
+    return "/booster-pp-" + std::to_string(owner_pid) + "-" + std::to_string(n);
+  };
+  // Round 1: [host id, pid, then per stream index: (ring number or -1, message bytes)] from every rank.
+  std::vector<int64_t> record(2 + 4 * static_cast<size_t>(stages), -1);
+  record[0] = shm_host_id();
+  record[1] = pid;
+  std::map<Stream, Channel> created;
+  std::string failure;
+  for (const auto& [stream, info] : received) {
+    const int64_t bytes = info[0];
+    if (bytes <= 0 || bytes * microbatches > kMaxRingBytes) continue;
+    const int64_t n = counter++;
+    std::string error;
+    ShmRing ring = ShmRing::create(name_of(pid, n), microbatches, bytes, &error);
+    if (!ring.valid()) {
+      failure = error;
+      continue;
+    }
+    record[2 + 2 * index(stream)] = n;
+    record[3 + 2 * index(stream)] = bytes;
+    created[stream].ring = std::move(ring);
+  }
+  const auto all = pp_group_->all_gather_int64(record);
+  // Round 2: per stream index, 1 when this rank (its sender) mapped the receiver's ring.
+  std::vector<int64_t> opened(2 * static_cast<size_t>(stages), 0);
+  auto& sends = send_rings_[key];
+  for (const auto& [stream, bytes] : sent_bytes) {
+    const auto& peer = all[static_cast<size_t>(receiver_of(stream))];
+    const int64_t n = peer[2 + 2 * index(stream)];
+    if (peer[0] != record[0] || n < 0 || peer[3 + 2 * index(stream)] != bytes) continue;
+    std::string error;
+    ShmRing ring = ShmRing::open(name_of(peer[1], n), microbatches, bytes, &error);
+    if (!ring.valid()) {
+      failure = error;
+      continue;
+    }
+    const int to = receiver_of(stream);
+    sends[stream] = Channel{std::move(ring), static_cast<int>(peer[1]),
+                            std::string(stream.second ? "gradients" : "activations") + " to pipeline rank " +
+                                std::to_string(to)};
+    opened[static_cast<size_t>(index(stream))] = 1;
+  }
+  const auto confirmed = pp_group_->all_gather_int64(opened);
+  auto& receives = recv_rings_[key];
+  for (auto& [stream, channel] : created) {
+    ShmRing::unlink(name_of(pid, record[2 + 2 * index(stream)]));
+    const int from = stream.first % pp_;
+    if (confirmed[static_cast<size_t>(from)][static_cast<size_t>(index(stream))] != 1) continue;
+    channel.peer_pid = static_cast<int>(all[static_cast<size_t>(from)][1]);
+    channel.what = std::string(stream.second ? "gradients" : "activations") + " from virtual stage " +
+                   std::to_string(stream.first) + " (pipeline rank " + std::to_string(from) + ")";
+    receives[stream] = std::move(channel);
+  }
+  if (!failure.empty())
+    booster::log::warn("pipeline: a shared-memory ring could not be set up (" + failure +
+                       "); those activations and gradients keep going through Gloo");
 }
 
 }  // namespace booster::hybrid

@@ -15,6 +15,7 @@
 #include "booster/nn/pipeline.h"
 #include "booster/plugin.h"
 #include "pipeline_schedule.h"
+#include "shm_ring.h"
 
 namespace booster {
 namespace dist {
@@ -63,6 +64,12 @@ class PipelineRunner {
   // before any compute, so no send waits for its receiver to ask for it. The activation shapes are
   // assumed to depend on that key only (as ColossalAI assumes); a model whose activation shapes vary
   // otherwise needs enable_metadata_cache = false.
+  // Same host: after the first completed run of a key, the pipeline ranks set up one shared-memory
+  // ring (shm_ring.h) per stream whose peers share a machine (shm_host_id), with num_microbatches
+  // slots of that stream's message size (at most 256 MiB per ring), in one collective step over the
+  // pp group; later runs of the key send those streams through the rings instead of Gloo. A stream
+  // whose ring cannot be created or opened (e.g. /dev/shm too small or not shared) stays on Gloo.
+  // The ring names are unlinked as soon as both sides have mapped them.
   PipelineOutput run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
                      const Options& options);
 
@@ -74,9 +81,16 @@ class PipelineRunner {
   // run(), for the bubble benchmark: the rest of run()'s wall time is waiting.
   double last_compute_seconds() const { return compute_s_; }
   double last_wall_seconds() const { return wall_s_; }  // of the whole last run()
+  // Messages this rank sent and received through shared-memory rings, over all runs.
+  int64_t shared_memory_messages() const { return shm_messages_; }
 
  private:
   at::Tensor run_chunk(int chunk, at::Tensor x) const;
+  using Stream = std::pair<int, bool>;  // (sending virtual stage, backward)
+  // The collective set-up of the shared-memory rings for `key` (see run()): `received` are the
+  // streams this rank receives with their shapes, `sent_bytes` the message sizes of those it sends.
+  void setup_shared_memory(const std::string& key, int microbatches, const std::map<Stream, std::vector<int64_t>>& received,
+                           const std::map<Stream, int64_t>& sent_bytes);
 
   std::vector<nn::PipelineLayer> layers_;
   std::vector<std::pair<int, int>> ranges_;
@@ -92,6 +106,14 @@ class PipelineRunner {
   // Run key -> (sending virtual stage, backward) -> micro-batch 0's shape, from completed runs.
   std::map<std::string, std::map<std::pair<int, bool>, StreamMeta>> stream_meta_;
   std::set<std::string> completed_keys_;
+  struct Channel {
+    ShmRing ring;
+    int peer_pid = 0;
+    std::string what;  // for errors: "activations from virtual stage 2 (pipeline rank 0)"
+  };
+  // Run key -> stream -> its ring, on the sending and the receiving rank.
+  std::map<std::string, std::map<Stream, Channel>> send_rings_, recv_rings_;
+  int64_t shm_messages_ = 0;
 };
 
 }  // namespace hybrid

@@ -161,6 +161,7 @@ int run() {
       log << "loss " << s << " " << dp->allreduce_scalar(loss.item<double>(), booster::dist::ReduceOp::SUM) / dp->size()
           << "\n";
     if (opt->options().max_norm > 0) log << "norm " << s << " " << opt->last_grad_norm() << "\n";
+    if (pipelined) log << "shm_messages " << s << " " << model.hooks().stats().at("pipeline_shm_messages") << "\n";
     opt->zero_grad();
   }
   booster.save_model(model, arg("out", ".") + "/model");
