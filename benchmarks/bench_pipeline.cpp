@@ -73,11 +73,13 @@ int main(int argc, char** argv) {
       wall.push_back(stats.at("pipeline_wall_us") * 1e-6);
       compute.push_back(stats.at("pipeline_compute_us") * 1e-6);
     }
+    const int64_t shm_messages = model.hooks().stats().at("pipeline_shm_messages");
     using namespace booster::bench;
     write_file(a.str("out", "bench_pipeline") + ".rank" + std::to_string(world->rank()) + ".json",
                json_obj({{"rank", json_int(world->rank())}, {"pp", json_int(world->size())},
                          {"microbatches", json_int(m)}, {"chunks", json_int(chunks)}, {"style", json_str(style)},
-                         {"wall_s", json_list(wall)}, {"compute_s", json_list(compute)}}));
+                         {"wall_s", json_list(wall)}, {"compute_s", json_list(compute)},
+                         {"shm_messages", json_int(shm_messages)}}));
     return 0;
   });
 }

@@ -29,9 +29,10 @@ def formula(style, chunks, m, pp=PP):
 def run(ctx):
     exe = bu.program(ctx, "bench_pipeline")
     cases = SMOKE_CASES if ctx.smoke else CASES
-    dim, iters, batch = (64, 1, 64) if ctx.smoke else (512, 8, 512)
+    dim, iters, batch = (64, 1, 64) if ctx.smoke else (512, 16, 512)
     rows = []
     worst = 0.0
+    shm_share = []  # per case: messages through shared-memory rings / all messages, over the run
     for style, chunks, m in cases:
         port = bu.free_port()
         prefix = os.path.join(ctx.tmp_dir, f"pipe_{style}_{chunks}_{m}")
@@ -42,6 +43,13 @@ def run(ctx):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         bu.run_parallel(cmds, timeout=600, env=env)
         ranks = [bu.read_json(f"{prefix}.rank{r}.json") for r in range(PP)]
+        # Messages per rank per iteration: each of its chunks sends forward unless it is the last virtual
+        # stage and backward unless it is the first, once per micro-batch.
+        stages = PP * chunks
+        total = sum(m * sum((vs < stages - 1) + (vs > 0) for vs in range(r, stages, PP)) for r in range(PP))
+        iterations = len(ranks[0]["wall_s"]) + (1 if ctx.smoke else 2)
+        # Each message is counted by its sender and its receiver.
+        shm_share.append(sum(d.get("shm_messages", 0) for d in ranks) / (2 * total * iterations))
         n = min(len(d["wall_s"]) for d in ranks)
         slowest, average, imbalance, walls = [], [], [], []
         for i in range(n):
@@ -73,20 +81,28 @@ def run(ctx):
             "*bubble* = 1 - compute of the slowest stage / wall (the idle share of the stage that sets the pace: what "
             "the formula's equal stages describe); *mean over stages* = 1 - mean compute / wall (adds the faster "
             "stages' waiting for the slowest); *imbalance* = slowest / fastest stage compute. Medians over the "
-            "iterations. Both include the point-to-point transfers (loopback TCP) and the schedule's bookkeeping. "
+            "iterations. Both include the point-to-point transfers (shared-memory rings after the first iteration, "
+            "loopback TCP before) and the schedule's bookkeeping. "
             "*Formula*: (p-1)/(m+p-1) for 1F1B and GPipe, (p-1)/(v m+p-1) for the interleaved schedule with v chunks "
             "per rank (equal stages, free communication)."),
         "columns": ["schedule", "micro-batches m", "iteration (wall)", "bubble (slowest stage)", "formula",
                     "bubble / formula", "mean over stages (/ formula)", "stage imbalance", "target"],
         "rows": rows,
         "notes": [f"Median of {iters} iterations after warm-up; worst bubble / formula: {worst:.2f}x.",
-                  "Where the time goes (traced per action with timestamps on both ranks while this benchmark was "
-                  "written): a message takes about 0.2 ms from isend to the end of the receiver's wait, and posting a "
-                  "receive about 0.1 ms. The stages do identical work but their compute differs by up to 1.3x from run "
-                  "to run and between the two cores (the imbalance column); the faster stage then waits for the slower "
-                  "every micro-batch, which the mean over stages counts and the slowest stage's bubble does not. A "
-                  "micro-batch 0 sent with its shape header (recv_tensor) cost up to 13 ms on a busy machine (the "
-                  "sender's Gloo I/O thread must run while its rank computes); the metadata cache removes it after "
-                  "the first iteration by posting every stream's first receive before any compute."],
+                  "Messages through the shared-memory rings (both ranks on this machine): " +
+                  (f"{min(shm_share):.0%}" if round(min(shm_share), 2) == round(max(shm_share), 2) else
+                   f"{min(shm_share):.0%} to {max(shm_share):.0%}") +
+                  " of all in every case (the first iteration, a warm-up, goes through Gloo and sets "
+                  "the rings up; every later message goes through them).",
+                  "Where the time goes (traced per action with timestamps on both ranks): over Gloo, each 128 KiB "
+                  "message cost the sending rank 0.2-0.6 ms in isend and the receiving rank 0.1-0.8 ms posting the "
+                  "next receive (the pair's lock, shared with Gloo's I/O thread), and arrived 0.3-7 ms after its "
+                  "producer finished when that I/O thread waited for a core: 20-35 ms of a 620 ms iteration at m = 8, "
+                  "which put the slowest stage's bubble at 1.2-1.5x the formula. The shared-memory rings "
+                  "(plugins/hybrid_parallel/shm_ring.h) take the sender's copy in and the receiver's copy out, with "
+                  "no posted receive and no third thread. What is left above the formula: the stages do identical "
+                  "work but their compute differs from micro-batch to micro-batch and between the two cores (the "
+                  "imbalance column), and the faster stage then waits for the slower, which the mean over stages "
+                  "counts and the slowest stage's bubble only partly."],
         "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only pipeline_bubble",
     }
