@@ -1,5 +1,6 @@
 // host_allocator_test.cpp — configure_host_allocator: "retain" makes glibc serve and keep an 8 MiB
-// block from the heap (read back through mallinfo2), the environment's own settings and a preloaded
+// block from the heap (read back through mallinfo2), "return" maps 1 MiB blocks on their own and
+// unmaps them when freed, the environment's own settings and a preloaded
 // allocator are respected, bad modes are refused.
 #include "booster/core/host_allocator.h"
 
@@ -60,6 +61,36 @@ TEST(HostAllocator, RetainServesLargeBlocksFromTheHeapAndKeepsThem) {
   EXPECT_GE(after.fordblks, static_cast<size_t>(kBytes));
 }
 
+// "return": blocks of 1 MiB and more get mappings of their own and are unmapped when freed, also after
+// a large free (which under glibc's defaults raises the dynamic mmap threshold to that size, so that
+// later blocks below it would come from the heap and stay resident once freed).
+TEST(HostAllocator, ReturnMapsMegabyteBlocksAndGivesThemBack) {
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_THAT(booster::configure_host_allocator("return"), HasSubstr("AddressSanitizer's allocator is in use"));
+  GTEST_SKIP() << "glibc malloc settings do not apply under AddressSanitizer";
+#endif
+  const std::string line = booster::configure_host_allocator("return");
+  EXPECT_THAT(line, HasSubstr("malloc = \"return\": M_MMAP_THRESHOLD = 1048576, M_TRIM_THRESHOLD = 1048576"));
+  // A process sets its mode once, at start; tests earlier in this one (e.g. "retain") left free
+  // memory at the heap top, which glibc would serve the blocks below from.
+  ::malloc_trim(0);
+  char* large = static_cast<char*>(std::malloc(24 << 20));
+  ASSERT_NE(large, nullptr);
+  std::memset(large, 1, 24 << 20);
+  std::free(large);
+  constexpr size_t kBytes = 2 << 20;
+  const struct mallinfo2 before = ::mallinfo2();
+  char* block = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, kBytes);
+  const struct mallinfo2 during = ::mallinfo2();
+  EXPECT_GE(during.hblkhd, before.hblkhd + kBytes);  // a mapping of its own
+  std::free(block);
+  const struct mallinfo2 after = ::mallinfo2();
+  EXPECT_EQ(after.hblkhd, before.hblkhd);  // unmapped: back to the system
+  EXPECT_LT(after.fordblks, before.fordblks + kBytes);
+}
+
 TEST(HostAllocator, EnvironmentSettingsAndPreloadedAllocatorsAreKept) {
 #if defined(__SANITIZE_ADDRESS__)
   // BOOSTER_SANITIZE build: AddressSanitizer's allocator replaces glibc's, so "retain" sets nothing.
@@ -91,5 +122,6 @@ TEST(HostAllocator, UnknownModeIsAClearError) {
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("\"retain\""));
     EXPECT_THAT(e.what(), HasSubstr("\"system\""));
+    EXPECT_THAT(e.what(), HasSubstr("\"return\""));
   }
 }

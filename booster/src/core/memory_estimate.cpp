@@ -52,8 +52,11 @@ MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t 
   e.states.master_weights = param_bytes < 4 ? shard * 4 : 0;
   e.states.optimizer_states = state_bytes(request, shard);
   const int64_t bucket = std::min(std::max(bucket_elements, largest_parameter), parameters) * param_bytes;
-  const int64_t backward =
-      stage == 2 ? std::min(2 * bucket, parameters * param_bytes) + largest_parameter * param_bytes : 0;
+  const int64_t in_flight = std::min(2 * bucket, parameters * param_bytes);
+  // The in-place reduce-scatter receives each peer's part of this rank's range into a buffer of its
+  // own: up to dp - 1 copies of the rank's range within the buckets in flight.
+  const int64_t received = static_cast<int64_t>(std::max(dp, 1) - 1) * std::min(in_flight, shard * param_bytes);
+  const int64_t backward = (stage == 2 ? in_flight : 0) + largest_parameter * param_bytes + received;
   const int64_t step = shard * 4 + optimizer_step_temporaries(request.optimizer_state_bytes_per_parameter, shard);
   e.transient = std::max(backward, step);
   e.activations = request.activation_bytes;
