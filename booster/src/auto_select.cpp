@@ -31,7 +31,8 @@ std::string volume(double v) {
 }  // namespace
 
 AutoSelection select_auto_configuration(const std::vector<MemoryEstimate>& rows, int64_t runtime_bytes,
-                                        int64_t budget_bytes, const std::string& offload_dir) {
+                                        int64_t budget_bytes, const std::string& offload_dir,
+                                        bool allow_pipeline) {
   struct Candidate {
     MemoryEstimate row;
     size_t index;  // order among the rows
@@ -42,8 +43,13 @@ AutoSelection select_auto_configuration(const std::vector<MemoryEstimate>& rows,
   for (size_t i = 0; i < rows.size(); ++i) {
     MemoryEstimate row = rows[i];
     const std::string name = row.plugin + " (" + row.configuration + ")";
-    if (!row.data_parallel) {
+    if (!row.data_parallel && !row.pipeline) {
       out.reasons.push_back(name + ": not considered (the model must be built for its mesh)");
+      continue;
+    }
+    if (row.pipeline && !allow_pipeline) {
+      out.reasons.push_back(name + ": not considered (data was sharded over the world before boost(): call "
+                            "prepare_dataloader / data_parallel_group() after boost() to allow a pipeline mesh)");
       continue;
     }
     auto dir = std::find(row.options.begin(), row.options.end(), "offload_dir=\"\"");
@@ -62,6 +68,9 @@ AutoSelection select_auto_configuration(const std::vector<MemoryEstimate>& rows,
     throw ConfigError("plugin = \"auto\": no installed plugin offers a configuration it can choose (every estimate row "
                       "needs a model built for a mesh, or none was reported); set booster.plugin explicitly");
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    // Pipeline meshes last: their bubble ((p-1)/(m+p-1) of the step idle) and activation traffic are
+    // not in the ZeRO volumes (ColossalAI's guide keeps hybrid parallelism for the largest models).
+    if (a.row.pipeline != b.row.pipeline) return !a.row.pipeline;
     if (a.row.communication_volume != b.row.communication_volume)
       return a.row.communication_volume < b.row.communication_volume;
     if (plugin_rank(a.row.plugin) != plugin_rank(b.row.plugin))

@@ -83,11 +83,13 @@ struct Booster::Impl {
   std::vector<std::weak_ptr<OptimizerWrapper>> optimizers;  // boosted here (for after_model_load)
   std::shared_ptr<int> context_token;  // identifies the tensor-parallel context this Booster published
   bool estimate = false;               // [booster] estimate
+  std::pair<torch::Tensor, torch::Tensor> estimate_batch;  // set_estimate_batch
   int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)
   std::shared_ptr<dist::ProcessGroup> world;
   std::string malloc_mode;             // [booster] malloc ("" = the plugin's default)
   // plugin = "auto": [auto] options; the plugin is loaded at the first boost().
   bool auto_pending = false;
+  bool world_sharded_before_boost = false;  // auto: prepare_dataloader / data_parallel_group() before boost()
   double auto_budget_mb = 0;           // 0: MemAvailable / local ranks (min over ranks)
   double auto_activation_mb = 0;
   double auto_runtime_mb = -1;         // < 0: measured at boost()
@@ -108,7 +110,7 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->mixed_precision = b.get_choice("mixed_precision", "fp32", {"fp32", "fp16", "bf16"});
   impl_->max_norm = b.get_double("max_norm", 0.0, 0.0);
   impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
-  const std::string malloc_mode = b.has("malloc") ? b.get_choice("malloc", "retain", {"retain", "system"}) : "";
+  const std::string malloc_mode = b.has("malloc") ? b.get_choice("malloc", "retain", {"retain", "return", "system"}) : "";
   impl_->estimate = b.get_bool("estimate", false);
   impl_->estimate_world_size = static_cast<int>(b.get_int("estimate_world_size", 0, 0, 1 << 20));
   b.check_unknown();
@@ -236,7 +238,8 @@ void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* opt
       budget_given ? impl_->auto_budget_mb * kMiB
                    : w.allreduce_scalar(static_cast<double>(available_memory_bytes() / local), dist::ReduceOp::MIN));
   EstimateTable table = estimate_installed_plugins(request, impl_->world);
-  AutoSelection selection = select_auto_configuration(table.rows, runtime, budget, impl_->auto_offload_dir);
+  AutoSelection selection = select_auto_configuration(table.rows, runtime, budget, impl_->auto_offload_dir,
+                                                      !impl_->world_sharded_before_boost);
   const MemoryEstimate& chosen = selection.chosen;
   if (w.rank() == 0) {
     char head[256];
@@ -251,7 +254,9 @@ void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* opt
     for (const auto& line : selection.reasons) log::info("booster: auto:   " + line);
     for (const auto& f : table.failed) log::info("booster: auto:   not estimated: " + f);
     log::info("booster: auto: chose " + chosen.plugin + " (" + chosen.configuration +
-              "): the least communication per step among the configurations that fit");
+              (chosen.pipeline ? "): no data-parallel configuration fits; a pipeline mesh, trained with "
+                                 "booster.execute_pipeline"
+                               : "): the least communication per step among the configurations that fit"));
   }
   Config config = impl_->config;
   config.apply_override("booster.plugin=\"" + chosen.plugin + "\"");
@@ -324,13 +329,22 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
 
 bool Booster::estimate_requested() const { return impl_->estimate; }
 
+void Booster::set_estimate_batch(torch::Tensor inputs, torch::Tensor targets) {
+  if (!inputs.defined() || !targets.defined() || inputs.dim() < 1)
+    throw std::invalid_argument("booster: set_estimate_batch needs defined inputs with a batch dimension and defined "
+                                "targets (one micro-batch, as the model's forward and the criterion take them)");
+  impl_->estimate_batch = {std::move(inputs), std::move(targets)};
+}
+
+const std::pair<torch::Tensor, torch::Tensor>& Booster::estimate_batch() const { return impl_->estimate_batch; }
+
 std::string Booster::auto_not_chosen(const std::string& what) const {
   return "booster: plugin = \"auto\" chooses the plugin at the first boost(); " + what +
          " is available after it (call boost() first)";
 }
 
 void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                           const std::function<torch::Tensor()>& loss) {
+                           const std::function<torch::Tensor()>& loss, const std::string& source) {
   dist::ProcessGroup& w = *impl_->world;
   if (w.size() != 1)
     throw ConfigError("booster: [booster] estimate = true measures one micro-batch in one process, but this job has " +
@@ -345,8 +359,8 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
   Options plugin_options = impl_->config.section("plugin");
   request.precision = plugin_options.has("precision") ? plugin_options.get_string("precision", "fp32")
                                                        : impl_->mixed_precision;
-  std::string measured = "activations not measured (boost() got no data loader and criterion, or the model's "
-                         "forward does not take one tensor)";
+  std::string measured = "activations not measured (boost() got no criterion, or neither a data loader nor "
+                         "set_estimate_batch(), or the model's forward does not take one tensor)";
   if (loss) {
     const bool autocast = request.precision == "bf16";
     if (autocast) {
@@ -363,7 +377,7 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
       request.optimizer_state_bytes_per_parameter = m.optimizer_state_bytes_per_parameter;
       note.clear();  // measured, not guessed
     }
-    measured = "activations measured on one micro-batch of the data loader" +
+    measured = "activations measured on " + source +
                std::string(autocast ? " under bf16 autocast" : "") + ", optimizer state measured from one step";
   }
   const int64_t available = available_memory_bytes();
@@ -429,9 +443,12 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<da
   o.shuffle = shuffle;
   o.seed = seed;
   o.drop_last = drop_last;
-  // plugin = "auto" before boost(): every configuration it may choose is data parallel over the world.
-  if (!impl_->plugin)
+  // plugin = "auto" before boost(): the loader shards over the world, so auto then keeps to the
+  // data-parallel configurations (a pipeline mesh would need its stages to read the same batches).
+  if (!impl_->plugin) {
+    impl_->world_sharded_before_boost = true;
     return std::make_shared<data::DataLoader>(std::move(dataset), o, impl_->world->size(), impl_->world->rank());
+  }
   return impl_->plugin->prepare_dataloader(std::move(dataset), o);
 }
 
@@ -464,7 +481,9 @@ Plugin& Booster::plugin() {
   return *impl_->plugin;
 }
 std::shared_ptr<dist::ProcessGroup> Booster::data_parallel_group() {
-  return impl_->plugin ? impl_->plugin->data_parallel_group() : impl_->world;
+  if (impl_->plugin) return impl_->plugin->data_parallel_group();
+  impl_->world_sharded_before_boost = true;  // auto: see prepare_dataloader
+  return impl_->world;
 }
 const Config& Booster::config() const { return impl_->config; }
 dist::ProcessGroup& Booster::world() { return *impl_->world; }

@@ -289,7 +289,6 @@ int run(int argc, char** argv) {
   TrainOptions opt = read_train_options(train_section, output_dir);
   train_section.check_unknown();
   booster::Booster booster(config);
-  auto dp = booster.data_parallel_group();
 
   gpt::Corpus corpus =
       gpt::split_kjv(gpt::read_or_make_kjv(opt.corpus, world->rank() == 0), gpt::split_list(opt.val_books));
@@ -310,9 +309,18 @@ int run(int argc, char** argv) {
                                                                   const torch::Tensor& targets) {
     return gpt::lm_loss(logits, targets, vocab);
   };
+  {
+    // One training micro-batch (from its own generator: training's randomness is unchanged) for
+    // --estimate, which measures its activations: this trainer gives boost() no data loader.
+    std::mt19937_64 estimate_rng(static_cast<uint64_t>(opt.seed));
+    Batch b = sample_batch(corpus.train, opt.batch_size, T, estimate_rng);
+    booster.set_estimate_batch(b.x, b.y);
+  }
   auto [model, optimizer, criterion, unused_loader, lr_scheduler] =
       booster.boost(net, adamw, criterion_fn, nullptr, scheduler);
 
+  // After boost(): under plugin = "auto" the mesh (and so the data-parallel group) is chosen there.
+  auto dp = booster.data_parallel_group();
   Parallel par;
   par.world = world.get();
   {

