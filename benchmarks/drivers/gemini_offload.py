@@ -82,9 +82,8 @@ def run(ctx):
         "notes": [f"Offload file traffic on rank 0: {bu.fmt_bytes(st['offload_bytes_written'])} written, "
                   f"{bu.fmt_bytes(st['offload_bytes_read'])} read over the 2 steps and the save.",
                   "After boost() only the master shards (4 Psi / N) exist: AdamW creates its moments in the first step.",
-                  "With offload_dir the plugin fixes glibc's mmap threshold at 1 MiB, so every chunk piece it "
-                  "swaps out (and AdamW's temporaries) leaves the process when freed; the run without offload keeps "
-                  "glibc's default, whose heap retains freed temporaries below its dynamic threshold (up to 32 MiB): "
-                  "its RSS varies by about 50-100 MiB from run to run, which is the spread of the drop column."],
+                  "Both runs use the plugin's default `[booster] malloc = \"return\"` (glibc's mmap and trim "
+                  "thresholds at 1 MiB), so every chunk piece swapped out and every freed temporary of 1 MiB or "
+                  "more leaves the process."],
         "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only gemini_offload --out /tmp/gemini.md",
     }

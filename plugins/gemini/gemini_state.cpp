@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
-#include <malloc.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -80,13 +79,9 @@ GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* opti
 
   if (config_.auto_placement) install_cpu_byte_counter();  // before any chunk memory is allocated
   if (!config_.offload_dir.empty()) {
+    // Offloading is only worth its I/O if the freed bytes leave the process: the plugin's default
+    // [booster] malloc = "return" (core/host_allocator.h) gives chunk pieces mappings of their own.
     file_ = std::make_unique<OffloadFile>(config_.offload_dir, config_.group->rank());
-    // Offloading is only worth its I/O if the freed bytes leave the process: allocations of 1 MiB and
-    // more (every chunk piece) get mappings of their own, which free() returns at once, instead of
-    // heap space glibc keeps (its dynamic threshold rises to 32 MiB).
-    ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    log::info("gemini: offload_dir set: glibc's mmap threshold fixed at 1 MiB (allocations from 1 MiB up are "
-              "returned to the OS when freed)");
   }
 
   // Registration order: model.named_parameters(), each tensor once.
