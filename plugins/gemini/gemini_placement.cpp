@@ -192,6 +192,7 @@ void GeminiState::store_optim(Chunk& c, std::vector<at::Tensor>& states) {
 
 void GeminiState::refresh_param_shard(Chunk& c) {
   at::NoGradGuard no_grad;
+  const bool master_was_resident = OffloadFile::resident(c.master);
   std::vector<at::Tensor> none;
   fetch_optim(c, none);  // the master in memory (no-op when it is)
   const bool offloaded = file_ && c.param_slot >= 0;
@@ -203,6 +204,7 @@ void GeminiState::refresh_param_shard(Chunk& c) {
     file_->swap_out(c.flat->local_shard(), c.param_slot);
     c.param_dirty = false;
   }
+  if (!master_was_resident) release_clean_master(c);  // read back only for the copy: the file holds it
 }
 
 }  // namespace booster::plugins::gemini

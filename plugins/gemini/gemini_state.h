@@ -150,7 +150,8 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   // bytes_per_element: the optimizer side's bytes per master element (master, states, gradient).
   void place_optim_in_margin(double bytes_per_element);
   // The parameter shard of c from its master (cast to the compute dtype), wherever the shard lives;
-  // releases c when gathered (the next use gathers the new values).
+  // releases c when gathered (the next use gathers the new values). A master in the offload file is
+  // read for the copy and released again (it stays where it was).
   void refresh_param_shard(Chunk& c);
   // chunk_size, chunks, all_gathers, prefetches, reduce_scatters, evictions, offload_bytes_written,
   // offload_bytes_read, compute_model_bytes_peak, non_model_bytes_peak, rebuilt (1 when the chunks
