@@ -2,16 +2,14 @@
 #include "pipeline_stage.h"
 
 #include <torch/autograd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <numeric>
 #include <stdexcept>
-
-#include <unistd.h>
-
-#include <atomic>
 
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
@@ -171,7 +169,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     if (cached) {
       auto ring = recv_rings.find(stream);
       if (ring != recv_rings.end()) {
-        const StreamMeta& meta = stream_meta_[key].at(stream);
+        const StreamMeta& meta = ring->second.meta;
         t = at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype));
         ring->second.ring.recv(t, pp_group_->timeout_s(), ring->second.peer_pid, ring->second.what);
         ++shm_messages_;
@@ -265,15 +263,9 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   }
   for (auto& [work, tensor] : sends) work.wait();
   if (metadata_cache_ && !cached) {
-    std::map<Stream, std::vector<int64_t>> received;
-    for (const auto& [stream, meta] : learned) {
-      int64_t bytes = static_cast<int64_t>(c10::elementSize(meta.dtype));
-      for (int64_t d : meta.sizes) bytes *= d;
-      received[stream] = {bytes};
-    }
     stream_meta_[key] = std::move(learned);
     completed_keys_.insert(key);
-    setup_shared_memory(key, m, received, sent_bytes);
+    setup_shared_memory(key, m, stream_meta_[key], sent_bytes);
   }
   wall_s_ = std::chrono::duration<double>(Clock::now() - start).count();
 
@@ -287,7 +279,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
 }
 
 void PipelineRunner::setup_shared_memory(const std::string& key, int microbatches,
-                                         const std::map<Stream, std::vector<int64_t>>& received,
+                                         const std::map<Stream, StreamMeta>& received,
                                          const std::map<Stream, int64_t>& sent_bytes) {
   constexpr int64_t kMaxRingBytes = int64_t{256} << 20;
   const int stages = pp_ * chunks();
@@ -304,8 +296,9 @@ void PipelineRunner::setup_shared_memory(const std::string& key, int microbatche
   record[1] = pid;
   std::map<Stream, Channel> created;
   std::string failure;
-  for (const auto& [stream, info] : received) {
-    const int64_t bytes = info[0];
+  for (const auto& [stream, meta] : received) {
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(meta.dtype));
+    for (int64_t d : meta.sizes) bytes *= d;
     if (bytes <= 0 || bytes * microbatches > kMaxRingBytes) continue;
     const int64_t n = counter++;
     std::string error;
@@ -317,6 +310,7 @@ void PipelineRunner::setup_shared_memory(const std::string& key, int microbatche
     record[2 + 2 * index(stream)] = n;
     record[3 + 2 * index(stream)] = bytes;
     created[stream].ring = std::move(ring);
+    created[stream].meta = meta;
   }
   const auto all = pp_group_->all_gather_int64(record);
   // Round 2: per stream index, 1 when this rank (its sender) mapped the receiver's ring.
@@ -335,7 +329,8 @@ void PipelineRunner::setup_shared_memory(const std::string& key, int microbatche
     const int to = receiver_of(stream);
     sends[stream] = Channel{std::move(ring), static_cast<int>(peer[1]),
                             std::string(stream.second ? "gradients" : "activations") + " to pipeline rank " +
-                                std::to_string(to)};
+                                std::to_string(to),
+                            {}};
     opened[static_cast<size_t>(index(stream))] = 1;
   }
   const auto confirmed = pp_group_->all_gather_int64(opened);

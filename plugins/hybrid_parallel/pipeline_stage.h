@@ -87,9 +87,13 @@ class PipelineRunner {
  private:
   at::Tensor run_chunk(int chunk, at::Tensor x) const;
   using Stream = std::pair<int, bool>;  // (sending virtual stage, backward)
+  struct StreamMeta {
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype;
+  };
   // The collective set-up of the shared-memory rings for `key` (see run()): `received` are the
   // streams this rank receives with their shapes, `sent_bytes` the message sizes of those it sends.
-  void setup_shared_memory(const std::string& key, int microbatches, const std::map<Stream, std::vector<int64_t>>& received,
+  void setup_shared_memory(const std::string& key, int microbatches, const std::map<Stream, StreamMeta>& received,
                            const std::map<Stream, int64_t>& sent_bytes);
 
   std::vector<nn::PipelineLayer> layers_;
@@ -99,10 +103,6 @@ class PipelineRunner {
   int pp_ = 1, rank_ = 0;
   double compute_s_ = 0, wall_s_ = 0;
   bool metadata_cache_ = true;
-  struct StreamMeta {
-    std::vector<int64_t> sizes;
-    at::ScalarType dtype;
-  };
   // Run key -> (sending virtual stage, backward) -> micro-batch 0's shape, from completed runs.
   std::map<std::string, std::map<std::pair<int, bool>, StreamMeta>> stream_meta_;
   std::set<std::string> completed_keys_;
@@ -110,6 +110,7 @@ class PipelineRunner {
     ShmRing ring;
     int peer_pid = 0;
     std::string what;  // for errors: "activations from virtual stage 2 (pipeline rank 0)"
+    StreamMeta meta;   // receiving side: the messages' shape and dtype
   };
   // Run key -> stream -> its ring, on the sending and the receiving rank.
   std::map<std::string, std::map<Stream, Channel>> send_rings_, recv_rings_;

@@ -63,13 +63,19 @@ void ShmRing::release() {
   base_ = nullptr;
 }
 
-ShmRing ShmRing::create(const std::string& name, int64_t slots, int64_t payload_bytes, std::string* error) {
-  ShmRing r;
+ShmRing ShmRing::sized(int64_t slots, int64_t payload_bytes) {
   if (slots < 1 || payload_bytes < 0) throw std::invalid_argument("ShmRing: slots must be >= 1, payload_bytes >= 0");
+  ShmRing r;
   r.slots_ = slots;
   r.payload_bytes_ = payload_bytes;
   r.slot_stride_ = kAlign + round_up(static_cast<size_t>(payload_bytes));
-  const size_t bytes = kAlign + r.slot_stride_ * static_cast<size_t>(slots);
+  r.mapped_bytes_ = kAlign + r.slot_stride_ * static_cast<size_t>(slots);
+  return r;
+}
+
+ShmRing ShmRing::create(const std::string& name, int64_t slots, int64_t payload_bytes, std::string* error) {
+  ShmRing r = sized(slots, payload_bytes);
+  const size_t bytes = r.mapped_bytes_;
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
     *error = errno_text("shm_open");
@@ -90,17 +96,13 @@ ShmRing ShmRing::create(const std::string& name, int64_t slots, int64_t payload_
   if (p == MAP_FAILED) return fail("mmap");
   close(fd);
   r.base_ = static_cast<uint8_t*>(p);
-  r.mapped_bytes_ = bytes;
   // A fresh object reads as zeros: consumed = 0 and every slot's sequence 0 (empty).
   return r;
 }
 
 ShmRing ShmRing::open(const std::string& name, int64_t slots, int64_t payload_bytes, std::string* error) {
-  ShmRing r;
-  r.slots_ = slots;
-  r.payload_bytes_ = payload_bytes;
-  r.slot_stride_ = kAlign + round_up(static_cast<size_t>(payload_bytes));
-  const size_t bytes = kAlign + r.slot_stride_ * static_cast<size_t>(slots);
+  ShmRing r = sized(slots, payload_bytes);
+  const size_t bytes = r.mapped_bytes_;
   const int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) {
     *error = errno_text("shm_open");
@@ -120,7 +122,6 @@ ShmRing ShmRing::open(const std::string& name, int64_t slots, int64_t payload_by
     return ShmRing();
   }
   r.base_ = static_cast<uint8_t*>(p);
-  r.mapped_bytes_ = bytes;
   return r;
 }
 

@@ -56,6 +56,9 @@ class ShmRing {
 
  private:
   struct Header;
+  // An unmapped ring with the layout for slots x payload_bytes (mapped_bytes_ = the object's size).
+  // Throws std::invalid_argument for slots < 1 or payload_bytes < 0.
+  static ShmRing sized(int64_t slots, int64_t payload_bytes);
   void wait_until(const void* word, const std::function<bool()>& done, double timeout_s, int peer_pid,
                   const std::string& what) const;
   uint8_t* slot(uint64_t seq) const;
