@@ -8,8 +8,10 @@ a checkpoint every 4 optimizer steps, auto_resume) under an elastic launcher wit
 hosts of one rank each (restarts across nodes; the nodes are reached through a stand-in for ssh that
 runs the command line here, in a session of its own). Each trial starts the job, then
 SIGKILLs one random rank 1-2 times once a checkpoint was committed (a kill before that only restarts
-from scratch): at a random moment of training, or (alternately) the moment a checkpoint save is in
-progress (its .tmp- directory appears). After each kill, the newest committed
+from scratch): at a random moment of training (a random delay of up to one checkpoint interval after
+the checkpoint of a random step was committed; the step is drawn so that at least three checkpoints
+remain, so the kill lands however fast or slow the machine runs), or (alternately) the moment a
+checkpoint save is in progress (its .tmp- directory appears). After each kill, the newest committed
 checkpoint must be complete (its safetensors files parse and their data fit the file). The
 launcher restarts the ranks; they resume from that checkpoint. At the end the job must have exited
 0 and its final checkpoint's model and optimizer files must equal the uninterrupted run's byte for
@@ -34,12 +36,13 @@ import tempfile
 import time
 
 DATA = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+CHECKPOINT_EVERY = 4  # optimizer steps between the job's checkpoints
 PYTHON = "/usr/bin/python3"
 
 
 def example_args(build, source, run_dir):
     sets = ["train.epochs=3", "train.train_subset=1024", "train.test_subset=500", "train.batch_size=32",
-            "train.lr_scheduler.warmup_steps=5", "train.checkpoint_every_steps=4", "train.keep_last_n=3",
+            "train.lr_scheduler.warmup_steps=5", f"train.checkpoint_every_steps={CHECKPOINT_EVERY}", "train.keep_last_n=3",
             f'train.checkpoint_dir="{run_dir}/ckpt"',
             # One thread per rank under every launcher: with --hostfile each "node" runs one local
             # rank, which would get both cores, and another thread count sums in another order.
@@ -127,6 +130,16 @@ def latest_checkpoint(root):
     return os.path.join(root, name)
 
 
+def latest_step(root):
+    """global_step of the newest committed checkpoint under `root`, -1 when there is none."""
+    latest = latest_checkpoint(root)
+    try:
+        with open(os.path.join(latest, "trainer_state.json")) as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def check_latest_complete(root):
     """'' when there is no checkpoint yet or the newest one is complete."""
     latest = latest_checkpoint(root)
@@ -158,9 +171,13 @@ def final_files(run_dir):
     return out
 
 
-def run_job(args, kind, run_dir, kills, rng, log):
-    """Runs one job, killing a random rank at each planned kill ('time:<s>' or 'save'). Returns
-    (exit code, problems, number of kills done)."""
+def run_job(args, kind, run_dir, kills, rng, log, plan=None):
+    """Runs one job, killing a random rank at each planned kill: 'save', or (u_step, u_delay) with
+    u in [0, 1): once the newest committed checkpoint reaches a step drawn by u_step between the
+    attempt's current step and the last step that leaves three checkpoints to come, wait u_delay of
+    the reference run's checkpoint interval (plan['interval'] s), then kill. With kills == [] the
+    commit times are recorded instead (returned in plan['commits']). Returns (exit code, problems,
+    number of kills done, number of resumed runs in the log)."""
     os.makedirs(run_dir, exist_ok=True)
     argv = launcher_argv(kind, args.build, free_port(), 3 if kills else 0, run_dir) + example_args(args.build, args.source, run_dir)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -170,24 +187,36 @@ def run_job(args, kind, run_dir, kills, rng, log):
         start = time.time()
         ckpt = os.path.join(run_dir, "ckpt")
         try:
+            if not kills and plan is not None:  # the reference: record when each checkpoint is committed
+                plan["commits"], seen = [], -1
+                while job.poll() is None and time.time() - start < args.timeout:
+                    step = latest_step(ckpt)
+                    if step > seen:
+                        seen = step
+                        plan["commits"].append(time.time())
+                    time.sleep(0.02)
             for kill in kills:
-                first_commit = None
+                target, reached = None, None
                 while job.poll() is None and time.time() - start < args.timeout:
                     pids = rank_pids(run_dir)
                     if kill == "save":  # a save in progress, after at least one was committed
                         ready = (bool(latest_checkpoint(ckpt)) and
                                  any(n.startswith(".tmp-") for n in os.listdir(ckpt)))
-                    else:  # `kill` seconds after the first checkpoint of this attempt was committed
-                        if first_commit is None and latest_checkpoint(ckpt):
-                            first_commit = time.time()
-                        ready = first_commit is not None and time.time() - first_commit >= kill
+                    else:  # u_delay of an interval after the checkpoint of the drawn step was committed
+                        step = latest_step(ckpt)
+                        if target is None and step >= 0:
+                            last = max(step, plan["final_step"] - 3 * plan["every"])
+                            target = step + int(kill[0] * ((last - step) // plan["every"] + 1)) * plan["every"]
+                        if reached is None and target is not None and step >= target:
+                            reached = time.time()
+                        ready = reached is not None and time.time() - reached >= kill[1] * plan["interval"]
                     if ready and len(pids) == 2:
                         victim = rng.choice(pids)
                         had_checkpoint = bool(latest_checkpoint(ckpt))
                         os.kill(victim, signal.SIGKILL)
                         done += 1
                         resumable += 1 if had_checkpoint else 0
-                        log(f"    killed rank pid {victim} ({kill if kill == 'save' else 'at %.1f s' % kill})")
+                        log(f"    killed rank pid {victim} ({kill if kill == 'save' else 'step %d + %.2f s' % (target, kill[1] * plan['interval'])})")
                         # Let the launcher notice and stop the other rank; a committed checkpoint
                         # must be complete at any moment, so the check need not wait for more.
                         deadline = time.time() + 10
@@ -211,6 +240,8 @@ def run_job(args, kind, run_dir, kills, rng, log):
     with open(os.path.join(run_dir, "job.log"), errors="replace") as f:
         resumed = sum(1 for line in f if "fashion_mnist: resumed from" in line and "[rank 0]" in line or
                       line.startswith("fashion_mnist: resumed from"))
+    if code == 0 and done < len(kills):
+        problems.append(f"only {done} of {len(kills)} planned kills happened before the job ended")
     if code == 0 and resumable and not resumed:
         problems.append(f"{resumable} kills after a checkpoint was committed but no resumed run in the log")
     leftover = rank_pids(run_dir)
@@ -242,13 +273,21 @@ def main():
     log(f"chaos: seed {args.seed}, {args.trials} trials, launcher {args.launcher}, work {work}")
     try:
         t0 = time.time()
-        code, problems, _, _ = run_job(args, "booster", os.path.join(work, "reference"), [], rng, log)
+        plan = {}
+        code, problems, _, _ = run_job(args, "booster", os.path.join(work, "reference"), [], rng, log, plan)
         ref_seconds = time.time() - t0
         if code != 0 or problems:
             log(f"chaos: the uninterrupted reference run failed (exit {code}): {problems}; see {work}/reference/job.log")
             return 1
         reference = final_files(os.path.join(work, "reference"))
-        log(f"chaos: reference run {ref_seconds:.1f} s, {reference['global_step']} optimizer steps")
+        commits = plan["commits"]
+        plan.update(final_step=reference["global_step"], every=CHECKPOINT_EVERY,
+                    interval=(commits[-1] - commits[0]) / max(1, len(commits) - 1))
+        if reference["global_step"] < 4 * CHECKPOINT_EVERY:
+            log(f"chaos: the reference run has {reference['global_step']} steps; kills need at least {4 * CHECKPOINT_EVERY}")
+            return 1
+        log(f"chaos: reference run {ref_seconds:.1f} s, {reference['global_step']} optimizer steps, "
+            f"{len(commits)} checkpoints {plan['interval']:.2f} s apart")
         failures = 0
         kills_total = 0
         resumes = {}
@@ -257,10 +296,10 @@ def main():
                 args.launcher, (args.launcher,))
             kind = kinds[trial % len(kinds)]
             n_kills = rng.choice([1, 2])
-            kills = [("save" if (trial + k) % 2 else rng.uniform(0.0, 0.6) * ref_seconds) for k in range(n_kills)]
+            kills = [("save" if (trial + k) % 2 else (rng.random(), rng.random())) for k in range(n_kills)]
             run_dir = os.path.join(work, f"trial{trial:02d}")
             t0 = time.time()
-            code, problems, done, resumed = run_job(args, kind, run_dir, kills, rng, log)
+            code, problems, done, resumed = run_job(args, kind, run_dir, kills, rng, log, plan)
             kills_total += done
             resumes[kind] = resumes.get(kind, 0) + resumed
             if code != 0:
