@@ -75,17 +75,31 @@ bool GeminiOptimizer::step() {
   }
   for (auto& s : shards_) {
     Chunk& c = *s.chunk;
-    if (!c.flat->local_grad().defined()) continue;
+    const at::Tensor grad = c.flat->local_grad();
+    if (!grad.defined()) continue;
     std::vector<at::Tensor> states = state_tensors(c.master);
     state_->fetch_optim(c, states);
-    c.master.mutable_grad() = c.flat->local_grad().to(at::kFloat);
-    // Only this master has a gradient: the others are skipped. The Adam family steps through the
-    // fused CPU Adam kernel on the optimizer's own state (bit-identical to LibTorch's step).
-    if (!optim::step_with_cpu_adam_kernel(*optimizer_)) optimizer_->step();
-    c.master.mutable_grad() = at::Tensor();
+    at::Tensor shard = state_->begin_param_write(c);
+    // bf16 chunks under the Adam family: one kernel pass reads the gradient shard as it is (bf16 or
+    // float32) and writes the bf16 parameter shard next to the master (bit-identical to the unfused
+    // path below).
+    const bool fused = (grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kFloat) &&
+                       shard.scalar_type() == at::kBFloat16 &&
+                       shard.is_contiguous() && shard.numel() == c.master.numel() &&
+                       optim::step_parameter_with_cpu_adam_kernel(*optimizer_, c.master, grad, shard);
+    if (fused) {
+      state_->note_fused_param_write();
+    } else {
+      c.master.mutable_grad() = grad.to(at::kFloat);
+      // Only this master has a gradient: the others are skipped. The Adam family steps through the
+      // CPU Adam kernel on the optimizer's own state (bit-identical to LibTorch's step).
+      if (!optim::step_with_cpu_adam_kernel(*optimizer_)) optimizer_->step();
+      c.master.mutable_grad() = at::Tensor();
+      shard.copy_(c.master);
+    }
+    state_->end_param_write(c);
     states = state_tensors(c.master);
     state_->store_optim(c, states);
-    state_->refresh_param_shard(c);
   }
   // The optimizer's temporaries and the state tensors it created before they were offloaded are heap
   // memory glibc keeps after they are freed: hand it back, so offloading lowers the RSS for real.

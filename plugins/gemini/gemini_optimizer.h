@@ -14,8 +14,10 @@
 //    without .grad().
 //  - step(): global-norm clipping (sum of squares over the group, every element once), then per chunk:
 //    its optimizer side in memory (offload file: read), the optimizer's step on its master alone, the
-//    optimizer side back to its tier (written and freed), the parameter shard refreshed from the master
-//    (cast to the compute dtype) and the chunk released, so the next forward gathers the new values.
+//    parameter shard refreshed from the master (cast to the compute dtype; for bf16 chunks under the
+//    Adam family written in the same kernel pass, optim::step_parameter_with_cpu_adam_kernel, reading
+//    the bf16 gradient shard as it is) and the chunk released, so the next forward gathers the new
+//    values, then the optimizer side back to its tier (written and freed).
 //  - Checkpoints: sharded (local_state_pieces, the default) or gathered; either loads through
 //    load_state_ranges. Saving or loading brings offloaded optimizer states into memory until the next
 //    step() puts them back.

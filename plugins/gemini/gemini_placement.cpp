@@ -190,20 +190,27 @@ void GeminiState::store_optim(Chunk& c, std::vector<at::Tensor>& states) {
   }
 }
 
+at::Tensor GeminiState::begin_param_write(Chunk& c) {
+  if (file_ && c.param_slot >= 0) file_->swap_in(c.flat->local_shard(), c.param_slot);
+  c.flat->reshard();
+  return c.flat->local_shard();
+}
+
+void GeminiState::end_param_write(Chunk& c) {
+  c.param_dirty = true;
+  if (file_ && c.param_slot >= 0 && c.param_tier == Tier::kOffload) {
+    file_->swap_out(c.flat->local_shard(), c.param_slot);
+    c.param_dirty = false;
+  }
+}
+
 void GeminiState::refresh_param_shard(Chunk& c) {
   at::NoGradGuard no_grad;
   const bool master_was_resident = OffloadFile::resident(c.master);
   std::vector<at::Tensor> none;
   fetch_optim(c, none);  // the master in memory (no-op when it is)
-  const bool offloaded = file_ && c.param_slot >= 0;
-  if (offloaded) file_->swap_in(c.flat->local_shard(), c.param_slot);
-  c.flat->reshard();
-  c.flat->local_shard().copy_(c.master);
-  c.param_dirty = true;
-  if (offloaded && c.param_tier == Tier::kOffload) {
-    file_->swap_out(c.flat->local_shard(), c.param_slot);
-    c.param_dirty = false;
-  }
+  begin_param_write(c).copy_(c.master);
+  end_param_write(c);
   if (!master_was_resident) release_clean_master(c);  // read back only for the copy: the file holds it
 }
 

@@ -520,11 +520,12 @@ void GeminiState::rebuild_in_first_use_order() {
 }
 
 std::map<std::string, int64_t> GeminiState::stats() const {
-  int64_t kept = 0, param_off = 0, optim_off = 0;
+  int64_t kept = 0, param_off = 0, optim_off = 0, masters_resident = 0;
   for (const auto& c : chunks_) {
     kept += c.keep_gathered;
     param_off += c.param_tier == Tier::kOffload;
     optim_off += c.optim_tier == Tier::kOffload;
+    if (c.master.defined() && OffloadFile::resident(c.master)) masters_resident += c.master.numel() * 4;
   }
   return {{"chunk_size", chunk_size_},
           {"chunks", static_cast<int64_t>(chunks_.size())},
@@ -542,7 +543,9 @@ std::map<std::string, int64_t> GeminiState::stats() const {
           {"max_gathered_bytes", max_gathered_bytes_},
           {"margin_bytes", margin_bytes_},
           {"optim_bytes_in_margin", optim_in_margin_bytes_},
-          {"rebuilt", rebuilt_ ? 1 : 0}};
+          {"rebuilt", rebuilt_ ? 1 : 0},
+          {"fused_param_writes", fused_param_writes_},
+          {"master_bytes_resident", masters_resident}};
 }
 
 std::vector<std::pair<std::string, size_t>> GeminiState::chunk_map() const {

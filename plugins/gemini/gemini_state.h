@@ -153,10 +153,21 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   // releases c when gathered (the next use gathers the new values). A master in the offload file is
   // read for the copy and released again (it stays where it was).
   void refresh_param_shard(Chunk& c);
+  // refresh_param_shard in two halves, for a writer of its own (the optimizer's fused bf16 step):
+  // begin releases c and returns its parameter shard in memory (read from the offload file when it
+  // is there; shard_numel elements of the compute dtype, contiguous); end marks it written and puts it
+  // back in its tier.
+  at::Tensor begin_param_write(Chunk& c);
+  void end_param_write(Chunk& c);
+  // Counts a chunk step whose bf16 parameter shard was written by the fused CPU Adam pass (stat
+  // fused_param_writes).
+  void note_fused_param_write() { ++fused_param_writes_; }
   // chunk_size, chunks, all_gathers, prefetches, reduce_scatters, evictions, offload_bytes_written,
   // offload_bytes_read, compute_model_bytes_peak, non_model_bytes_peak, rebuilt (1 when the chunks
   // were rebuilt in first-use order), max_gathered_bytes, margin_bytes and optim_bytes_in_margin
-  // (gpu_margin_mem_ratio: the margin measured, the optimizer-side bytes moved into it).
+  // (gpu_margin_mem_ratio: the margin measured, the optimizer-side bytes moved into it),
+  // fused_param_writes (see note_fused_param_write), master_bytes_resident (float32 master shards in
+  // memory now; with offload_dir, 0 between steps).
   std::map<std::string, int64_t> stats() const;
   // (name, chunk index) for every parameter, in chunk order (tests and logs).
   std::vector<std::pair<std::string, size_t>> chunk_map() const;
@@ -220,7 +231,7 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   int64_t margin_bytes_ = 0, optim_in_margin_bytes_ = 0;
   int64_t generation_ = 0;
   int64_t non_model_peak_ = 0;
-  int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, evictions_ = 0;
+  int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, evictions_ = 0, fused_param_writes_ = 0;
   int64_t compute_peak_ = 0, max_gathered_bytes_ = 0;
 
  public:

@@ -136,9 +136,10 @@ int run() {
         norms.push_back(torch::full({1}, boosted.optimizer->last_grad_norm(), torch::kDouble));
         boosted.optimizer->zero_grad();
       }
+      const auto stats = boosted.model.hooks().stats();  // as the last step left them (a save moves state)
       save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
       save_named(prefix + "_norms.pt", {{"norms", torch::cat(norms)}});
-      write_stats(prefix + ".txt", boosted.model.hooks().stats());
+      write_stats(prefix + ".txt", stats);
     };
     torch::manual_seed(7);
     if (arg("model", "mlp") == "reordered") train(ReorderedMLP());
@@ -231,6 +232,7 @@ int run() {
       boosted.optimizer->step();
       boosted.optimizer->zero_grad();
     }
+    write_stats(prefix + ".txt", boosted.model.hooks().stats());  // as the last step left them
     if (!arg("save", "").empty()) {
       booster.save_model(boosted.model, arg("save", "") + "/model");
       booster::checkpoint::OptimizerSaveOptions so;  // optimizer_format=auto|gathered|sharded

@@ -252,3 +252,53 @@ TEST(CPUAdam, StepWithKernelOnTorchOptimizers) {
   EXPECT_FALSE(optim::step_with_cpu_adam_kernel(dbl));
   EXPECT_TRUE(dbl.state().empty());
 }
+
+// The fused per-parameter step (Gemini's bf16 chunks): a bf16 gradient read as it is and the bf16
+// copy written in the same pass equal, bit for bit, LibTorch's own step on grad.to(float32) followed
+// by a cast of the parameter; param.grad() is untouched; refused optimizers change nothing.
+TEST(CPUAdam, StepParameterWithKernelEqualsTorchStepThenCast) {
+  for (bool adamw : {true, false}) {
+    auto a = make_params(11), b = clones(a);
+    std::unique_ptr<torch::optim::Optimizer> oa, ob;
+    if (adamw) {
+      oa = std::make_unique<torch::optim::AdamW>(a, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+      ob = std::make_unique<torch::optim::AdamW>(b, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    } else {
+      oa = std::make_unique<torch::optim::Adam>(a, torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+      ob = std::make_unique<torch::optim::Adam>(b, torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+    }
+    for (int step = 0; step < 3; ++step) {
+      set_grads(b, 120 + step);
+      for (size_t i = 0; i < a.size(); ++i) {
+        auto g16 = b[i].grad().to(at::kBFloat16);
+        b[i].mutable_grad() = g16.to(at::kFloat);
+        auto out = at::empty({a[i].numel()}, at::kBFloat16);
+        EXPECT_TRUE(optim::step_parameter_with_cpu_adam_kernel(*oa, a[i], g16, out));
+        EXPECT_FALSE(a[i].grad().defined());
+        EXPECT_TRUE(at::equal(out.view(at::kShort), a[i].detach().reshape({-1}).to(at::kBFloat16).view(at::kShort)))
+            << "param " << i << " step " << step;
+      }
+      ob->step();
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_LE(max_ulp(a[i].detach(), b[i].detach()), kMaxUlp) << (adamw ? "AdamW" : "Adam") << " param " << i;
+    }
+    EXPECT_THAT([&] { optim::step_parameter_with_cpu_adam_kernel(*oa, at::zeros({3}), at::zeros({3})); },
+                ThrowsMessage<std::invalid_argument>(HasSubstr("not a parameter of this")));
+    EXPECT_THAT([&] { optim::step_parameter_with_cpu_adam_kernel(*oa, a[1], at::zeros({5})); },
+                ThrowsMessage<std::invalid_argument>(HasSubstr("float32 or bfloat16 CPU tensor of 7 elements")));
+    EXPECT_THAT([&] { optim::step_parameter_with_cpu_adam_kernel(*oa, a[1], at::zeros({7}), at::empty({7})); },
+                ThrowsMessage<std::invalid_argument>(HasSubstr("param_bf16_out must be a contiguous bfloat16")));
+  }
+  auto c = make_params(12);
+  CPUAdam cpu(c, CPUAdamOptions(1e-2));
+  auto out = at::empty({c[1].numel()}, at::kBFloat16);
+  EXPECT_TRUE(optim::step_parameter_with_cpu_adam_kernel(cpu, c[1], at::ones({7}, at::kBFloat16), out));
+  EXPECT_EQ(state_of<CPUAdamParamState>(cpu, c[1]).step(), 1);
+  torch::optim::Adam ams(c, torch::optim::AdamOptions().amsgrad(true));
+  auto before = c[0].detach().clone();
+  EXPECT_FALSE(optim::step_parameter_with_cpu_adam_kernel(ams, c[0], at::ones_like(c[0])));
+  EXPECT_TRUE(at::equal(before, c[0]));
+  EXPECT_TRUE(ams.state().empty());
+  torch::optim::SGD sgd(c, torch::optim::SGDOptions(0.1));
+  EXPECT_FALSE(optim::step_parameter_with_cpu_adam_kernel(sgd, c[0], at::ones_like(c[0])));
+}

@@ -125,6 +125,21 @@ void kernel_update(torch::optim::Optimizer& opt, const torch::Tensor& p, const t
   st.exp_avg_sq(v);
 }
 
+// Throws std::invalid_argument unless grad and bf16_out (when defined) fit param (see the header).
+void check_grad_and_out(const std::string& who, const torch::Tensor& param, const torch::Tensor& grad,
+                        const torch::Tensor& bf16_out) {
+  if (!grad.defined() || grad.layout() != c10::kStrided || !grad.device().is_cpu() ||
+      (grad.scalar_type() != at::kFloat && grad.scalar_type() != at::kBFloat16) || grad.numel() != param.numel())
+    throw std::invalid_argument("booster: " + who + ": the gradient must be a dense float32 or bfloat16 CPU tensor of " +
+                                std::to_string(param.numel()) + " elements, got " +
+                                (grad.defined() ? describe(grad) + " with " + std::to_string(grad.numel()) + " elements"
+                                                : std::string("an undefined tensor")));
+  if (bf16_out.defined() && (bf16_out.scalar_type() != at::kBFloat16 || !bf16_out.device().is_cpu() ||
+                             !bf16_out.is_contiguous() || bf16_out.numel() != param.numel()))
+    throw std::invalid_argument("booster: " + who + ": param_bf16_out must be a contiguous bfloat16 CPU tensor of " +
+                                std::to_string(param.numel()) + " elements, got " + describe(bf16_out));
+}
+
 void check_options(const CPUAdamOptions& o, const char* who) {
   auto fail = [&](const std::string& what) { throw std::invalid_argument(std::string("booster: ") + who + ": " + what); };
   if (o.amsgrad())
@@ -165,16 +180,7 @@ void CPUAdam::step_with_options(const torch::Tensor& param, const torch::Tensor&
   check_options(o, type_name());
   check_parameter(param);
   const std::string who = type_name();
-  if (!grad.defined() || grad.layout() != c10::kStrided || !grad.device().is_cpu() ||
-      (grad.scalar_type() != at::kFloat && grad.scalar_type() != at::kBFloat16) || grad.numel() != param.numel())
-    throw std::invalid_argument("booster: " + who + ": the gradient must be a dense float32 or bfloat16 CPU tensor of " +
-                                std::to_string(param.numel()) + " elements, got " +
-                                (grad.defined() ? describe(grad) + " with " + std::to_string(grad.numel()) + " elements"
-                                                : std::string("an undefined tensor")));
-  if (bf16_out.defined() && (bf16_out.scalar_type() != at::kBFloat16 || !bf16_out.device().is_cpu() ||
-                             !bf16_out.is_contiguous() || bf16_out.numel() != param.numel()))
-    throw std::invalid_argument("booster: " + who + ": param_bf16_out must be a contiguous bfloat16 CPU tensor of " +
-                                std::to_string(param.numel()) + " elements, got " + describe(bf16_out));
+  check_grad_and_out(who, param, grad, bf16_out);
   if (!(std::isfinite(div_scale) && div_scale > 0))
     throw std::invalid_argument("booster: " + who + ": div_scale must be finite and > 0, got " + std::to_string(div_scale));
   auto [b1, b2] = o.betas();
@@ -275,7 +281,42 @@ bool step_torch_adam(torch::optim::Optimizer& opt, bool adamw_mode) {
   return true;
 }
 
+template <class Options, class State>
+bool step_torch_adam_parameter(torch::optim::Optimizer& opt, bool adamw_mode, const torch::Tensor& param,
+                               const torch::Tensor& grad, const torch::Tensor& bf16_out) {
+  const char* who = adamw_mode ? "AdamW" : "Adam";
+  for (auto& group : opt.param_groups())
+    for (auto& p : group.params()) {
+      if (p.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      const auto& o = static_cast<const Options&>(group.options());
+      if (o.amsgrad() || !is_cpu_fp32_dense(p)) return false;
+      check_grad_and_out(who, p, grad, bf16_out);
+      torch::NoGradGuard no_grad;
+      Hyper h{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), true, adamw_mode};
+      kernel_update<State>(opt, p, grad, h, 1.0, bf16_out, who);
+      return true;
+    }
+  throw std::invalid_argument(std::string("booster: step_parameter_with_cpu_adam_kernel: the tensor is not a parameter "
+                                          "of this ") + who + " (pass the very tensor held in its param groups)");
+}
+
 }  // namespace
+
+bool step_parameter_with_cpu_adam_kernel(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                                         const torch::Tensor& grad, const torch::Tensor& param_bf16_out) {
+  if (auto* o = dynamic_cast<CPUAdam*>(&optimizer)) {  // CPUAdam and HybridAdam
+    if (!is_cpu_fp32_dense(param)) return false;
+    o->step_parameter(param, grad, 1.0, param_bf16_out);
+    return true;
+  }
+  if (typeid(optimizer) == typeid(torch::optim::AdamW))
+    return step_torch_adam_parameter<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+        optimizer, true, param, grad, param_bf16_out);
+  if (typeid(optimizer) == typeid(torch::optim::Adam))
+    return step_torch_adam_parameter<torch::optim::AdamOptions, torch::optim::AdamParamState>(
+        optimizer, false, param, grad, param_bf16_out);
+  return false;
+}
 
 bool step_with_cpu_adam_kernel(torch::optim::Optimizer& optimizer) {
   if (auto* o = dynamic_cast<CPUAdam*>(&optimizer)) {  // CPUAdam and HybridAdam

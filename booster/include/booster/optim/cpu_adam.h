@@ -119,4 +119,22 @@ BOOSTER_API kernels::cpu::Isa cpu_adam_isa();
 // caller then calls optimizer.step()). Used by ZeRO's cpu_offload.
 BOOSTER_API bool step_with_cpu_adam_kernel(torch::optim::Optimizer& optimizer);
 
+// One kernel update of `param` alone, with an explicit gradient and, optionally, the compute copy
+// written in the same pass (the fused step of a bf16 model with float32 master weights: the bf16
+// gradient is read as it is and the bf16 parameter written while the master is in cache, instead of a
+// float32 copy of the gradient before the step and a cast of the master after it).
+//   param: a parameter of one of the optimizer's groups (the very tensor), contiguous float32 on the
+//          CPU; grad: float32 or bfloat16, param.numel() elements, on the CPU; param_bf16_out:
+//          undefined, or a contiguous bfloat16 CPU tensor of param.numel() elements that receives the
+//          updated parameter rounded to nearest-even (what Tensor::copy_ of the float32 value gives).
+// The update is the one step_with_cpu_adam_kernel makes with grad.to(float32) as param's gradient
+// (bit for bit), on the optimizer's own state; param.grad() is neither read nor changed.
+// Returns false, having changed nothing, when the optimizer is none of CPUAdam / HybridAdam /
+// torch::optim::Adam / AdamW, or param's group has amsgrad, or param is not contiguous float32 on
+// the CPU (the caller then steps it another way). Throws std::invalid_argument when param is not in
+// the optimizer, or grad / param_bf16_out do not match the shapes and dtypes above.
+BOOSTER_API bool step_parameter_with_cpu_adam_kernel(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                                                     const torch::Tensor& grad,
+                                                     const torch::Tensor& param_bf16_out = {});
+
 }  // namespace booster::optim
