@@ -40,14 +40,7 @@ EstimateRequest describe_model(torch::nn::Module& model, const torch::optim::Opt
   if (auto* pipeline = dynamic_cast<nn::PipelineModule*>(&model)) {
     const auto layers = pipeline->pipeline_layers();
     r.layers = static_cast<int64_t>(layers.size());
-    for (const auto& layer : layers) {
-      std::set<const void*> seen;  // a module listed twice (or a shared parameter) counts once per layer
-      int64_t n = 0;
-      for (const auto& m : layer.modules)
-        for (const auto& p : m->parameters())
-          if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
-      r.layer_parameters.push_back(n);
-    }
+    for (const auto& layer : layers) r.layer_parameters.push_back(nn::layer_parameter_count(layer));
   }
   r.optimizer_state_bytes_per_parameter = 0;
   if (optimizer) {

@@ -327,10 +327,7 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
   for (const auto& l : layers) {
     if (!l.forward) throw PluginError("hybrid_parallel: pipeline layer \"" + l.name + "\" has no forward function");
     layer_tensors.push_back(tensors_of(l.modules));
-    int64_t w = 0;
-    for (const auto& m : l.modules)
-      if (m) for (const auto& p : m->parameters(true)) w += p.numel();
-    weights.push_back(std::max<int64_t>(w, 1));
+    weights.push_back(std::max<int64_t>(nn::layer_parameter_count(l), 1));
   }
   std::vector<std::pair<int, int>> ranges;
   try {

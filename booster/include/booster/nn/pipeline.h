@@ -50,4 +50,10 @@ class BOOSTER_API PipelineModule {
   virtual std::vector<PipelineLayer> pipeline_layers() = 0;
 };
 
+// The number of parameter elements `layer` holds: every parameter of its modules (sub-modules
+// included; null modules skipped) counted once, however many of its modules list it. A parameter
+// two layers share (a tied embedding) counts in both: each stage that runs one of them holds it.
+// The pipeline partition's weights and the memory estimate's stage sizes both use this count.
+BOOSTER_API int64_t layer_parameter_count(const PipelineLayer& layer);
+
 }  // namespace booster::nn
