@@ -2,8 +2,8 @@
 # run_fuzz.sh — builds a fuzzer (libFuzzer + ASan + UBSan, parser only: no LibTorch code is
 # linked, except for pickle) and runs it for a bounded time. FUZZ_TARGET picks it: safetensors
 # (default: the safetensors header and offsets), config (the TOML config reader and --set
-# overrides), index (a HuggingFace index's weight_map) or pickle (the restricted unpickler of .bin
-# files).
+# overrides), index (a HuggingFace index's weight_map), sharded_index (a sharded checkpoint's
+# <base>.sharded.json) or pickle (the restricted unpickler of .bin files).
 #
 #   [FUZZ_TARGET=config] tests/fuzz/run_fuzz.sh [OUTPUT_DIR] [SECONDS] [extra libFuzzer args...]
 #
@@ -64,6 +64,14 @@ case "$target" in
     defines=()
     libs=()
     ;;
+  sharded_index)
+    sources=("$here/sharded_index_fuzz.cpp" "$root/booster/src/checkpoint/sharded_index.cpp"
+             "$root/booster/src/checkpoint/index_json.cpp" "$root/booster/src/checkpoint/safetensors_header.cpp")
+    seeds=("$here/corpus_sharded_index")
+    dict=()
+    defines=()
+    libs=()
+    ;;
   pickle)
     # The unpickler needs LibTorch (tensors, the zip reader): linked as Debian ships it
     # (uninstrumented); only our sources are instrumented.
@@ -74,7 +82,7 @@ case "$target" in
     libs=(-ltorch_cpu -lc10)
     ;;
   *)
-    echo "run_fuzz: FUZZ_TARGET must be safetensors, config, index or pickle, got '$target'" >&2
+    echo "run_fuzz: FUZZ_TARGET must be safetensors, config, index, sharded_index or pickle, got '$target'" >&2
     exit 2
     ;;
 esac

@@ -37,10 +37,13 @@
 #include "booster/dist/process_group.h"
 #include "booster/io/atomic_write.h"
 #include "checkpoint_detail.h"
+#include "sharded_index.h"
 
 namespace booster::checkpoint {
 
+using detail::checked_numel;
 using detail::join;
+using detail::range_text;
 using detail::quote;
 using detail::is_plain_file_name;
 using detail::shape_text;
@@ -50,7 +53,7 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-constexpr const char* kFormat = "booster-sharded-v1";
+constexpr const char* kFormat = detail::kShardedFormat;
 constexpr size_t kSaveIdChars = 16;
 
 std::string index_file_name(const std::string& base) { return base + ".sharded.json"; }
@@ -63,20 +66,6 @@ std::string rank_file_name(const std::string& base, int rank, int world_size) {
 
 std::string entry_name(const std::string& name, int64_t offset) { return name + "@" + std::to_string(offset); }
 
-std::string range_text(int64_t begin, int64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
-}
-
-// Elements of a shape; -1 for a negative dimension or an overflow of int64.
-int64_t checked_numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return -1;
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
-    n *= d;
-  }
-  return n;
-}
 
 bool valid_utf8(const std::string& s) {
   try {
@@ -460,117 +449,27 @@ std::string read_whole_file(const std::string& path) {
   return text;
 }
 
-// Throws CheckpointError("<index>: <what>") unless cond.
-void need(bool cond, const std::string& index_path, const std::string& what) {
-  if (!cond) detail::fail(index_path, what);
-}
-
-int64_t get_int(const json& j, const char* key, const std::string& where, const std::string& index_path) {
-  auto it = j.find(key);
-  need(it != j.end() && it->is_number_integer(), index_path, where + ": \"" + key + "\" must be an integer");
-  return it->get<int64_t>();
-}
-
-std::string get_string(const json& j, const char* key, const std::string& where, const std::string& index_path) {
-  auto it = j.find(key);
-  need(it != j.end() && it->is_string(), index_path, where + ": \"" + key + "\" must be a string");
-  return it->get<std::string>();
-}
-
 void load_index(ShardedStateReader::Impl& m) {
   const std::string& ip = m.index_path;
-  json doc;
-  try {
-    doc = json::parse(read_whole_file(ip));
-  } catch (const json::exception& e) {
-    detail::fail(ip, std::string("is not valid JSON: ") + e.what());
-  }
-  need(doc.is_object(), ip, "is not a JSON object");
-  const std::string format = get_string(doc, "format", "the index", ip);
-  need(format == kFormat, ip, "unknown format " + quote(format) + " (expected " + kFormat + ")");
-  const int64_t world = get_int(doc, "world_size", "the index", ip);
-  need(world >= 1 && world <= (int64_t{1} << 24), ip, "invalid world_size " + std::to_string(world));
-  m.world_size = static_cast<int>(world);
-  m.save_id = get_string(doc, "save_id", "the index", ip);
-
-  auto files = doc.find("files");
-  need(files != doc.end() && files->is_array() && files->size() == static_cast<size_t>(world), ip,
-       "\"files\" must be an array of world_size (" + std::to_string(world) + ") file names");
-  std::unordered_map<std::string, int> rank_of;
-  for (size_t r = 0; r < files->size(); ++r) {
-    const json& f = (*files)[r];
-    need(f.is_string() && is_plain_file_name(f.get<std::string>()), ip,
-         "files[" + std::to_string(r) + "] is not a plain file name inside the checkpoint directory");
-    need(rank_of.emplace(f.get<std::string>(), static_cast<int>(r)).second, ip,
-         "file " + quote(f.get<std::string>()) + " is listed twice");
-    m.files.push_back(join(m.dir, f.get<std::string>()));
-  }
-  auto extras = doc.find("extra_files");
-  need(extras != doc.end() && extras->is_array(), ip, "\"extra_files\" must be an array of file names");
-  for (const json& f : *extras) {
-    need(f.is_string() && is_plain_file_name(f.get<std::string>()), ip,
-         "extra_files holds " + f.dump() + ", which is not a plain file name inside the checkpoint directory");
-    m.extra_files.push_back(f.get<std::string>());
-  }
-
-  auto tensors = doc.find("tensors");
-  need(tensors != doc.end() && tensors->is_array(), ip, "\"tensors\" must be an array");
-  for (size_t i = 0; i < tensors->size(); ++i) {
-    const json& jt = (*tensors)[i];
-    const std::string where = "tensors[" + std::to_string(i) + "]";
-    need(jt.is_object(), ip, where + " is not an object");
+  detail::ShardedIndex index = detail::parse_sharded_index(read_whole_file(ip), ip);
+  m.world_size = index.world_size;
+  m.save_id = index.save_id;
+  for (const std::string& f : index.files) m.files.push_back(join(m.dir, f));
+  m.extra_files = std::move(index.extra_files);
+  for (detail::ShardedIndexTensor& it : index.tensors) {
     ShardedTensorInfo t;
-    t.name = get_string(jt, "name", where, ip);
-    const std::string tw = "tensor " + quote(t.name);
-    need(m.by_name.emplace(t.name, m.tensors.size()).second, ip, tw + " is listed twice");
-    const std::string dtype = get_string(jt, "dtype", tw, ip);
+    t.name = std::move(it.name);
     try {
-      t.dtype = scalar_type_from_safetensors(dtype);
+      t.dtype = scalar_type_from_safetensors(it.dtype);
     } catch (const CheckpointError& e) {
-      detail::fail(ip, tw + ": " + e.what());
+      detail::fail(ip, "tensor " + quote(t.name) + ": " + e.what());
     }
-    auto shape = jt.find("shape");
-    need(shape != jt.end() && shape->is_array(), ip, tw + ": \"shape\" must be an array of integers");
-    for (const json& d : *shape) {
-      need(d.is_number_integer(), ip, tw + ": \"shape\" must be an array of integers");
-      t.shape.push_back(d.get<int64_t>());
-    }
-    t.numel = checked_numel(t.shape);
-    need(t.numel >= 0, ip, tw + ": invalid shape " + shape_text(t.shape));
-    auto pieces = jt.find("pieces");
-    need(pieces != jt.end() && pieces->is_array(), ip, tw + ": \"pieces\" must be an array");
-    std::vector<std::pair<ShardedPieceInfo, std::string>> sorted;
-    for (size_t k = 0; k < pieces->size(); ++k) {
-      const json& jp = (*pieces)[k];
-      const std::string pw = tw + " piece " + std::to_string(k);
-      need(jp.is_object(), ip, pw + " is not an object");
-      const std::string file = get_string(jp, "file", pw, ip);
-      auto r = rank_of.find(file);
-      need(r != rank_of.end(), ip, pw + ": file " + quote(file) + " is not one of \"files\"");
-      ShardedPieceInfo p;
-      p.rank = r->second;
-      p.file = m.files[static_cast<size_t>(p.rank)];
-      p.entry = get_string(jp, "entry", pw, ip);
-      p.offset = get_int(jp, "offset", pw, ip);
-      p.length = get_int(jp, "length", pw, ip);
-      need(p.offset >= 0 && p.length >= 1 && p.offset <= t.numel && p.length <= t.numel - p.offset, ip,
-           pw + ": range [" + std::to_string(p.offset) + ", " + std::to_string(p.offset) + " + " +
-               std::to_string(p.length) + ") is empty or outside the tensor's " + std::to_string(t.numel) + " elements");
-      sorted.emplace_back(std::move(p), file);
-    }
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const auto& a, const auto& b) { return a.first.offset < b.first.offset; });
-    for (size_t k = 0; k < sorted.size(); ++k) {
-      const ShardedPieceInfo& p = sorted[k].first;
-      if (k > 0) {
-        const ShardedPieceInfo& q = sorted[k - 1].first;
-        need(p.offset >= q.offset + q.length, ip,
-             tw + ": pieces " + range_text(q.offset, q.offset + q.length) + " (rank " + std::to_string(q.rank) + ") and " +
-                 range_text(p.offset, p.offset + p.length) + " (rank " + std::to_string(p.rank) + ") overlap");
-      }
-      t.covered += p.length;
-      t.pieces.push_back(p);
-    }
+    t.shape = std::move(it.shape);
+    t.numel = it.numel;
+    t.covered = it.covered;
+    for (detail::ShardedIndexPiece& p : it.pieces)
+      t.pieces.push_back({static_cast<int>(p.file), m.files[p.file], std::move(p.entry), p.offset, p.length});
+    m.by_name.emplace(t.name, m.tensors.size());
     m.tensors.push_back(std::move(t));
   }
 
