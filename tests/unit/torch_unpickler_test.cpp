@@ -27,7 +27,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-const std::string kInterop = std::string(BOOSTER_SOURCE_DIR) + "/tests/unit/checkpoint_interop.py";
+const std::string kUnpicklerInterop = std::string(BOOSTER_SOURCE_DIR) + "/tests/unit/checkpoint_interop.py";
 
 // Written once per test binary run.
 struct Files {
@@ -36,7 +36,7 @@ struct Files {
   std::string marker;
   Files() {
     marker = dir.file("MARKER");
-    auto r = bt::run_process({BOOSTER_PYTHON, kInterop, "write_pickles", dir.path(), marker}, {}, 300);
+    auto r = bt::run_process({BOOSTER_PYTHON, kUnpicklerInterop, "write_pickles", dir.path(), marker}, {}, 300);
     if (r.exit_code != 0) throw std::runtime_error("write_pickles failed: " + r.output);
     expected = nlohmann::json::parse(bt::read_file(dir.file("expected.json")));
   }
