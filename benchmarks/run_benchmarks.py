@@ -78,15 +78,24 @@ def _load():
 
 
 def machine_info():
-    cpu = ""
+    cpu, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith("model name") and not cpu:
                     cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+                if cpu and flags:
                     break
     except OSError:
         pass
+    # The widest vector ISA: bf16 matrix products are fast in LibTorch only with AVX-512, and the CPU
+    # Adam kernel picks its path from it, so figures from machines of different ISAs do not compare.
+    isa = ("AVX-512" + (" (with AVX512_BF16)" if "avx512_bf16" in flags else "") if "avx512f" in flags
+           else "AVX2" if "avx2" in flags else "no AVX2")
+    if flags:
+        cpu += f", {isa}"
     blas = ""
     for line in _output(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"]).splitlines():
         if line.startswith("Value:"):
