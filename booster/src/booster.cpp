@@ -306,11 +306,15 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
   Configured c = impl_->plugin->configure(model, optimizer);
   if (!c.hooks) throw PluginError("booster: plugin " + impl_->plugin->name() + " returned no model hooks");
   if (own_precision) c.hooks = impl_->precision->wrap_hooks(c.hooks);
-  // bf16 compute (autocast, or bf16 parameters the plugin made) on a CPU without fast bf16 kernels.
-  bool bf16 = own_precision && impl_->mixed_precision == "bf16";
-  for (const auto& p : model->parameters())
-    if (!bf16 && p.device().is_cpu() && p.scalar_type() == at::kBFloat16) bf16 = true;
-  if (bf16) mixed_precision::warn_if_bf16_is_slow(mixed_precision::bf16_matmul_slowdown());
+  // bf16 compute (autocast, or bf16 parameters the plugin made) on a CPU without fast bf16 kernels;
+  // the CPU is probed once per process.
+  const auto params = model->parameters();
+  if ((own_precision && impl_->mixed_precision == "bf16") ||
+      std::any_of(params.begin(), params.end(),
+                  [](const at::Tensor& p) { return p.device().is_cpu() && p.scalar_type() == at::kBFloat16; })) {
+    static const double slowdown = mixed_precision::bf16_matmul_slowdown();
+    mixed_precision::warn_if_bf16_is_slow(slowdown);
+  }
   if (optimizer && !c.optimizer) {
     OptimizerWrapperOptions o = impl_->precision->optimizer_options();
     o.group = impl_->plugin->world();

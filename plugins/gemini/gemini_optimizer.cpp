@@ -80,12 +80,9 @@ bool GeminiOptimizer::step() {
     std::vector<at::Tensor> states = state_tensors(c.master);
     state_->fetch_optim(c, states);
     at::Tensor shard = state_->begin_param_write(c);
-    // bf16 chunks under the Adam family: one kernel pass reads the gradient shard as it is (bf16 or
-    // float32) and writes the bf16 parameter shard next to the master (bit-identical to the unfused
-    // path below).
-    const bool fused = (grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kFloat) &&
-                       shard.scalar_type() == at::kBFloat16 &&
-                       shard.is_contiguous() && shard.numel() == c.master.numel() &&
+    // bf16 chunks under the Adam family: one kernel pass reads the gradient shard as it is and writes
+    // the bf16 parameter shard next to the master (bit-identical to the unfused path below).
+    const bool fused = shard.scalar_type() == at::kBFloat16 &&
                        optim::step_parameter_with_cpu_adam_kernel(*optimizer_, c.master, grad, shard);
     if (fused) {
       state_->note_fused_param_write();

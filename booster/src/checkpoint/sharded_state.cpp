@@ -43,6 +43,7 @@ namespace booster::checkpoint {
 
 using detail::checked_numel;
 using detail::join;
+using detail::kShardedFormat;
 using detail::range_text;
 using detail::quote;
 using detail::is_plain_file_name;
@@ -53,7 +54,6 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-constexpr const char* kFormat = detail::kShardedFormat;
 constexpr size_t kSaveIdChars = 16;
 
 std::string index_file_name(const std::string& base) { return base + ".sharded.json"; }
@@ -289,7 +289,7 @@ void write_rank_file(const std::string& path, const std::vector<StatePiece>& pie
     described.push_back({{"entry", entry}, {"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
   }
   write_safetensors(path, entries,
-                    {{"format", kFormat},
+                    {{"format", kShardedFormat},
                      {"save_id", save_id},
                      {"rank", std::to_string(rank)},
                      {"world_size", std::to_string(world_size)},
@@ -299,7 +299,7 @@ void write_rank_file(const std::string& path, const std::vector<StatePiece>& pie
 std::string index_text(const std::vector<PlannedTensor>& tensors, const std::string& base, int world_size,
                        const std::string& save_id, const std::map<std::string, std::string>& extra_files) {
   ojson doc;
-  doc["format"] = kFormat;
+  doc["format"] = kShardedFormat;
   doc["world_size"] = world_size;
   doc["save_id"] = save_id;
   doc["files"] = ojson::array();
@@ -482,9 +482,9 @@ void load_index(ShardedStateReader::Impl& m) {
       auto it = h.metadata.find(key);
       return it == h.metadata.end() ? std::string() : it->second;
     };
-    if (meta("format") != kFormat)
+    if (meta("format") != kShardedFormat)
       detail::fail(path, "is not a rank file of a sharded checkpoint (its __metadata__ \"format\" is " +
-                             quote(meta("format")) + ", expected " + kFormat + ")");
+                             quote(meta("format")) + ", expected " + kShardedFormat + ")");
     if (meta("save_id") != m.save_id)
       detail::fail(path, "belongs to another save (save_id " + quote(meta("save_id")) + ", the index '" + ip +
                              "' has " + quote(m.save_id) + "); the checkpoint directory mixes files of two saves");

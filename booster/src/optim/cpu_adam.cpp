@@ -260,6 +260,12 @@ kernels::cpu::Isa cpu_adam_isa() {
 
 namespace {
 
+// The kernel's hyper-parameters from LibTorch's Adam / AdamW options (bias correction always on).
+template <class Options>
+Hyper torch_hyper(const Options& o, bool adamw_mode) {
+  return Hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), true, adamw_mode};
+}
+
 template <class Options, class State>
 bool step_torch_adam(torch::optim::Optimizer& opt, bool adamw_mode) {
   for (const auto& group : opt.param_groups()) {
@@ -273,8 +279,7 @@ bool step_torch_adam(torch::optim::Optimizer& opt, bool adamw_mode) {
   torch::NoGradGuard no_grad;
   const char* who = adamw_mode ? "AdamW" : "Adam";
   for (auto& group : opt.param_groups()) {
-    const auto& o = static_cast<const Options&>(group.options());
-    Hyper h{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), true, adamw_mode};
+    const Hyper h = torch_hyper(static_cast<const Options&>(group.options()), adamw_mode);
     for (auto& p : group.params())
       if (p.grad().defined()) kernel_update<State>(opt, p, p.grad(), h, 1.0, {}, who);
   }
@@ -292,8 +297,7 @@ bool step_torch_adam_parameter(torch::optim::Optimizer& opt, bool adamw_mode, co
       if (o.amsgrad() || !is_cpu_fp32_dense(p)) return false;
       check_grad_and_out(who, p, grad, bf16_out);
       torch::NoGradGuard no_grad;
-      Hyper h{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), true, adamw_mode};
-      kernel_update<State>(opt, p, grad, h, 1.0, bf16_out, who);
+      kernel_update<State>(opt, p, grad, torch_hyper(o, adamw_mode), 1.0, bf16_out, who);
       return true;
     }
   throw std::invalid_argument(std::string("booster: step_parameter_with_cpu_adam_kernel: the tensor is not a parameter "
