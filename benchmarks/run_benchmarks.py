@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """run_benchmarks.py -- runs the benchmark suite and writes docs/benchmarks.md.
 
-    /usr/bin/python3 benchmarks/run_benchmarks.py [--build-dir build] [--only id1,id2] [--reps 5]
+    ~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py [--build-dir build] [--only id1,id2] [--reps 5]
                                                   [--smoke] [--out docs/benchmarks.md]
 
 (`bash scripts/run_benchmarks.sh` builds first, then runs this.) Each benchmark is a driver
@@ -53,7 +53,7 @@ class Context:
         self.smoke = smoke
         self.reps = reps
         self.tmp_dir = tmp_dir
-        self.python = "/usr/bin/python3"
+        self.python = sys.executable  # the venv's python3 with torch 2.11 (scripts/run_benchmarks.sh)
 
     def log(self, msg):
         print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)

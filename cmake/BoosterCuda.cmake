@@ -6,8 +6,10 @@
 # in $CUDA_PATH/bin, PATH, the system prefixes (/usr/local/bin, ...) and /usr/local/cuda/bin (the
 # toolkit's default install directory, not on PATH by default). It must compile a trial project.
 # Sets BOOSTER_CUDA_ENABLED (ON/OFF). When ON, the CUDA language is enabled and CUDA::cudart exists.
-# Architectures: CMAKE_CUDA_ARCHITECTURES if given (or $CUDAARCHS), else 80: sm_80 machine code plus
-# compute_80 PTX, which the driver compiles for newer GPUs.
+# Architectures: BOOSTER_CUDA_ARCHITECTURES if given (or $CUDAARCHS), else 80: sm_80 machine code plus
+# compute_80 PTX, which the driver compiles for newer GPUs; -DBOOSTER_CUDA_ARCHITECTURES=90 for Hopper.
+# (Not CMAKE_CUDA_ARCHITECTURES: LibTorch's package config, found first, overrides that variable and
+# enables CUDA with nvcc's default architecture.)
 set(BOOSTER_CUDA_ENABLED OFF)
 string(TOUPPER "${BOOSTER_WITH_CUDA}" _booster_cuda_mode)
 if(NOT _booster_cuda_mode MATCHES "^(AUTO|ON|OFF)$")
@@ -25,9 +27,12 @@ if(NOT _booster_cuda_mode STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)   # a trial project: a broken nvcc or host compiler counts as not found
   if(CMAKE_CUDA_COMPILER)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND "$ENV{CUDAARCHS}" STREQUAL "")
-      set(CMAKE_CUDA_ARCHITECTURES 80 CACHE STRING "CUDA architectures of the CUDA kernels")
+    if("$ENV{CUDAARCHS}" STREQUAL "")
+      set(BOOSTER_CUDA_ARCHITECTURES 80 CACHE STRING "CUDA architectures of the CUDA kernels")
+    else()
+      set(BOOSTER_CUDA_ARCHITECTURES "$ENV{CUDAARCHS}" CACHE STRING "CUDA architectures of the CUDA kernels")
     endif()
+    set(CMAKE_CUDA_ARCHITECTURES ${BOOSTER_CUDA_ARCHITECTURES})
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     if(CCACHE_PROGRAM)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages (scripts/install_deps.sh), then configures and builds Booster C++
-# into build/ (Release, Ninja, ccache in .ccache/).
+# into build/ (Release, Ninja, ccache in ~/.cache/booster/ccache: kept outside the clone, with paths
+# hashed relative to the clone, so a fresh clone of the same sources (CI) compiles from the cache).
 #
 #   bash scripts/build.sh [--build-dir DIR] [--target TARGET]... [CMAKE_CONFIGURE_ARGS...]
 #
@@ -36,7 +37,8 @@ while (($#)); do
   esac
 done
 bash scripts/install_deps.sh
-export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/booster/ccache}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${configure_args[@]}"
 if ((${#targets[@]})); then
   cmake --build "$build_dir" --target "${targets[@]}"

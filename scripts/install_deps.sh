@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Installs every Debian package Booster C++ needs, idempotently (Debian 12, as root or with sudo).
-# Then selects the OpenMP OpenBLAS as the system BLAS: the reference BLAS is ~50x slower.
+# Installs what Booster C++ needs, idempotently (Debian 12, as root or with sudo):
+#   1. the Debian packages below;
+#   2. LibTorch 2.11.0 (PyTorch's C++ library, CUDA 13.0 build, cxx11 ABI) as PyPI's torch==2.11.0 in
+#      a virtual environment kept outside the clone, $BOOSTER_VENV (default ~/.cache/booster/venv), so
+#      a fresh clone (CI) reuses it; its python3 is also the tests' and benchmarks' Python peer.
+# CMake finds that LibTorch by default (CMakeLists.txt); -DTorch_DIR=... picks another.
 set -euo pipefail
 
 PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libgloo-dev
-  libopenblas0-openmp
+  libgloo-dev python3-venv
   libboost1.74-dev libboost-filesystem1.74-dev
   libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libcli11-dev libspdlog-dev libfmt-dev
   zlib1g-dev
   dataset-fashion-mnist bible-kjv
-  python3-torch procps iproute2 openssh-server
+  procps iproute2 openssh-server
   clang libclang-rt-14-dev
   gnuplot-nox fonts-liberation
 )
@@ -37,13 +40,17 @@ else
   echo "install_deps: all ${#PKGS[@]} packages already installed"
 fi
 
-# Select the OpenMP OpenBLAS for libblas.so.3 and liblapack.so.3 (multiarch alternatives).
-arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-for lib in libblas.so.3 liblapack.so.3; do
-  alt="${lib}-${arch}"
-  target="/usr/lib/${arch}/openblas-openmp/${lib}"
-  if [ -e "$target" ] && update-alternatives --query "$alt" >/dev/null 2>&1; then
-    $SUDO update-alternatives --set "$alt" "$target" >/dev/null
-  fi
-done
-echo "install_deps: BLAS -> $(readlink -f /usr/lib/${arch}/libblas.so.3)"
+# LibTorch 2.11.0 and the Python peers, in one virtual environment (Debian's python3-venv). pip's
+# cache (~/.cache/pip) makes a re-created environment a copy, not a download.
+TORCH_VERSION=2.11.0
+VENV="${BOOSTER_VENV:-${HOME}/.cache/booster/venv}"
+if [ -x "$VENV/bin/python3" ] &&
+   "$VENV/bin/python3" -c "import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "install_deps: torch $TORCH_VERSION already in $VENV"
+else
+  echo "install_deps: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"
+  mkdir -p "$(dirname "$VENV")"
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/python3" -m pip install --disable-pip-version-check -q "torch==$TORCH_VERSION" numpy
+fi
+echo "install_deps: LibTorch $("$VENV/bin/python3" -c 'import torch; print(torch.__version__, torch.utils.cmake_prefix_path)')"

@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-exec /usr/bin/python3 benchmarks/run_benchmarks.py --build-dir build "$@"
+exec "${BOOSTER_VENV:-$HOME/.cache/booster/venv}/bin/python3" benchmarks/run_benchmarks.py --build-dir build "$@"

@@ -15,7 +15,9 @@ for arg in "$@"; do
     *) echo "test.sh: unknown argument '$arg' (the one option is --sanitize)" >&2; exit 2 ;;
   esac
 done
-export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"   # also used by the out-of-tree consumer test
+# ccache outside the clone (also used by the out-of-tree consumer test): see scripts/build.sh.
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/booster/ccache}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 if ((sanitize)); then
   bash scripts/build.sh --build-dir build-sanitize -DBOOSTER_SANITIZE=ON -DBOOSTER_BUILD_BENCHMARKS=OFF
   cd build-sanitize

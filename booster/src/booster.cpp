@@ -374,12 +374,12 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
   if (loss) {
     const bool autocast = request.precision == "bf16";
     if (autocast) {
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
     }
     MeasuredIteration m = measure_iteration(model, optimizer, loss);
     if (autocast) {
-      at::autocast::set_cpu_enabled(false);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
       at::autocast::clear_cache();
     }
     request.activation_bytes = m.activation_bytes;

@@ -2,6 +2,7 @@
 #include "gemini_optimizer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <malloc.h>
 
 #include <stdexcept>
@@ -171,7 +172,7 @@ void GeminiOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sou
   if (sources.size() != model_params_.size())
     throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(model_params_.size()) + " parameters");
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  std::vector<std::pair<OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
   for (auto& s : shards_) {
     const FlatParameter& flat = *s.chunk->flat;
     ParamOptimState slice = read_slice_state(sources, read, flat.layout(), flat.group().rank(), s.param_index,

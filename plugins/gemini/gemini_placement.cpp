@@ -2,6 +2,7 @@
 // the auto policy's eviction, and moving the optimizer side and parameter shards to and from the
 // offload tier (see gemini_state.h, "Placement").
 #include <algorithm>
+#include <ATen/core/grad_mode.h>
 #include <climits>
 #include <stdexcept>
 

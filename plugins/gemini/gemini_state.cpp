@@ -3,6 +3,7 @@
 #include "gemini_state.h"
 
 #include <torch/csrc/autograd/engine.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 

@@ -2,6 +2,7 @@
 #include "fsdp_optimizer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <map>
 #include <set>
@@ -130,7 +131,7 @@ void FsdpOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sourc
   if (sources.size() != model_params_.size())
     throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(model_params_.size()) + " parameters");
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  std::vector<std::pair<OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
   for (auto& s : shards_) {
     const at::Tensor& shard = s.flat->local_shard();
     ParamOptimState slice =

@@ -17,7 +17,7 @@ launcher restarts the ranks; they resume from that checkpoint. At the end the jo
 0 and its final checkpoint's model and optimizer files must equal the uninterrupted run's byte for
 byte.
 
-    /usr/bin/python3 tests/chaos/chaos.py --build build --trials 20 [--launcher booster|torchrun|hostfile|both|all]
+    ~/.cache/booster/venv/bin/python3 tests/chaos/chaos.py --build build --trials 20 [--launcher booster|torchrun|hostfile|both|all]
 
 (both: booster and torchrun in turn; all: the three in turn.)
 
@@ -37,7 +37,7 @@ import time
 
 DATA = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 CHECKPOINT_EVERY = 4  # optimizer steps between the job's checkpoints
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the Python with torch 2.11 that runs this script (torchrun)
 
 
 def example_args(build, source, run_dir):

@@ -50,7 +50,7 @@ class DebiasedMomentum : public torch::optim::Optimizer {
       const auto& o = static_cast<const DebiasedMomentumOptions&>(group.options());
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
-        auto& slot = state_[c10::guts::to_string(p.unsafeGetTensorImpl())];
+        auto& slot = state_[p.unsafeGetTensorImpl()];
         if (!slot) {
           auto fresh = std::make_unique<DebiasedMomentumParamState>();
           fresh->momentum(torch::zeros_like(p, torch::MemoryFormat::Preserve));

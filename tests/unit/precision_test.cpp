@@ -60,7 +60,7 @@ TEST(Precision, Bf16RunsForwardUnderCpuAutocastWithFloat32WeightsAndLoss) {
   auto x = torch::randn({5, 8});
   auto y = b.model.forward(x);
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);             // linear ran in bf16
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());              // and autocast ended with forward
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));              // and autocast ended with forward
   // The bf16 result equals the float computation within bf16 rounding (8 bits of mantissa).
   EXPECT_TRUE(torch::allclose(y.to(torch::kFloat), net->forward(x), 0.02, 0.02));
   auto loss = b.criterion(y, torch::zeros({5, 3}));
@@ -75,7 +75,7 @@ TEST(Precision, Bf16AutocastEndsWhenForwardThrows) {
   auto booster = ddp_booster("bf16");
   auto b = booster.boost(std::make_shared<Thrower>());
   EXPECT_THROW(b.model.forward(torch::ones({1})), std::runtime_error);
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 }
 
 TEST(Precision, UnknownPrecisionAndBadScalerOptionsAreConfigErrors) {

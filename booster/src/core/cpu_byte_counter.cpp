@@ -28,7 +28,7 @@ void free_counted(void* data) {
 class CountingAllocator final : public at::Allocator {
  public:
   explicit CountingAllocator(at::Allocator* inner) : inner_(inner) {}
-  at::DataPtr allocate(size_t n) const override {
+  at::DataPtr allocate(size_t n) override {
     char* base = static_cast<char*>(inner_->raw_allocate(n + kHeader));
     *reinterpret_cast<size_t*>(base) = n;
     const int64_t live = g_live.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n);
@@ -39,6 +39,10 @@ class CountingAllocator final : public at::Allocator {
     return at::DataPtr(data, data, &free_counted, at::Device(at::kCPU));
   }
   at::DeleterFnPtr raw_deleter() const override { return &free_counted; }
+  // Tensor clones within this allocator: a plain memcpy, as LibTorch's default CPU allocator does.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
  private:
   at::Allocator* inner_;

@@ -2,6 +2,7 @@
 #include "booster/core/flat_layout.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <stdexcept>

@@ -3,6 +3,7 @@
 #include "booster/core/flat_param.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 

@@ -2,6 +2,7 @@
 #include "booster/core/replica.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 
 #include <sstream>

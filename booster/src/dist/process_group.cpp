@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
@@ -115,7 +114,7 @@ std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, co
                                             const std::string& key_prefix) {
   auto impl = std::make_unique<ProcessGroup::Impl>();
   impl->store = parent.store;
-  impl->gloo_options = parent.gloo_options;
+  impl->gloo = parent.gloo;
   impl->rank = static_cast<int>(std::find(members.begin(), members.end(), parent.rank) - members.begin());
   impl->size = static_cast<int>(members.size());
   impl->backend = parent.backend;
@@ -129,7 +128,7 @@ std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, co
   if (impl->size > 1) {
     try {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key_prefix, parent.store);
-      impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, impl->rank, impl->size, parent.gloo_options);
+      impl->pg = detail::make_gloo_process_group(prefixed, impl->rank, impl->size, *parent.gloo);
     } catch (const std::exception& e) {
       throw DistError("booster: connecting the sub-group of world ranks " + list_text(impl->global_ranks) +
                       " as its rank " + std::to_string(impl->rank) + " failed within " +
@@ -191,19 +190,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
       else
         impl->store = tcp;
     }
-    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.world_size == 1;
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    if (ifname && *ifname)
-      gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    else if (loopback)
-      gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else
-      gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    gloo_opts->threads = 2;
-    impl->gloo_options = gloo_opts;
+    impl->gloo = detail::make_gloo_transport(o.host, o.world_size, timeout);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("booster_world/", impl->store);
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o.rank, o.world_size, gloo_opts);
+    impl->pg = detail::make_gloo_process_group(prefixed, o.rank, o.world_size, *impl->gloo);
   } catch (const std::exception& e) {
     throw DistError("booster: rendezvous at " + o.host + ":" + std::to_string(o.port) + " as rank " +
                     std::to_string(o.rank) + " of " + std::to_string(o.world_size) + " failed within " +

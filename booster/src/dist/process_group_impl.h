@@ -4,7 +4,6 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <functional>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "booster/dist/process_group.h"
+#include "gloo_backend.h"
 #include "health.h"
 
 namespace booster::dist {
@@ -29,8 +29,8 @@ struct Work::Impl {
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;  // the world's store; sub-groups share it
-  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  // devices shared by sub-groups
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null for a sub-group of one rank (local collectives)
+  std::shared_ptr<const detail::GlooTransport> gloo;  // the transport sub-groups share
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // Gloo for CPU tensors; null for a sub-group of one rank
   int rank = 0;
   int size = 1;
   std::string backend;

@@ -2,6 +2,7 @@
 #include "bf16_speed.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <atomic>

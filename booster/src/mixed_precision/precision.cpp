@@ -2,6 +2,7 @@
 #include "booster/mixed_precision/precision.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 
 #include <stdexcept>
 #include <string>
@@ -16,16 +17,16 @@ MixedPrecision::~MixedPrecision() = default;
 // Autocast
 
 CpuAutocastGuard::CpuAutocastGuard(at::ScalarType dtype)
-    : prev_enabled_(at::autocast::is_cpu_enabled()), prev_dtype_(at::autocast::get_autocast_cpu_dtype()) {
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+    : prev_enabled_(at::autocast::is_autocast_enabled(at::kCPU)), prev_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
   at::autocast::increment_nesting();
 }
 
 CpuAutocastGuard::~CpuAutocastGuard() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(prev_enabled_);
-  at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+  at::autocast::set_autocast_enabled(at::kCPU, prev_enabled_);
+  at::autocast::set_autocast_dtype(at::kCPU, prev_dtype_);
 }
 
 namespace {
@@ -35,15 +36,15 @@ namespace {
 class CudaAutocastGuard {
  public:
   explicit CudaAutocastGuard(at::ScalarType dtype)
-      : prev_enabled_(at::autocast::is_enabled()), prev_dtype_(at::autocast::get_autocast_gpu_dtype()) {
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(dtype);
+      : prev_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)), prev_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)) {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
     at::autocast::increment_nesting();
   }
   ~CudaAutocastGuard() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_enabled(prev_enabled_);
-    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
   }
 
  private:

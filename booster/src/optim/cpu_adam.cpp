@@ -92,7 +92,7 @@ struct Hyper {
 template <class State>
 void kernel_update(torch::optim::Optimizer& opt, const torch::Tensor& p, const torch::Tensor& grad, const Hyper& h,
                    double div_scale, const torch::Tensor& bf16_out, const char* who) {
-  const std::string key = optimizer_state_key(p);
+  const OptimizerStateKey key = optimizer_state_key(p);
   auto& states = opt.state();
   auto it = states.find(key);
   if (it == states.end()) {

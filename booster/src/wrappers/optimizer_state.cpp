@@ -5,7 +5,7 @@
 
 namespace booster {
 
-std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+OptimizerStateKey optimizer_state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
   const OptimizerTypeInfo& info = optimizer_type_info(optimizer);

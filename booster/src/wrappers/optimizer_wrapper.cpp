@@ -375,7 +375,7 @@ void OptimizerWrapper::load_state_ranges(const std::vector<ParamStateSource>& so
   if (sources.size() != master_params_.size())
     throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(master_params_.size()) + " parameters");
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  std::vector<std::pair<OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
   for (size_t i = 0; i < sources.size(); ++i) {
     if (sources[i].empty()) continue;
     const at::Tensor& master = master_params_[i];

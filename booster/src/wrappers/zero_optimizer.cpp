@@ -368,7 +368,7 @@ void ZeroOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sourc
     throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(model_params_.size()) + " parameters");
   const int rank = options_.group->rank();
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+  std::vector<std::pair<OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
   for (auto& g : groups_) {
     ParamOptimState slice = read_slice_state(sources, read, g->layout, rank, g->indices, g->master.options());
     if (!slice.empty()) fresh.emplace_back(optimizer_state_key(g->master), info.make_state(slice));

@@ -283,6 +283,17 @@ R UnitBase::unit_run_forward(F&& block_forward) {
 namespace detail {
 
 struct FromClone {};
+struct CoreFromClone {};  // UnitCore's own tag: its inherited constructor never competes with UnitImpl's
+
+// Whether torch::nn::Module is a virtual base of BlockImpl (a static_cast down from a virtual base is
+// ill-formed). LibTorch 2.x's Cloneable derives from Module non-virtually; a user's block may still
+// derive virtually, and then the most derived class (UnitImpl) must initialise Module itself.
+template <class BlockImpl, class = void>
+struct HasVirtualModuleBase : std::true_type {};
+template <class BlockImpl>
+struct HasVirtualModuleBase<BlockImpl,
+                            std::void_t<decltype(static_cast<BlockImpl*>(std::declval<torch::nn::Module*>()))>>
+    : std::false_type {};
 
 template <class Derived, class BlockImpl>
 class UnitCore : public BlockImpl, public UnitBase {
@@ -320,7 +331,7 @@ class UnitCore : public BlockImpl, public UnitBase {
   }
 
  protected:
-  UnitCore(FromClone, const BlockImpl& block) : BlockImpl(block) {}
+  UnitCore(CoreFromClone, const BlockImpl& block) : BlockImpl(block) {}
 };
 
 }  // namespace detail
@@ -332,9 +343,12 @@ class UnitImpl<BlockImpl, R(A...)> : public detail::UnitCore<UnitImpl<BlockImpl,
 
  public:
   using Core::Core;
-  // For clone(): `block` is a deep copy made by Cloneable<BlockImpl>. Module is a virtual base of
-  // Cloneable blocks, so this class (the most derived) initialises it.
-  UnitImpl(detail::FromClone tag, const BlockImpl& block) : torch::nn::Module(block), Core(tag, block) {}
+  // For clone(): `block` is a deep copy made by Cloneable<BlockImpl>. Where Module is a virtual base
+  // of the block, this class (the most derived) initialises it.
+  template <class B = BlockImpl, std::enable_if_t<detail::HasVirtualModuleBase<B>::value, int> = 0>
+  UnitImpl(detail::FromClone, const BlockImpl& block) : torch::nn::Module(block), Core(detail::CoreFromClone{}, block) {}
+  template <class B = BlockImpl, std::enable_if_t<!detail::HasVirtualModuleBase<B>::value, int> = 0>
+  UnitImpl(detail::FromClone, const BlockImpl& block) : Core(detail::CoreFromClone{}, block) {}
 
   // Hides BlockImpl::forward: every call goes through the unit protocol.
   R forward(A... args) {
@@ -350,7 +364,10 @@ class UnitImpl<BlockImpl, UndeducibleForward>
 
  public:
   using Core::Core;
-  UnitImpl(detail::FromClone tag, const BlockImpl& block) : torch::nn::Module(block), Core(tag, block) {}
+  template <class B = BlockImpl, std::enable_if_t<detail::HasVirtualModuleBase<B>::value, int> = 0>
+  UnitImpl(detail::FromClone, const BlockImpl& block) : torch::nn::Module(block), Core(detail::CoreFromClone{}, block) {}
+  template <class B = BlockImpl, std::enable_if_t<!detail::HasVirtualModuleBase<B>::value, int> = 0>
+  UnitImpl(detail::FromClone, const BlockImpl& block) : Core(detail::CoreFromClone{}, block) {}
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {

@@ -32,8 +32,10 @@ struct ParamOptimState {
   }
 };
 
-// The key under which LibTorch stores the state of parameter `p` in Optimizer::state().
-BOOSTER_API std::string optimizer_state_key(const at::Tensor& p);
+// The key under which LibTorch stores the state of parameter `p` in Optimizer::state(): its
+// TensorImpl's address (LibTorch 2.x keys the map by void*). Valid while `p` is alive.
+using OptimizerStateKey = void*;
+BOOSTER_API OptimizerStateKey optimizer_state_key(const at::Tensor& p);
 
 // Bytes of the optimizer's state tensors: the actual tensors once it has state, else planned from
 // the registry's state_tensors_per_element for each group and its parameters' numel and element
