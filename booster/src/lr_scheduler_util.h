@@ -46,12 +46,16 @@ inline int64_t extra_int(const std::map<std::string, double>& extra, const std::
   return static_cast<int64_t>(v);
 }
 
-// torch.optim.lr_scheduler.CosineAnnealingLR.get_lr (1.13), for epoch >= 0. The branch
-// `_step_count == 1 and last_epoch > 0` only applies to a scheduler constructed with
+// torch.optim.lr_scheduler.CosineAnnealingLR.get_lr (2.11), for epoch >= 0. The current lrs come
+// back unchanged only from the scheduler's initial step in its constructor (`_is_initial`, 2.x;
+// 1.13 tested last_epoch == 0 instead): `initial` says whether this call is that step. A cosine
+// scheduler that another one drives from outside its constructor (ColossalAI's warmup hand-over
+// calls its get_lr at last_epoch 0) takes the recursive formula at epoch 0 too, as 2.11 does. The
+// branch `_step_count == 1 and last_epoch > 0` only applies to a scheduler constructed with
 // last_epoch > -1, which this API does not offer.
 inline std::vector<double> cosine_annealing(int64_t epoch, int64_t T_max, double eta_min, const std::vector<double>& base,
-                                     const std::vector<double>& current) {
-  if (epoch == 0) return current;
+                                     const std::vector<double>& current, bool initial) {
+  if (epoch == 0 && initial) return current;
   std::vector<double> out(current.size());
   const double T = static_cast<double>(T_max);
   if (py_mod(epoch - 1 - T_max, 2 * T_max) == 0) {

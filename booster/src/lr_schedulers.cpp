@@ -1,4 +1,4 @@
-// lr_schedulers.cpp — PyTorch 1.13's torch.optim.lr_scheduler (and ColossalAI's warmup schedulers)
+// lr_schedulers.cpp — PyTorch 2.11's torch.optim.lr_scheduler (and ColossalAI's warmup schedulers)
 // in C++. Every formula keeps Python's order of floating-point operations, so the sequences match
 // torch.optim to the last bit or so (tests/unit/lr_scheduler_test.cpp compares them to 1e-12).
 #include "booster/lr_scheduler.h"
@@ -134,7 +134,7 @@ CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t
 }
 
 std::vector<double> CosineAnnealingLR::compute_lr(int64_t epoch) const {
-  return cosine_annealing(epoch, T_max_, eta_min_, base_lrs(), group_lrs());
+  return cosine_annealing(epoch, T_max_, eta_min_, base_lrs(), group_lrs(), /*initial=*/epoch == 0);
 }
 
 void CosineAnnealingLR::save_extra(std::map<std::string, double>& extra) const {
@@ -210,7 +210,11 @@ CosineAnnealingWarmupLR::CosineAnnealingWarmupLR(torch::optim::Optimizer& optimi
 
 std::vector<double> CosineAnnealingWarmupLR::compute_lr(int64_t epoch) const {
   if (epoch >= warmup_steps_) {
-    return cosine_annealing(epoch - warmup_steps_, total_steps_ - warmup_steps_, eta_min_, base_lrs(), group_lrs());
+    // The inner CosineAnnealingLR was made before the warmup scheduler's own initial step, so none of
+    // its epochs is its initial step: at the hand-over (epoch == warmup_steps) torch 2.11 gives
+    // 2 / (1 + cos(pi / T_max)) times the current lr (0.10003 for 0.1 at T_max 90), not the lr itself.
+    return cosine_annealing(epoch - warmup_steps_, total_steps_ - warmup_steps_, eta_min_, base_lrs(), group_lrs(),
+                            /*initial=*/false);
   }
   std::vector<double> lrs = base_lrs();
   const double factor = static_cast<double>(epoch + 1) / static_cast<double>(warmup_steps_);

@@ -60,7 +60,7 @@ def read_ours(path, out, base="model"):
             by_file.setdefault(file, []).append(name)
         total = 0
         for file in sorted(by_file):
-            shard = torch.load(os.path.join(path, file))
+            shard = torch.load(os.path.join(path, file), weights_only=True)
             assert type(shard) is dict, type(shard)
             assert sorted(shard.keys()) == sorted(by_file[file]), (file, list(shard.keys()), by_file[file])
             files.append(file)
@@ -70,7 +70,7 @@ def read_ours(path, out, base="model"):
         assert total == index["metadata"]["total_size"], (total, index["metadata"])
     else:
         file = stem + ".bin"
-        shard = torch.load(os.path.join(path, file))
+        shard = torch.load(os.path.join(path, file), weights_only=True)
         assert type(shard) is dict, type(shard)
         files.append(file)
         tensors.update(shard)

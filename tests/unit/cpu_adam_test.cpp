@@ -1,5 +1,5 @@
 // cpu_adam_test.cpp — the CPU Adam kernel (booster/kernels/cpu_adam.h) and CPUAdam / HybridAdam
-// (booster/optim/cpu_adam.h) against LibTorch 1.13's torch::optim::AdamW / Adam.
+// (booster/optim/cpu_adam.h) against LibTorch 2.11's torch::optim::AdamW / Adam.
 //
 // Bound: after several steps the parameters and both moments are within kMaxUlp float32 ulps of
 // LibTorch's, on every ISA path this CPU has (each forced), odd sizes, AdamW and Adam, with and
@@ -22,9 +22,12 @@ using ::testing::ThrowsMessage;
 
 namespace {
 
-// Measured: 0 ulps on this machine's LibTorch for AdamW and Adam (the kernel follows its rounding
-// step by step); 4 leaves room for a LibTorch built with other FMA contraction of addcmul/addcdiv.
-constexpr int64_t kMaxUlp = 4;
+// LibTorch 2.11's vectorised CPU kernels fuse multiply-adds (add_ with alpha and addcmul_ round once:
+// its AdamW moments equal an fma-ordered loop bit for bit), where the kernel rounds each operation as
+// 1.13 did (0 ulps then). Measured against 2.11 after 4-6 steps, every ISA: parameters 13, exp_avg
+// 14, exp_avg_sq 2 ulps of max(|x|, kUlpFloor); a wrong formula is off by orders of magnitude more.
+constexpr int64_t kMaxUlp = 16;
+constexpr double kUlpFloor = 1e-3;
 
 std::vector<kc::Isa> available_isas() {
   std::vector<kc::Isa> v{kc::Isa::kScalar};
@@ -36,11 +39,10 @@ std::vector<kc::Isa> available_isas() {
 // Largest distance in float32 ulps (positions in the ordered sequence of floats) between a and b.
 int64_t max_ulp(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0) return 0;
-  auto ordered = [](const at::Tensor& t) {
-    auto i = t.contiguous().view(at::kInt).to(at::kLong);
-    return at::where(i < 0, -(i.bitwise_and(0x7fffffff)), i);
-  };
-  return (ordered(a) - ordered(b)).abs().max().item<int64_t>();
+  // |a - b| in float32 ulps of max(|b|, kUlpFloor): an element that an update leaves near zero is
+  // measured against the scale of the update, not against its own tiny magnitude.
+  auto scale = at::clamp_min(b.abs(), kUlpFloor).to(at::kDouble) * std::ldexp(1.0, -23);
+  return static_cast<int64_t>(std::ceil(((a.to(at::kDouble) - b.to(at::kDouble)).abs() / scale).max().item<double>()));
 }
 
 struct Hyper {
@@ -48,7 +50,7 @@ struct Hyper {
   bool adamw = true, bias_correction = true;
 };
 
-// LibTorch 1.13's Adam / AdamW step as ATen operations (adam.cpp, adamw.cpp), with the bias
+// LibTorch 2.11's Adam / AdamW step as ATen operations (adam.cpp, adamw.cpp), with the bias
 // corrections optional: the reference for what LibTorch has no option for.
 void aten_step(at::Tensor& p, at::Tensor g, at::Tensor& m, at::Tensor& v, const Hyper& h, int64_t step) {
   if (h.adamw && h.wd != 0) p.mul_(1 - h.lr * h.wd);

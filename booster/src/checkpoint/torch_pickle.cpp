@@ -49,15 +49,19 @@ void write_bin(const std::string& path, const StateDict& state) {
     io::OutputFile file(path);
     std::string write_error;
     try {
-      // What torch::pickle_save does, with the zip written straight to the file.
+      // What torch::pickle_save does, with the zip written straight to the file, and without the
+      // TorchScript type tag on the dict (torch.jit._pickle.restore_type_tag), which torch.load's
+      // weights_only unpickler (its default since 2.6) refuses: the dict pickles as a plain dict.
       std::vector<char> pickle_data;
       torch::jit::Pickler pickler(
-          [&](const char* buf, size_t size) { pickle_data.insert(pickle_data.end(), buf, buf + size); });
+          [&](const char* buf, size_t size) { pickle_data.insert(pickle_data.end(), buf, buf + size); },
+          /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+          /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
       pickler.protocol();
       pickler.pushIValue(c10::IValue(dict));
       pickler.stop();
       // After a write error the rest is discarded but reported as written: a short count would make
-      // the writer throw, and it throws again from its destructor (std::terminate in LibTorch 1.13).
+      // the writer throw, and it throws again from its destructor (std::terminate).
       caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t len) -> size_t {
         if (write_error.empty()) {
           try {
