@@ -181,7 +181,7 @@ def run_one(ctx, bench_id, path):
         return ({"id": bench_id, "title": PLANNED.get(bench_id, bench_id), "status": "failed",
                  "description": (getattr(module, "__doc__", "") or "").strip(),
                  "columns": ["status", "reason"], "rows": [["failed: no figure", reason]], "notes": [],
-                 "command": f"/usr/bin/python3 benchmarks/run_benchmarks.py --only {bench_id}"},
+                 "command": f"~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only {bench_id}"},
                 reason, time.monotonic() - t0)
 
 

@@ -40,6 +40,20 @@ if(NOT Torch_VERSION VERSION_GREATER_EQUAL ${BOOSTER_TORCH_VERSION} OR
     "${BOOSTER_TORCH_VERSION} only. Run `bash scripts/install_deps.sh` or pass "
     "-DTorch_DIR=<libtorch ${BOOSTER_TORCH_VERSION}>/share/cmake/Torch.")
 endif()
+# LibTorch's mkl.cmake gives caffe2::mkl link directories under MKL_ROOT even when no MKL is found
+# (/lib/intel64, ...); keep only those that exist, so they stay out of our RUNPATHs.
+if(TARGET caffe2::mkl)
+  get_target_property(_booster_mkl_dirs caffe2::mkl INTERFACE_LINK_DIRECTORIES)
+  set(_booster_kept)
+  foreach(_d IN LISTS _booster_mkl_dirs)
+    if(IS_DIRECTORY "${_d}")
+      list(APPEND _booster_kept "${_d}")
+    endif()
+  endforeach()
+  set_property(TARGET caffe2::mkl PROPERTY INTERFACE_LINK_DIRECTORIES ${_booster_kept})
+  unset(_booster_mkl_dirs)
+  unset(_booster_kept)
+endif()
 get_filename_component(BOOSTER_TORCH_PREFIX "${Torch_DIR}/../../.." ABSOLUTE)
 message(STATUS "LibTorch ${Torch_VERSION} at ${BOOSTER_TORCH_PREFIX}")
 

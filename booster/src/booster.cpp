@@ -35,9 +35,9 @@ std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std
   std::string host = d.get_string("host", "127.0.0.1");
   int port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
   d.check_unknown();  // validated even when already launched: a typo is never silently accepted
-  if (backend == "nccl")  // the process-group adapter has Gloo only: LibTorch here is CPU-only
-    throw ConfigError(d.where("backend") + ": distributed.backend = \"nccl\" needs LibTorch built with CUDA; this "
-                      "LibTorch is CPU-only. Set backend = \"gloo\".");
+  if (backend == "nccl")  // the process-group adapter has a Gloo backend (CPU tensors) only
+    throw ConfigError(d.where("backend") + ": distributed.backend = \"nccl\" is not supported yet (the process group "
+                      "has Gloo, for CPU tensors, only). Set backend = \"gloo\".");
   if (auto w = dist::world()) return w;
   // Config host/port/backend are the defaults the flags and launchers start from.
   std::vector<std::string> with_defaults{"--host", host, "--port", std::to_string(port), "--backend", backend};

@@ -227,8 +227,9 @@ TEST(Gemini, Bf16EqualsSingleProcessAutocastWithinBf16Tolerance) {
 // AdamW on bf16 chunks, end to end through the fused write: on one rank, Gemini equals the mixed
 // precision loop written out by hand (bf16 model, inputs cast to bf16, loss in float32, bf16
 // gradients widened into float32 masters, LibTorch's AdamW on the masters, the bf16 parameters cast
-// from them), whose next forward reads the parameters the kernel pass wrote. Tolerance: 4 float32
-// ulps of the masters, the kernel's bound against LibTorch's AdamW (0 measured). Against autocast
+// from them), whose next forward reads the parameters the kernel pass wrote. Tolerance: 16 float32
+// ulps of the masters, the kernel's bound against LibTorch 2.11's AdamW (8 measured; 0 with 1.13,
+// whose rounding the kernel follows, see tests/unit/cpu_adam_test.cpp). Against autocast
 // (above) AdamW has no useful bf16 tolerance: it normalises each element's update, so a gradient
 // element that bf16 rounds across zero moves by a whole lr.
 TEST(Gemini, Bf16AdamWOnOneRankEqualsTheMixedPrecisionLoopWrittenOut) {
@@ -265,7 +266,7 @@ TEST(Gemini, Bf16AdamWOnOneRankEqualsTheMixedPrecisionLoopWrittenOut) {
       return torch::where(v < 0, -(v.bitwise_and(0x7fffffff)), v);
     };
     const int64_t ulps = (ordered(got[i].reshape_as(masters[i])) - ordered(masters[i])).abs().max().item<int64_t>();
-    EXPECT_LE(ulps, 4) << "parameter " << i;
+    EXPECT_LE(ulps, 16) << "parameter " << i;
     worst = std::max(worst, ulps);
   }
   std::cout << "[ compare  ] gemini bf16 adamw, 1 rank: max ulps vs the loop written out " << worst << std::endl;

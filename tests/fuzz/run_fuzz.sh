@@ -29,6 +29,18 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   exit 2
 fi
 
+# LibTorch's headers (our public headers include ATen's) and, for pickle, its libraries:
+# BOOSTER_TORCH_PREFIX (ctest passes the one CMake found), else the venv install_deps.sh makes.
+torch_prefix="${BOOSTER_TORCH_PREFIX:-}"
+if [ -z "$torch_prefix" ]; then
+  torch_prefix="$(ls -d "${BOOSTER_VENV:-$HOME/.cache/booster/venv}"/lib/python3*/site-packages/torch 2>/dev/null | head -1)"
+fi
+if [ ! -f "$torch_prefix/include/ATen/ATen.h" ]; then
+  echo "run_fuzz: LibTorch headers not found (BOOSTER_TORCH_PREFIX='$torch_prefix'); run scripts/install_deps.sh" >&2
+  exit 2
+fi
+torch_includes=(-isystem "$torch_prefix/include" -isystem "$torch_prefix/include/torch/csrc/api/include")
+
 target="${FUZZ_TARGET:-safetensors}"
 case "$target" in
   safetensors)
@@ -73,13 +85,13 @@ case "$target" in
     libs=()
     ;;
   pickle)
-    # The unpickler needs LibTorch (tensors, the zip reader): linked as Debian ships it
+    # The unpickler needs LibTorch (tensors, the zip reader): linked as the wheel ships it
     # (uninstrumented); only our sources are instrumented.
     sources=("$here/pickle_fuzz.cpp" "$root/booster/src/checkpoint/torch_unpickler.cpp")
     seeds=("$here/corpus_pickle")
     dict=()
     defines=(-fno-sanitize=vptr)
-    libs=(-ltorch_cpu -lc10)
+    libs=(-L"$torch_prefix/lib" -Wl,-rpath,"$torch_prefix/lib" -ltorch_cpu -lc10)
     ;;
   *)
     echo "run_fuzz: FUZZ_TARGET must be safetensors, config, index, sharded_index or pickle, got '$target'" >&2
@@ -95,7 +107,7 @@ echo "run_fuzz: building $bin"
 "$CXX" -std=c++17 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Wall -Wextra -Wno-unused-parameter \
-  -I"$root/booster/include" -I"$root/booster/src" "${defines[@]}" \
+  -I"$root/booster/include" -I"$root/booster/src" "${torch_includes[@]}" "${defines[@]}" \
   "${sources[@]}" "${libs[@]}" \
   -o "$bin"
 

@@ -159,7 +159,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
   if (o.backend != "gloo" && o.backend != "nccl")
     throw std::invalid_argument("booster: unknown backend '" + o.backend + "' (use \"gloo\" or \"nccl\")");
   if (o.backend == "nccl")
-    throw DistError("booster: backend \"nccl\" needs LibTorch built with CUDA; this LibTorch is CPU-only. "
+    throw DistError("booster: backend \"nccl\" is not supported yet: the process group has Gloo (CPU tensors) only. "
                     "Use backend = \"gloo\".");
   if (o.timeout_s <= 0) throw std::invalid_argument("booster: timeout_s must be > 0");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("booster: port " + std::to_string(o.port) + " out of range");
