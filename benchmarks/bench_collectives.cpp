@@ -8,17 +8,22 @@
 //   --sizes_bytes 1048576,16777216,134217728 --reps N [--sample_bytes 33554432] --out results.json
 // Sizes are message sizes in bytes (float32): allreduce of an S-byte tensor; allgather into an
 // S-byte output (each rank gives S/W bytes: ours all_gather_into_tensor, raw allgather into views of
-// the flat output, the only way raw Gloo 1.13 has); reduce-scatter of an S-byte input (ours: the
-// reduce_scatter_tensor = the adapter's pairwise exchange; raw Gloo 1.13 has no reduce_scatter, so
-// the peer is the raw in-place allreduce of the same buffer + the chunk copy); bf16 allreduce of an
-// S-byte bf16 tensor (ours: the adapter's pairwise reduce-scatter + all-gather in bf16; raw Gloo has
-// no bf16, so the peer is what a raw c10d user writes: cast to float32, allreduce, cast back).
+// the flat output); reduce-scatter of an S-byte input (ours: the reduce_scatter_tensor = the
+// adapter's pairwise exchange; raw: the in-place allreduce of the same buffer + the chunk copy);
+// bf16 allreduce of an S-byte bf16 tensor (ours: the adapter's pairwise reduce-scatter + all-gather
+// in bf16; raw: cast to float32, allreduce, cast back); AVG allreduce (ours: SUM then a division;
+// raw: the same written by hand). The raw column is what LibTorch 1.13's Gloo allowed. The native
+// column is LibTorch 2.11 Gloo's own op where it has one: _allgather_base into the flat output,
+// _reduce_scatter_base, allreduce of the bf16 tensor, allreduce with ReduceOp::AVG.
 //
-// Correctness: before timing, every op runs once on both sides with known inputs; each rank checks
-// ours == raw bit for bit and both == the analytic result, and exits non-zero on a mismatch.
-// Timing: ours, raw and memcpy are interleaved (the order alternates per repetition); a sample is
-// the mean of back-to-back ops worth --sample_bytes (32 MiB) after a barrier, inputs refilled outside the timed
-// region; rank 0 writes every sample (seconds per op) to --out. One intra-op thread per rank.
+// Correctness: before timing, every op runs once on every side with known inputs; each rank checks
+// ours == raw bit for bit and both == the analytic result, and native == the analytic result (bit
+// for bit, except bf16: Gloo sums in bf16, so within one bf16 ulp of the float32 sum rounded once),
+// and exits non-zero on a mismatch.
+// Timing: ours, raw, native and memcpy are interleaved (the order alternates per repetition); a
+// sample is the mean of back-to-back ops worth --sample_bytes (32 MiB) after a barrier, inputs
+// refilled outside the timed region; rank 0 writes every sample (seconds per op) to --out. One
+// intra-op thread per rank.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -99,6 +104,8 @@ int run(const Args& a) {
     }
     cases[2] = {"reduce_scatter", n * 4, base + rank, at::empty({n}), at::empty({chunk}),
                 reduced.narrow(0, rank * chunk, chunk).clone()};
+    // Powers of two divide exactly: the average of the exact sums is exact.
+    cases.push_back({"allreduce_avg", n * 4, base + rank, at::empty({n}), at::Tensor(), reduced / ws});
     {
       // The same message size in bf16 (twice the elements); the expected value is the float32 sum
       // of the bf16 inputs, rounded once.
@@ -116,6 +123,7 @@ int run(const Args& a) {
     };
     auto run_ours = [&](Case& c) {
       if (c.op == "allreduce" || c.op == "allreduce_bf16") ours->allreduce(c.work).wait();
+      else if (c.op == "allreduce_avg") ours->allreduce(c.work, booster::dist::ReduceOp::AVG).wait();
       else if (c.op == "allgather") ours->all_gather_into_tensor(c.output, c.input).wait();
       else ours->reduce_scatter_tensor(c.output, c.input).wait();
     };
@@ -132,11 +140,34 @@ int run(const Args& a) {
         std::vector<at::Tensor> t{c.work.to(at::kFloat)};
         raw->allreduce(t)->wait();
         c.work.copy_(t[0]);
+      } else if (c.op == "allreduce_avg") {
+        std::vector<at::Tensor> t{c.work};
+        raw->allreduce(t)->wait();
+        c.work.div_(ws);
       } else {
         std::vector<at::Tensor> t{c.work};
         raw->allreduce(t)->wait();
         c.output.copy_(c.work.narrow(0, rank * chunk, chunk));
       }
+    };
+    // LibTorch 2.11 Gloo's own op; false where it has none beyond the raw one (fp32 SUM allreduce).
+    auto run_native = [&](Case& c) {
+      if (c.op == "allgather") {
+        raw->_allgather_base(c.output, c.input)->wait();
+      } else if (c.op == "reduce_scatter") {
+        raw->_reduce_scatter_base(c.output, c.work)->wait();
+      } else if (c.op == "allreduce_bf16") {
+        std::vector<at::Tensor> t{c.work};
+        raw->allreduce(t)->wait();
+      } else if (c.op == "allreduce_avg") {
+        std::vector<at::Tensor> t{c.work};
+        c10d::AllreduceOptions o;
+        o.reduceOp = c10d::ReduceOp::AVG;
+        raw->allreduce(t, o)->wait();
+      } else {
+        return false;
+      }
+      return true;
     };
     auto result = [&](Case& c) { return c.output.defined() && c.op != "allreduce_bf16" ? c.output : c.work; };
 
@@ -159,12 +190,26 @@ int run(const Args& a) {
                   << (got_ours - c.expected).abs().max().item<double>() << ")\n";
         return 3;
       }
+      prepare(c);
+      if (c.output.defined()) c.output.zero_();
+      const bool has_native = run_native(c);
+      if (has_native) {
+        at::Tensor got = result(c).to(at::kFloat), want = c.expected.to(at::kFloat);
+        const bool ok = c.op == "allreduce_bf16" ? ((got - want).abs() <= want.abs() * (1.0 / 128)).all().item<bool>()
+                                                 : at::equal(got, want);
+        if (!ok) {
+          std::cerr << "bench_collectives: rank " << rank << ": native " << c.op << " of " << c.bytes
+                    << " bytes differs from the analytic answer (max |diff| = " << (got - want).abs().max().item<double>()
+                    << ")\n";
+          return 3;
+        }
+      }
 
       // A sample is `iters` back-to-back ops (about sample_bytes, at least one op) divided by
       // iters, so small messages are not lost in scheduler jitter. Values may grow during a sample
       // (in-place sums); inputs are refilled before each sample, outside the timed region.
       int iters = static_cast<int>(std::max<int64_t>(1, sample_bytes / c.bytes));
-      std::vector<double> t_ours, t_raw, t_copy;
+      std::vector<double> t_ours, t_raw, t_native, t_copy;
       auto timed = [&](const std::function<void()>& fn, std::vector<double>& out) {
         barrier();
         double t0 = now_s();
@@ -173,14 +218,17 @@ int run(const Args& a) {
       };
       // One untimed warm-up of each, then interleaved repetitions (order alternates).
       prepare(c); run_ours(c); prepare(c); run_raw(c); dst.copy_(src);
+      if (has_native) { prepare(c); run_native(c); }
       for (int r = 0; r < reps; ++r) {
         auto do_ours = [&] { prepare(c); timed([&] { run_ours(c); }, t_ours); };
         auto do_raw = [&] { prepare(c); timed([&] { run_raw(c); }, t_raw); };
-        if (r % 2 == 0) { do_ours(); do_raw(); } else { do_raw(); do_ours(); }
+        auto do_native = [&] { if (has_native) { prepare(c); timed([&] { run_native(c); }, t_native); } };
+        if (r % 2 == 0) { do_ours(); do_raw(); do_native(); } else { do_native(); do_raw(); do_ours(); }
         timed([&] { dst.copy_(src); }, t_copy);
       }
       results.push_back(json_obj({{"op", json_str(c.op)}, {"bytes", json_num(static_cast<double>(c.bytes))},
                                   {"ours_s", json_list(t_ours)}, {"raw_s", json_list(t_raw)},
+                                  {"native_s", json_list(t_native)},
                                   {"memcpy_s", json_list(t_copy)}, {"check", json_str("ours == raw == expected")}}));
     }
   }

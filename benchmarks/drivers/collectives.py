@@ -4,7 +4,9 @@ Starts 2 fresh processes of build/bin/bench_collectives on 127.0.0.1 (one per ra
 thread each). Each process creates our adapter (booster::dist::ProcessGroup::rendezvous) and a raw
 c10d::ProcessGroupGloo with the same Gloo options on a second store, checks that both compute the
 same result (bit for bit, and equal to the analytic answer), then times them interleaved, with a
-single-process memcpy of the same bytes as the limit. See benchmarks/bench_collectives.cpp.
+single-process memcpy of the same bytes as the limit. Where LibTorch 2.11's Gloo has the operation
+itself (all-gather into one tensor, reduce-scatter, bf16, AVG), it is timed too, as a third side.
+See benchmarks/bench_collectives.cpp.
 """
 import os
 
@@ -36,15 +38,19 @@ def run(ctx):
     for res in data["results"]:
         nbytes = res["bytes"]
         ours, raw, copy = bu.median(res["ours_s"]), bu.median(res["raw_s"]), bu.median(res["memcpy_s"])
+        native = bu.median(res["native_s"]) if res.get("native_s") else None
         op = {"allreduce": "allreduce", "allgather": "allgather (into one tensor)",
               "reduce_scatter": "reduce-scatter (pairwise; peer: raw allreduce of the same buffer)",
               "allreduce_bf16": "bf16 allreduce (ours: bf16 reduce-scatter + all-gather; peer: fp32 allreduce of "
-                                "the cast buffer)"}[res["op"]]
+                                "the cast buffer)",
+              "allreduce_avg": "AVG allreduce (ours: SUM, then divide; peer: the same by hand)"}[res["op"]]
+        native_cells = (["—", "—"] if native is None else
+                        [f"{bu.fmt_s(native)} ({bu.fmt_bw(nbytes, native)})", bu.ratio(ours, native)])
         rows.append([op, bu.fmt_bytes(nbytes),
                      f"{bu.fmt_s(ours)} ({bu.fmt_bw(nbytes, ours)})",
                      f"{bu.fmt_s(raw)} ({bu.fmt_bw(nbytes, raw)})",
-                     bu.ratio(ours, raw), bu.verdict_vs_peer(ours, raw),
-                     f"{bu.fmt_s(copy)} ({bu.fmt_bw(nbytes, copy)})", bu.ratio(ours, copy)])
+                     bu.ratio(ours, raw), bu.verdict_vs_peer(ours, raw)] + native_cells +
+                    [f"{bu.fmt_s(copy)} ({bu.fmt_bw(nbytes, copy)})", bu.ratio(ours, copy)])
 
     return {
         "id": ID,
@@ -52,26 +58,30 @@ def run(ctx):
         "description": (
             f"{WORLD} ranks (separate processes) on 127.0.0.1, Gloo over loopback, float32, one intra-op thread "
             "per rank. *Ours* is `booster::dist::ProcessGroup` (allreduce, all_gather_into_tensor, and "
-            "reduce_scatter_tensor, which Gloo in LibTorch 1.13 lacks and the adapter builds as a pairwise exchange "
-            "over Gloo point-to-point: (N-1)/N of the buffer sent and received per rank). *Peer* is a raw "
+            "reduce_scatter_tensor, which the adapter builds as a pairwise exchange over Gloo point-to-point: "
+            "(N-1)/N of the buffer sent and received per rank). *Peer* is a raw "
             "`c10d::ProcessGroupGloo` created in the same processes with the same Gloo options: allreduce in place, "
             "allgather into views of the flat output, and for reduce-scatter the raw in-place allreduce of the same "
             "buffer plus the chunk copy (what a raw c10d user writes; the bound for a reduce-scatter is 2x its speed). "
             "The bf16 allreduce row moves a bf16 tensor of the given size: ours reduce-scatters and all-gathers it in "
-            "bf16 (summed in float32), the peer casts it to float32 for Gloo's allreduce and back (Gloo has no bf16; "
-            "what our adapter did before), so the bound is 2x. *Limit* is a single-process memcpy "
+            "bf16 (summed in float32), the peer casts it to float32 for Gloo's allreduce and back (LibTorch 1.13's "
+            "Gloo had no bf16), so the bound is 2x. *Native 2.11* is LibTorch 2.11 Gloo's own operation where it "
+            "has one: `_allgather_base`, `_reduce_scatter_base`, allreduce of the bf16 tensor (summed in bf16), "
+            "allreduce with `ReduceOp::AVG` (SUM then a division inside Gloo's backend). "
+            "*Limit* is a single-process memcpy "
             "(`at::Tensor::copy_`) of the same bytes. Size is the message size: the allreduce tensor, the "
             "allgather output, the reduce-scatter input. Bandwidth = size / time. Before timing, each op runs once "
             "on both sides; results must be bit-identical and equal to the analytic answer. Each sample is the "
             f"mean of back-to-back ops worth about {bu.fmt_bytes(sample_bytes)} after a barrier; ours, raw and memcpy are interleaved; "
             "the median of the samples is shown (rank 0's clock)."),
         "columns": ["op", "size", "ours (time, bandwidth)", "raw c10d Gloo (peer)", "ours / peer",
-                    "verdict", "memcpy of the same bytes (limit)", "ours / limit"],
+                    "verdict", "native 2.11 Gloo op", "ours / native", "memcpy of the same bytes (limit)",
+                    "ours / limit"],
         "rows": rows,
         "notes": [
             f"Median of {reps} interleaved repetitions per figure; both ranks share the 2 cores with Gloo's "
             "threads, so small-message times are dominated by scheduling and loopback latency.",
             "Ratios below 1.05x and above 0.95x are within this machine's run-to-run noise.",
         ],
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only collectives",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only collectives",
     }

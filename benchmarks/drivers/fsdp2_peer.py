@@ -124,6 +124,10 @@ def _check_params(torch, init_path, ours_dir, peer_dir):
     return max_diff, worst, max_abs, moved, numel
 
 
+def _count(n):
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
 def _med(rec, key):
     return statistics.median(rec[key])
 
@@ -189,7 +193,7 @@ def run(ctx):
                f"ours faster (+{(r_med - 1) * 100:.0f}%)" if r_med > 1 else
                f"**we lose** ({(1 - r_med) * 100:.0f}% slower than FSDP2)")
     params = runs[0][0][0]["params"]
-    rows = [[f"{label} ({params / 1e6:.1f}M params), 2 ranks, FULL_SHARD, AdamW", str(batch),
+    rows = [[f"{label} ({_count(params)} params), 2 ranks, FULL_SHARD, AdamW", str(batch),
              f"{statistics.median(ours_sps):.1f}", f"{statistics.median(peer_sps):.1f}",
              f"{r_med:.3f} ({min(ratios):.3f}–{max(ratios):.3f})", verdict]]
 
@@ -227,8 +231,8 @@ def run(ctx):
         "id": ID,
         "title": "FSDP: Booster TorchFSDP (FULL_SHARD) vs PyTorch FSDP2 fully_shard",
         "description": (
-            f"Samples/s of FULL_SHARD training on {WORLD} ranks (CPU, Gloo, 1 thread each) of an {label} MLP "
-            f"({params / 1e6:.1f}M parameters, ReLU between the Linears), each Linear one shard unit, AdamW "
+            f"Samples/s of FULL_SHARD training on {WORLD} ranks (CPU, Gloo, 1 thread each) of an {label} "
+            f"MLP ({_count(params)} parameters, ReLU between the Linears), each Linear one shard unit, AdamW "
             f"(lr {LR:g}, weight decay {WEIGHT_DECAY:g}), cross-entropy, against PyTorch {torch.__version__}'s FSDP2 "
             "(`fully_shard` on each Linear, then on the root) with the same initial weights, batches and steps. "
             "Ours is `bench_fsdp_peer`, the peer `benchmarks/peers/fsdp2_peer.py`. Both sides must agree on every "

@@ -69,36 +69,41 @@ def _check_losses(ours, peer, what):
 
 
 class _Jobs:
-    """Starts one side's job for a case and returns its ranks' JSON (bench_pipeline's format)."""
+    """Starts one side's job and returns its ranks' JSON (bench_pipeline's format) per case."""
 
     def __init__(self, ctx, sizes, init_file):
         self.ctx, self.sizes, self.init_file = ctx, sizes, init_file
         self.exe = bu.program(ctx, "bench_pipeline")
-        self.peer = os.path.join(ctx.source_dir, "benchmarks", "peers", "pipelining_peer.py")
+        self.peer_script = os.path.join(ctx.source_dir, "benchmarks", "peers", "pipelining_peer.py")
         self.env = dict(os.environ, OMP_NUM_THREADS="1")
 
-    def _common(self, case, port):
-        style, chunks, m = case
+    def _common(self, port):
         dim, batch, warmup, iters = self.sizes
-        return ["--world_size", str(PP), "--port", str(port), "--style", style, "--chunks", str(chunks),
-                "--microbatches", str(m), "--layers", str(LAYERS), "--dim", str(dim), "--batch", str(batch),
-                "--iters", str(iters), "--warmup", str(warmup), "--init_file", self.init_file]
+        return ["--world_size", str(PP), "--port", str(port), "--layers", str(LAYERS), "--dim", str(dim),
+                "--batch", str(batch), "--iters", str(iters), "--warmup", str(warmup), "--init_file", self.init_file]
 
-    def run(self, side, case, prefix, dump, extra=()):
+    def ours(self, case, prefix, dump, extra=()):
+        """One bench_pipeline job (its config holds one schedule); with dump, the gradient dumps."""
+        style, chunks, m = case
         port = bu.free_port()
-        tail = ["--out", prefix] + (["--dump_file", prefix] if dump else []) + list(extra)
-        if side == "ours":
-            cmds = [[self.exe, "--rank", str(r)] + self._common(case, port) + tail for r in range(PP)]
-        else:
-            cmds = [[self.ctx.python, self.peer, "rank", "--rank", str(r)] + self._common(case, port) + tail
-                    for r in range(PP)]
-        bu.run_parallel(cmds, timeout=600, env=self.env)
+        args = self._common(port) + ["--style", style, "--chunks", str(chunks), "--microbatches", str(m),
+                                     "--out", prefix] + (["--dump_file", prefix] if dump else []) + list(extra)
+        bu.run_parallel([[self.exe, "--rank", str(r)] + args for r in range(PP)], timeout=600, env=self.env)
         return [bu.read_json(f"{prefix}.rank{r}.json") for r in range(PP)]
 
-    def compare(self, ours_prefix, peer_prefix):
-        p = bu.run([self.ctx.python, self.peer, "compare", "--ours", ours_prefix, "--peer", peer_prefix,
-                    "--world_size", str(PP), "--atol", str(ATOL), "--rtol", str(RTOL)], env=self.env)
-        return json.loads(p.stdout.strip().splitlines()[-1])
+    def peer(self, cases, prefixes, check_against=None):
+        """One peer job running `cases` in turn. check_against: ours' prefixes (dumped already), which
+        turns the dumps on and returns compare's objects as well."""
+        port = bu.free_port()
+        args = self._common(port) + ["--cases", ",".join(f"{s}:{v}:{m}" for s, v, m in cases),
+                                     "--out", ",".join(prefixes), "--atol", str(ATOL), "--rtol", str(RTOL)]
+        check_out = prefixes[0] + ".check.json"
+        if check_against:
+            args += ["--dump", "--check_against", ",".join(check_against), "--check_out", check_out]
+        bu.run_parallel([[self.ctx.python, self.peer_script, "rank", "--rank", str(r)] + args for r in range(PP)],
+                        timeout=600, env=self.env)
+        ranks = [[bu.read_json(f"{p}.rank{r}.json") for r in range(PP)] for p in prefixes]
+        return ranks, (bu.read_json(check_out) if check_against else None)
 
 
 def run(ctx):
@@ -110,48 +115,59 @@ def run(ctx):
     bu.run([ctx.python, peer_script, "init", "--out", init_file, "--layers", str(LAYERS), "--dim", str(dim),
             "--batch", str(batch)])
     jobs = _Jobs(ctx, sizes, init_file)
+    # Smoke: one peer job for every case (its start-up, importing torch, dominates); otherwise one per
+    # case, so ours and the peer alternate case by case.
+    groups = [cases] if ctx.smoke else [[c] for c in cases]
     gloo_only = None if ctx.smoke else GLOO_ONLY_CASE
     times = {c: {"ours": [], "peer": [], "ratio": []} for c in cases}
     gloo = {"ours": [], "ratio": []}
     compute_share = {c: [] for c in cases}
     checks, loss_diff, torch_version = {}, 0.0, "?"
     for rep in range(reps):
-        for case in cases:
-            style, chunks, m = case
-            what = f"{_label(style, chunks)}, m = {m}, repetition {rep + 1}"
-            ctx.log(f"pipelining_peer: {what}")
+        for group in groups:
+            names = ", ".join(f"{_label(s, v)} m = {m}" for s, v, m in group)
+            ctx.log(f"pipelining_peer: {names}, repetition {rep + 1}")
+            # The first repetition checks equivalence: ours first (dumping), then the peer compares.
             dump = rep == 0
-            base = os.path.join(ctx.tmp_dir, f"pipelining_{style}_{m}_{rep}")
-            result = {}
+            base = {c: os.path.join(ctx.tmp_dir, f"pipelining_{c[0]}_{c[2]}_{rep}") for c in group}
+            ours, peer = {}, {}
             for side in (("ours", "peer") if rep % 2 == 0 else ("peer", "ours")):
-                result[side] = jobs.run(side, case, f"{base}_{side}", dump)
-            if dump:
-                check = jobs.compare(f"{base}_ours", f"{base}_peer")
-                if not check["ok"]:
-                    raise bu.BenchError(f"{what}: ours and torch.distributed.pipelining disagree: "
-                                        + "; ".join(check["problems"]) + f" (max |Δgrad| {check['max_abs_diff']:.3g}, "
-                                        f"worst / tolerance {check['worst']:.3g}, loss worst / tolerance "
-                                        f"{check['loss_worst']:.3g})")
-                checks[case] = check
-            loss_diff = max(loss_diff, _check_losses(result["ours"], result["peer"], what))
-            torch_version = result["peer"][0].get("torch", torch_version)
-            ours_t = bu.median(_iteration_times(result["ours"]))
-            peer_t = bu.median(_iteration_times(result["peer"]))
-            times[case]["ours"].append(ours_t)
-            times[case]["peer"].append(peer_t)
-            times[case]["ratio"].append(peer_t / ours_t)
-            # Ours: the slowest stage's compute inside the call (the plugin's pipeline_compute_us stat).
-            n = min(len(d["compute_s"]) for d in result["ours"])
-            compute_share[case].append(bu.median(
-                [max(d["compute_s"][i] for d in result["ours"]) / max(d["call_s"][i] for d in result["ours"])
-                 for i in range(n)]))
-            if case == gloo_only:
-                ctx.log(f"pipelining_peer: {what}, ours with enable_metadata_cache = false")
-                ranks = jobs.run("ours", case, f"{base}_gloo", False, ["--set", "plugin.enable_metadata_cache=false"])
-                loss_diff = max(loss_diff, _check_losses(ranks, result["peer"], what + " (Gloo only)"))
-                g = bu.median(_iteration_times(ranks))
-                gloo["ours"].append(g)
-                gloo["ratio"].append(peer_t / g)
+                if side == "ours":
+                    for c in group:
+                        ours[c] = jobs.ours(c, base[c] + "_ours", dump)
+                else:
+                    ranks, check = jobs.peer(group, [base[c] + "_peer" for c in group],
+                                             [base[c] + "_ours" for c in group] if dump else None)
+                    peer.update(zip(group, ranks))
+                    for c, result in zip(group, check or []):
+                        if not result["ok"]:
+                            raise bu.BenchError(
+                                f"{_label(c[0], c[1])}, m = {c[2]}: ours and torch.distributed.pipelining disagree: "
+                                + "; ".join(result["problems"]) + f" (max |Δgrad| {result['max_abs_diff']:.3g}, "
+                                f"worst / tolerance {result['worst']:.3g}, loss worst / tolerance "
+                                f"{result['loss_worst']:.3g})")
+                        checks[c] = result
+            for case in group:
+                what = f"{_label(case[0], case[1])}, m = {case[2]}, repetition {rep + 1}"
+                loss_diff = max(loss_diff, _check_losses(ours[case], peer[case], what))
+                torch_version = peer[case][0].get("torch", torch_version)
+                ours_t = bu.median(_iteration_times(ours[case]))
+                peer_t = bu.median(_iteration_times(peer[case]))
+                times[case]["ours"].append(ours_t)
+                times[case]["peer"].append(peer_t)
+                times[case]["ratio"].append(peer_t / ours_t)
+                # Ours: the slowest stage's compute inside the call (the plugin's pipeline_compute_us stat).
+                n = min(len(d["compute_s"]) for d in ours[case])
+                compute_share[case].append(bu.median(
+                    [max(d["compute_s"][i] for d in ours[case]) / max(d["call_s"][i] for d in ours[case])
+                     for i in range(n)]))
+                if case == gloo_only:
+                    ctx.log(f"pipelining_peer: {what}, ours with enable_metadata_cache = false")
+                    ranks = jobs.ours(case, base[case] + "_gloo", False, ["--set", "plugin.enable_metadata_cache=false"])
+                    loss_diff = max(loss_diff, _check_losses(ranks, peer[case], what + " (Gloo only)"))
+                    g = bu.median(_iteration_times(ranks))
+                    gloo["ours"].append(g)
+                    gloo["ratio"].append(peer_t / g)
 
     def fmt_ratio(rs):
         return f"{bu.median(rs):.2f}x ({min(rs):.2f}–{max(rs):.2f})"
@@ -192,7 +208,8 @@ def run(ctx):
         f"Setup: {PP} ranks on 127.0.0.1, one intra-op thread each (OMP_NUM_THREADS=1), fp32, {LAYERS} blocks "
         f"Linear({dim}, {4 * dim}) -> GELU -> Linear({4 * dim}, {dim}) + residual, {LAYERS // PP} per stage "
         f"({LAYERS // (2 * PP)} per virtual stage with v = 2), batch {batch} rows, MSE, SGD lr 1e-3; {warmup} "
-        f"warm-up + {iters} timed iterations per job, {reps} repetition(s), each side a fresh job per case. "
+        f"warm-up + {iters} timed iterations per job, {reps} repetition(s), " +
+        ("one job per side with every case in turn (smoke). " if ctx.smoke else "each side a fresh job per case. ") +
         "Both sides take the whole batch and split it into the m micro-batches themselves; the peer is called "
         "with return_outputs=False (ours returns the loss only). Times are the slowest rank's per iteration "
         "(median over the timed iterations), then the median over repetitions; speed ratio = torch's time / "

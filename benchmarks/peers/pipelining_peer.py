@@ -3,30 +3,34 @@
 ScheduleInterleaved1F1B) training the model of bench_pipeline, run with the venv's python3 (torch 2.11).
 
     python3 pipelining_peer.py init --out F --layers L --dim D --batch B [--seed S]
-    python3 pipelining_peer.py rank --rank R --world_size P --port PORT --style 1f1b|gpipe|interleaved
-        --chunks V --microbatches M --layers L --dim D --batch B --init_file F --iters N --warmup W
-        --out PREFIX [--dump_file PREFIX]
+    python3 pipelining_peer.py rank --rank R --world_size P --port PORT --cases STYLE:V:M[,...]
+        --layers L --dim D --batch B --init_file F --iters N --warmup W --out PREFIX[,...] [--dump]
+        [--check_against OURS_PREFIX[,...] --check_out FILE] [--atol A --rtol R]
     python3 pipelining_peer.py compare --ours PREFIX --peer PREFIX --world_size P [--atol A --rtol R]
 
 init: writes the shared start point, raw little-endian float32: every parameter of the stack in
 registration order (h.0.fc.weight, h.0.fc.bias, h.0.proj.weight, h.0.proj.bias, h.1...), then the
 inputs and then the targets ([batch, dim] each). bench_pipeline --init_file reads the same file.
 
-rank: one rank of a P-rank job (Gloo on 127.0.0.1, one intra-op thread). The L blocks are split into
+rank: one rank of a P-rank job (Gloo on 127.0.0.1, one intra-op thread) that runs the cases one
+after the other, each from the init file (STYLE 1f1b, gpipe or interleaved; V model chunks per rank,
+used by interleaved only; M micro-batches; one --out prefix per case). The L blocks are split into
 P * V contiguous stages exactly as the hybrid_parallel plugin's uniform partition does (sizes differ
 by at most one, the larger first); rank r holds virtual stages r, r + P, ... . Each iteration is
 schedule.step on the whole batch (MSE loss, mean over each micro-batch; gradients scaled by 1/M, so
 they are those of the mean of the micro-batch losses, as ours), then SGD (lr 1e-3) step and
 zero_grad. Writes PREFIX.rank<r>.json in bench_pipeline's format: call_s (wall time of each timed
 schedule.step), losses (each iteration's mean micro-batch loss, on the rank holding the last stage),
-dump_names, torch (its version); with --dump_file also PREFIX.rank<r>.bin: the first iteration's gradients (before the
-optimizer step) of the parameters this rank holds, raw float32 in registration order.
+dump_names, torch (its version); with --dump also PREFIX.rank<r>.bin: the first iteration's
+gradients (before the optimizer step) of the parameters this rank holds, raw float32 in registration
+order. With --check_against (ours' prefixes, one per case, dumped before this job), rank 0 finally
+writes to --check_out a JSON list with compare's object for each case.
 
 compare: reads both sides' JSON and dumps of every rank and prints one JSON object: per rank the
 parameter names must be the same on both sides; max_abs_diff / max_abs_ref over every gradient
 element, worst = max |ours - peer| / (atol + rtol |peer|) (<= 1 passes), and the same for the losses
-of the iterations both sides recorded. The peer is the reference. Exit code 0 even when it fails:
-the caller decides (the driver raises).
+of the iterations both sides recorded; ok, and problems (why not ok). The peer is the reference.
+Exit code 0 even when it fails: the caller decides (the driver raises).
 """
 import argparse
 import ctypes
@@ -105,14 +109,12 @@ def load_init(torch, path, model, batch, dim):
     return x, y
 
 
-def cmd_rank(a):
-    import torch
-    import torch.distributed as dist
+def run_case(torch, dist, a, style, chunks, m, out, dump):
+    """One case (schedule style, chunks per rank, micro-batches) from the init file; writes out.rank<r>.json."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world_size)
-    pp, chunks = a.world_size, (a.chunks if a.style == "interleaved" else 1)
+    pp = a.world_size
+    chunks = chunks if style == "interleaved" else 1
     model = build_model(torch, a.layers, a.dim)
     x, y = load_init(torch, a.init_file, model, a.batch, a.dim)
     num_stages = pp * chunks
@@ -134,14 +136,14 @@ def cmd_rank(a):
     modules = [StageModule(*ranges[v]) for v in local]
     stages = [PipelineStage(mod, v, num_stages, torch.device("cpu")) for mod, v in zip(modules, local)]
     loss_fn = torch.nn.functional.mse_loss
-    if a.style == "1f1b":
-        schedule = Schedule1F1B(stages[0], a.microbatches, loss_fn=loss_fn)
-    elif a.style == "gpipe":
-        schedule = ScheduleGPipe(stages[0], a.microbatches, loss_fn=loss_fn)
-    elif a.style == "interleaved":
-        schedule = ScheduleInterleaved1F1B(stages, a.microbatches, loss_fn=loss_fn)
+    if style == "1f1b":
+        schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn)
+    elif style == "gpipe":
+        schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn)
+    elif style == "interleaved":
+        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
     else:
-        sys.exit(f"pipelining_peer: unknown style {a.style}")
+        sys.exit(f"pipelining_peer: unknown style {style}")
     held = {id(p) for mod in modules for p in mod.parameters()}
     opt = torch.optim.SGD([p for mod in modules for p in mod.parameters()], lr=1e-3)
     has_first, has_last = 0 in local, num_stages - 1 in local
@@ -155,8 +157,8 @@ def cmd_rank(a):
         t1 = time.perf_counter()
         if has_last:
             losses.append(float(torch.stack([l.detach() for l in mb_losses]).float().mean()))
-        if i == 0 and a.dump_file:
-            with open(f"{a.dump_file}.rank{a.rank}.bin", "wb") as f:
+        if i == 0 and dump:
+            with open(f"{out}.rank{a.rank}.bin", "wb") as f:
                 for name, p in model.named_parameters():
                     if id(p) not in held:
                         continue
@@ -168,22 +170,45 @@ def cmd_rank(a):
         opt.zero_grad()
         if i >= a.warmup:
             call.append(t1 - t0)
-    with open(f"{a.out}.rank{a.rank}.json", "w") as f:
-        json.dump({"rank": a.rank, "pp": pp, "microbatches": a.microbatches, "chunks": chunks, "style": a.style,
+    with open(f"{out}.rank{a.rank}.json", "w") as f:
+        json.dump({"rank": a.rank, "pp": pp, "microbatches": m, "chunks": chunks, "style": style,
                    "call_s": call, "losses": losses, "dump_names": dump_names, "torch": torch.__version__}, f)
+    dist.barrier()  # the next case's messages must not meet this one's
+
+
+def cmd_rank(a):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    cases = [c.split(":") for c in a.cases.split(",")]
+    outs = a.out.split(",")
+    if len(outs) != len(cases) or any(len(c) != 3 for c in cases):
+        sys.exit("pipelining_peer: --cases style:chunks:m,... and --out need one entry per case")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world_size)
+    for (style, chunks, m), out in zip(cases, outs):
+        run_case(torch, dist, a, style, int(chunks), int(m), out, a.dump)
+    if a.check_against and a.rank == 0:
+        ours = a.check_against.split(",")
+        if len(ours) != len(outs):
+            sys.exit("pipelining_peer: --check_against needs one prefix per case")
+        with open(a.check_out, "w") as f:
+            json.dump([compare(torch, o, p, a.world_size, a.atol, a.rtol) for o, p in zip(ours, outs)], f)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def cmd_compare(a):
-    import torch
+def compare(torch, ours_prefix, peer_prefix, world_size, atol, rtol):
+    """Ours' JSON and dumps against the peer's (the reference), every rank: see the module docstring."""
     result = {"max_abs_diff": 0.0, "max_abs_ref": 0.0, "worst": 0.0, "elements": 0, "tensors": 0,
               "loss_max_abs_diff": 0.0, "loss_worst": 0.0, "losses_compared": 0, "ok": True, "problems": []}
-    tol = lambda ref: a.atol + a.rtol * ref.abs()  # noqa: E731
+    tol = lambda ref: atol + rtol * ref.abs()  # noqa: E731
 
-    for r in range(a.world_size):
-        ours = json.load(open(f"{a.ours}.rank{r}.json"))
-        peer = json.load(open(f"{a.peer}.rank{r}.json"))
+    for r in range(world_size):
+        with open(f"{ours_prefix}.rank{r}.json") as f:
+            ours = json.load(f)
+        with open(f"{peer_prefix}.rank{r}.json") as f:
+            peer = json.load(f)
         if ours["dump_names"] != peer["dump_names"]:
             result["problems"].append(f"rank {r}: parameter names differ: {ours['dump_names'][:3]} vs "
                                       f"{peer['dump_names'][:3]}")
@@ -191,8 +216,8 @@ def cmd_compare(a):
         if not ours["dump_names"]:
             result["problems"].append(f"rank {r}: no gradients dumped")
             continue
-        go = read_floats(torch, f"{a.ours}.rank{r}.bin")
-        gp = read_floats(torch, f"{a.peer}.rank{r}.bin")
+        go = read_floats(torch, f"{ours_prefix}.rank{r}.bin")
+        gp = read_floats(torch, f"{peer_prefix}.rank{r}.bin")
         if go.numel() != gp.numel():
             result["problems"].append(f"rank {r}: {go.numel()} gradient elements vs {gp.numel()}")
             continue
@@ -211,13 +236,17 @@ def cmd_compare(a):
             result["loss_max_abs_diff"] = max(result["loss_max_abs_diff"], float(d.max()))
             result["loss_worst"] = max(result["loss_worst"], float((d / tol(lp)).max()))
             result["losses_compared"] += lp.numel()
-            result["loss_first"] = [float(lo[0]), float(lp[0])]
     if result["losses_compared"] < 2:
         result["problems"].append(f"only {result['losses_compared']} iteration losses to compare (need 2)")
     if result["worst"] > 1 or result["loss_worst"] > 1:
         result["problems"].append("outside the tolerance")
     result["ok"] = not result["problems"]
-    print(json.dumps(result))
+    return result
+
+
+def cmd_compare(a):
+    import torch
+    print(json.dumps(compare(torch, a.ours, a.peer, a.world_size, a.atol, a.rtol)))
 
 
 def main():
@@ -229,18 +258,21 @@ def main():
     for name in ("layers", "dim", "batch"):
         p.add_argument(f"--{name}", type=int, required=True)
     p = sub.add_parser("rank")
-    for name in ("rank", "world_size", "port", "chunks", "microbatches", "layers", "dim", "batch", "iters", "warmup"):
+    for name in ("rank", "world_size", "port", "layers", "dim", "batch", "iters", "warmup"):
         p.add_argument(f"--{name}", type=int, required=True)
-    p.add_argument("--style", required=True)
+    p.add_argument("--cases", required=True, help="style:chunks:microbatches,...")
     p.add_argument("--init_file", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--dump_file", default="")
+    p.add_argument("--out", required=True, help="one prefix per case, comma-separated")
+    p.add_argument("--dump", action="store_true")
+    p.add_argument("--check_against", default="", help="ours' prefixes, one per case")
+    p.add_argument("--check_out", default="")
     p = sub.add_parser("compare")
     p.add_argument("--ours", required=True)
     p.add_argument("--peer", required=True)
     p.add_argument("--world_size", type=int, required=True)
-    p.add_argument("--atol", type=float, default=1e-5)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    for q in (sub.choices["rank"], p):
+        q.add_argument("--atol", type=float, default=1e-5)
+        q.add_argument("--rtol", type=float, default=1e-4)
     a = ap.parse_args()
     {"init": cmd_init, "rank": cmd_rank, "compare": cmd_compare}[a.cmd](a)
 
