@@ -4,7 +4,7 @@ it always finishes with the parameters of the uninterrupted run (issue: fault to
 
 The job is the Fashion-MNIST example on 2 ranks (torch_ddp, a 1024-sample subset, 3 epochs,
 a checkpoint every 4 optimizer steps, auto_resume) under an elastic launcher with --max_restarts 3:
-`booster run`, `torchrun --no_python` (Debian's python3-torch), or `booster run --hostfile` with two
+`booster run`, `torchrun --no_python` (the venv's torch 2.11), or `booster run --hostfile` with two
 hosts of one rank each (restarts across nodes; the nodes are reached through a stand-in for ssh that
 runs the command line here, in a session of its own). Each trial starts the job, then
 SIGKILLs one random rank 1-2 times once a checkpoint was committed (a kill before that only restarts
@@ -68,7 +68,7 @@ def launcher_argv(kind, build, port, max_restarts, run_dir):
         os.chmod(ssh, 0o755)
         return [os.path.join(build, "bin", "booster"), "run", "--hostfile", hosts, "--nproc_per_node", "1",
                 "--master_port", str(port), "--max_restarts", str(max_restarts), "--ssh_command", ssh]
-    # (torch 1.13's torchrun under Python 3.11 needs --redirects given explicitly.)
+    # (torchrun is given --redirects explicitly.)
     return [PYTHON, "-m", "torch.distributed.run", "--no_python", "--nproc_per_node", "2", "--master_port", str(port),
             "--max_restarts", str(max_restarts), "--monitor_interval", "0.2", "--redirects", "1", "--tee", "1",
             "--log_dir", os.path.join(run_dir, "torchrun_logs")]

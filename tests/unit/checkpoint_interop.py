@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Python side of the checkpoint interop tests (tests/unit/state_dict_io_test.cpp), run with a
-python that has torch 1.13 (/usr/bin/python3).
+python that has torch 2.11 (the venv's python3, BOOSTER_PYTHON).
 
   read_ours <dir> <out.bin> [base]
       Loads a pytorch_model*.bin checkpoint written by Booster C++ the way transformers does (the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# lr_scheduler_reference.py — reference lr sequences from Python torch 1.13's torch.optim.lr_scheduler
+# lr_scheduler_reference.py — reference lr sequences from Python torch 2.11's torch.optim.lr_scheduler
 # (and ColossalAI's LinearWarmupLR / CosineAnnealingWarmupLR, re-implemented below because ColossalAI
 # is not installed), for lr_scheduler_test.cpp.
 #

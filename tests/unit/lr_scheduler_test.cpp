@@ -1,4 +1,4 @@
-// lr_scheduler_test.cpp — booster/lr_scheduler.h against Python torch 1.13's torch.optim.lr_scheduler
+// lr_scheduler_test.cpp — booster/lr_scheduler.h against Python torch 2.11's torch.optim.lr_scheduler
 // (and ColossalAI's warmup schedulers, mirrored in tests/unit/lr_scheduler_reference.py): every case's
 // lr sequence over 150 steps with two param groups, state round trips through JSON, rebinding to a
 // new optimizer, argument errors, and make_lr_scheduler from a config table.

@@ -1,6 +1,6 @@
 // state_dict_io_test.cpp — booster/checkpoint/state_dict_io.h: huggingface_hub's shard split rule,
 // bit-exact round trips of every dtype (safetensors and .bin, sharded and not), the HF file layout
-// and index text, tied tensors, interop with Python torch 1.13 both ways
+// and index text, tied tensors, interop with Python torch 2.11 both ways (its torch.load with weights_only=True)
 // (tests/unit/checkpoint_interop.py), every index rejection, replacing a checkpoint, failed saves
 // leaving the old one intact, and SIGKILL at many points of a save loop (the test binary re-runs
 // itself as the saving child: StateDictIO.DISABLED_KillChildSaveLoop with BOOSTER_CKPT_KILL_CHILD).

@@ -1,5 +1,5 @@
 // torch_unpickler_test.cpp — read_bin's restricted unpickler (src/checkpoint/torch_unpickler.cpp)
-// against files Python's torch 1.13 wrote (tests/unit/checkpoint_interop.py write_pickles): a
+// against files Python's torch 2.11 writes (tests/unit/checkpoint_interop.py write_pickles): a
 // model.state_dict() OrderedDict, a one-tensor dict (SETITEM), every dtype, views sharing one
 // storage, nested dicts with non-tensor values, a sharded checkpoint with a tensor alone in its
 // shard — all bit-exact to the bytes Python reports; and hostile or broken archives, each a

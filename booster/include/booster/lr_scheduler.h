@@ -1,6 +1,6 @@
 // lr_scheduler.h — learning-rate schedulers with PyTorch's names, arguments and arithmetic.
 //
-// LibTorch 1.13 ships only torch::optim::StepLR. This family reproduces Python torch 1.13's
+// LibTorch's C++ API has few schedulers. This family reproduces Python torch 2.11's
 // torch.optim.lr_scheduler step by step (same formulas, same order of floating-point operations,
 // so the lr sequences equal Python's bit for bit when both use the same libm), plus ColossalAI's
 // LinearWarmupLR and CosineAnnealingWarmupLR (colossalai/nn/lr_scheduler/). The unit test

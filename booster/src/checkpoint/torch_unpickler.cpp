@@ -46,7 +46,7 @@ const char* kind_name(Value::Kind k) {
   return names[k];
 }
 
-// Storage classes torch 1.13 pickles, by GLOBAL name.
+// Storage classes torch.save pickles (1.13 and 2.11 alike), by GLOBAL name.
 const std::map<std::string, at::ScalarType>& storage_types() {
   static const std::map<std::string, at::ScalarType> m{
       {"torch.FloatStorage", at::kFloat},       {"torch.DoubleStorage", at::kDouble},

@@ -9,7 +9,8 @@
 // the gloo revision libtorch_cpu.so was built with (no GLOO_STORE_HAS_STORE_V2: another vtable for
 // gloo::rendezvous::Store). That TU therefore only calls functions defined inside libtorch_cpu.so
 // (the ProcessGroupGloo and Options constructors, the device factories) and instantiates no gloo
-// type's inline code: `nm -C` on its object shows no defined gloo:: symbol (docs/architecture.md).
+// type's inline code: `nm -C` on its object shows no defined gloo:: symbol beyond std containers of
+// shared_ptr (ctest gloo_confinement, tests/build_checks/gloo_confinement.sh; docs/architecture.md).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

@@ -35,7 +35,7 @@ struct ProcessGroup::Impl {
   int size = 1;
   std::string backend;
   double timeout_s = 1800;
-  // What the backend does natively (NCCL would); Gloo in LibTorch 1.13 has neither, so emulated.
+  // Whether the backend's own AVG / bf16 are used; for Gloo both are emulated (process_group.h).
   bool native_avg = false;
   bool native_bf16 = false;
   // Store keys of the sub-groups made from this group start with key_prefix + "/"; each

@@ -1,6 +1,6 @@
 // process_group_scatter.cpp — reduce-scatter and all-gather of dist::ProcessGroup, pairwise over
-// Gloo point-to-point (LibTorch 1.13's Gloo has neither collective), and the bf16 allreduce built
-// from them.
+// Gloo point-to-point, and the bf16 allreduce built from them. LibTorch 2.11's Gloo has both
+// collectives and bf16 itself; these are faster at 16 and 128 MiB (docs/benchmarks.md, collectives).
 //
 // Direct (pairwise) exchange, every message posted at once: for reduce-scatter rank r sends range p
 // of its input to every rank p != r and receives range r from every other rank; for all-gather it

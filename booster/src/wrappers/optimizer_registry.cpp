@@ -117,7 +117,7 @@ int64_t OptimizerTypeInfo::state_tensors_per_element(const torch::optim::Optimiz
 }
 
 // ---------------------------------------------------------------------------------------------
-// The five elementwise optimizers of LibTorch 1.13 (keys and JSON as PyTorch's state_dict)
+// The five elementwise optimizers of LibTorch's C++ API (keys and JSON as PyTorch's state_dict)
 
 namespace {
 

@@ -1,7 +1,8 @@
 // process_group.h — the one adapter between Booster and c10d. Plugins call collectives only here.
 //
 // Backends: "gloo" (CPU, c10d::ProcessGroupGloo) and, when LibTorch has CUDA, "nccl". Rendezvous is
-// through c10d::TCPStore. Collectives Gloo lacks in LibTorch 1.13 are built here, in one place:
+// through c10d::TCPStore. Collectives that Gloo lacked in LibTorch 1.13 are built here, in one place
+// (faster than LibTorch 2.11 Gloo's own at 16 and 128 MiB; docs/benchmarks.md, collectives):
 //   - reduce_scatter_tensor / all_gather_into_tensor: a pairwise exchange over Gloo point-to-point
 //     (process_group_scatter.cpp): each rank sends and receives (N-1)/N of the buffer, as a ring
 //     would, all messages posted at once; chunks travel in their own dtype (bf16 as bf16) and

@@ -8,7 +8,7 @@
 //   - the conversion between its ParamState class and ParamOptimState, both ways;
 //   - the conversion between its per-group Options class and JSON, both ways;
 //   - the number of state tensors per parameter element it allocates once it has stepped.
-// SGD, Adam, AdamW, RMSprop and Adagrad (LibTorch 1.13), CPUAdam and HybridAdam (booster/optim/
+// SGD, Adam, AdamW, RMSprop and Adagrad (LibTorch's C++ API), CPUAdam and HybridAdam (booster/optim/
 // cpu_adam.h) are registered built in. Anyone can register another type, once, typically at
 // start-up before boost() (in every rank's process):
 //
