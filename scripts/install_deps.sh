@@ -44,13 +44,15 @@ fi
 # cache (~/.cache/pip) makes a re-created environment a copy, not a download.
 TORCH_VERSION=2.11.0
 VENV="${BOOSTER_VENV:-${HOME}/.cache/booster/venv}"
-if [ -x "$VENV/bin/python3" ] &&
-   "$VENV/bin/python3" -c "import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+probe='import sys, numpy, torch; print(torch.__version__, torch.utils.cmake_prefix_path)'
+if [ -x "$VENV/bin/python3" ] && found="$("$VENV/bin/python3" -c "$probe" 2>/dev/null)" &&
+   [ "${found%%[+ ]*}" = "$TORCH_VERSION" ]; then
   echo "install_deps: torch $TORCH_VERSION already in $VENV"
 else
-  echo "install_deps: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"
+  echo "install_deps: installing torch==$TORCH_VERSION into $VENV (about 4.7 GB with its CUDA libraries)"
   mkdir -p "$(dirname "$VENV")"
   /usr/bin/python3 -m venv "$VENV"
   "$VENV/bin/python3" -m pip install --disable-pip-version-check -q "torch==$TORCH_VERSION" numpy
+  found="$("$VENV/bin/python3" -c "$probe")"
 fi
-echo "install_deps: LibTorch $("$VENV/bin/python3" -c 'import torch; print(torch.__version__, torch.utils.cmake_prefix_path)')"
+echo "install_deps: LibTorch $found"
