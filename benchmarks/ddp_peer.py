@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """ddp_peer.py — the PyTorch side of the DDP throughput benchmark (issue 6, benchmark 1).
 
 One rank of torch.nn.parallel.DistributedDataParallel on Gloo with the same model, initial weights,
 synthetic data, optimizer and steps as benchmarks/bench_ddp.cpp, printing the same JSON line from
-rank 0. Run with Debian's torch 1.13 (/usr/bin/python3), one process per rank:
+rank 0. Run with the venv's torch 2.11 (~/.cache/booster/venv/bin/python3), one process per rank:
 
-    /usr/bin/python3 benchmarks/ddp_peer.py --model mlp --rank 0 --world_size 2 --port 29611 &
-    /usr/bin/python3 benchmarks/ddp_peer.py --model mlp --rank 1 --world_size 2 --port 29611
+    ~/.cache/booster/venv/bin/python3 benchmarks/ddp_peer.py --model mlp --rank 0 --world_size 2 --port 29611 &
+    ~/.cache/booster/venv/bin/python3 benchmarks/ddp_peer.py --model mlp --rank 1 --world_size 2 --port 29611
 
 --compare FILE (rank 0): FILE holds bench_ddp's final parameters (--dump_params: raw float32 in
 registration order); the JSON line then carries the largest absolute difference to ours.

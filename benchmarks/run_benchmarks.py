@@ -107,16 +107,8 @@ def machine_info():
         if f"/{key}/" in blas:
             blas = f"{name}, {blas}"
             break
-    libtorch = ""
-    try:
-        with open("/usr/include/torch/csrc/api/include/torch/version.h") as f:
-            m = re.search(r'#define TORCH_VERSION\s*\\?\s*"([^"]+)"', f.read())
-            libtorch = m.group(1) if m else ""
-    except OSError:
-        pass
-    pkg = _output(["dpkg-query", "-W", "-f", "${Version}", "libtorch-dev"])
-    if pkg:
-        libtorch = f"{libtorch} (Debian libtorch-dev {pkg})" if libtorch else pkg
+    # LibTorch: the torch of the Python peer (the venv install_deps.sh makes), which the build links.
+    libtorch = _output([sys.executable, "-c", "import torch, os; print(torch.__version__, os.path.dirname(torch.__file__))"])
     mem = ""
     try:
         with open("/proc/meminfo") as f:

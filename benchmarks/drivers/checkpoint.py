@@ -3,7 +3,7 @@
 Ours: build/bin/bench_checkpoint saves a 16 x 64 MiB float32 state dict with
 booster::checkpoint::save_state_dict (sharded, 256 MiB shards) as safetensors and as .bin, loads each
 back with load_state_dict and checks every tensor equals what was saved. Peer:
-benchmarks/peers/torch_checkpoint.py (Debian's /usr/bin/python3, torch 1.13) reads our .bin
+benchmarks/peers/torch_checkpoint.py (the venv's python3, torch 2.11) reads our .bin
 checkpoint with torch.load, checks it against bench_checkpoint's checksums, then times torch.save
 (+ fsync) and torch.load of that same dict and checks the checksums again. Limit: dd of the same
 number of bytes (write from /dev/zero with and without conv=fsync, read to /dev/null).
@@ -116,7 +116,7 @@ def run(ctx):
             f"sharded at {cfg['shard_mb']} MiB (HuggingFace layout, atomic: temporary directory, fsync of every "
             "file and the directory, rename) in safetensors and in .bin, and `load_state_dict` of each; one "
             "intra-op thread. *Peer*: Python `torch.save` of the same dict to one file followed by `os.fsync` "
-            "(our save fsyncs, so the peer does too), and `torch.load` (Debian's python3-torch 1.13, one thread). "
+            "(our save fsyncs, so the peer does too), and `torch.load` (torch 2.11, one thread). "
             "*Limit*: `dd` of the same number of bytes from /dev/zero with `conv=fsync` (write) and to /dev/null "
             "(read). Loads read files just written, so they come from the page cache (warm; dropping caches needs "
             "root). Correctness: bench_checkpoint checks every loaded tensor equals the saved one; the peer loads "
@@ -132,5 +132,5 @@ def run(ctx):
             "compare ratios, not absolute times.",
             "The peer writes one file; ours writes shards + an index into a temporary directory and renames it.",
         ],
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only checkpoint",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only checkpoint",
     }

@@ -1,5 +1,5 @@
 """ddp_throughput — issue 6, benchmark 1: DDP throughput of Booster's TorchDDP plugin against
-PyTorch's torch.nn.parallel.DistributedDataParallel (Debian's torch 1.13, Gloo).
+PyTorch's torch.nn.parallel.DistributedDataParallel (torch 2.11, Gloo).
 
 Both sides train the same model (the Fashion-MNIST example's CNN, and a 784-4096-4096-10 MLP of
 20.0M parameters where communication matters) from the same initial weights on the same synthetic
@@ -17,14 +17,14 @@ final parameters and the peer compares them with its own (max |diff| must be <= 
 in every repetition the final loss and parameter checksums of ours (both modes) and the peer must
 agree to a relative 1e-4 (loss) / 1e-6 (checksums). A disagreement raises.
 
-FSDP against our DDP (the MLP, whose Linears are booster::nn::Unit shard units): PyTorch's FSDP does
-not run on CPU in torch 1.13, so the peer is our own TorchDDP, in the same repetitions: bench_ddp
+FSDP against our DDP (the MLP, whose Linears are booster::nn::Unit shard units; PyTorch's FSDP2 is
+the peer of benchmarks/drivers/fsdp2_peer.py): our own TorchDDP, in the same repetitions: bench_ddp
 --plugin torch_fsdp with sharding_strategy FULL_SHARD and SHARD_GRAD_OP (the first FSDP_REPS
 repetitions; smoke: FULL_SHARD once), same model, weights, data, SGD and steps. Its final loss and
 parameter checksums (from the model saved with Booster::save_model and read back with
 load_state_dict: FSDP's parameters are freed between iterations) must agree with our DDP's as above.
 
-Run alone: /usr/bin/python3 benchmarks/run_benchmarks.py --only ddp_throughput
+Run alone: ~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only ddp_throughput
 """
 import json
 import os
@@ -32,6 +32,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import time
 
 LOSS_RTOL = 1e-4
@@ -144,7 +145,7 @@ def run(ctx):
     smoke = bool(_get(ctx, "smoke", False))
     reps = 1 if smoke else max(1, int(_get(ctx, "reps", 5) or 5))
     tmp_dir = _get(ctx, "tmp_dir") or "/tmp"
-    python = _get(ctx, "python") or "/usr/bin/python3"
+    python = _get(ctx, "python") or sys.executable
     ours_bin = os.path.join(build_dir, "bin", "bench_ddp")
     peer_py = os.path.join(source_dir, "benchmarks", "ddp_peer.py")
     if not os.path.exists(ours_bin):
@@ -446,7 +447,7 @@ def run(ctx):
                 " On %s ours also touches more fresh memory per step than PyTorch (minor page faults above). "
                 "Causes found with `perf record -e page-faults --call-graph dwarf` when this benchmark was written: "
                 "(1) fixed since: GradientReducer::copy_grad_in called at::mul_out(view, grad, <double>), whose "
-                "LibTorch 1.13 out= variant of mul.Scalar computes into a gradient-sized temporary and copies it; "
+                "LibTorch 1.13's out= variant of mul.Scalar computes into a gradient-sized temporary and copies it; "
                 "it now passes a wrapped-number tensor as PyTorch's reducer does; (2) fixed since: glibc malloc "
                 "trimmed the heap top every step, so the C++ process re-faulted its activation memory; the "
                 "default `[booster] malloc = \"retain\"` keeps freed memory (the allocator row)."
@@ -455,17 +456,17 @@ def run(ctx):
         "id": "ddp_throughput",
         "title": "DDP throughput: Booster TorchDDP vs PyTorch DistributedDataParallel; FSDP vs our DDP",
         "description": "Samples/s (from the median step time) of data-parallel training on 2 ranks (Gloo, 1 thread each) for the "
-                       "Fashion-MNIST CNN and a 20M-parameter MLP, against torch 1.13's DDP with the same "
+                       "Fashion-MNIST CNN and a 20M-parameter MLP, against torch 2.11's DDP with the same "
                        "model, weights, data, optimizer and steps; plus our overlap gain (gradient hooks vs "
                        "one allreduce pass after backward) and 1 → 2 rank scaling. For the MLP (each Linear a "
                        "`booster::nn::Unit`, an FSDP shard unit), also Booster's TorchFSDP (FULL_SHARD, "
-                       "SHARD_GRAD_OP) against our TorchDDP in the same repetitions: PyTorch's FSDP does not run "
-                       "on CPU in torch 1.13, so the comparison is against our DDP.",
+                       "SHARD_GRAD_OP) against our TorchDDP in the same repetitions (PyTorch's FSDP2 is compared "
+                       "in its own section).",
         "columns": ["comparison", "model", "batch/rank", "A samples/s", "B samples/s",
                     "A/B median (min–max)", "verdict"],
         "rows": rows,
         "notes": notes,
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only ddp_throughput",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only ddp_throughput",
     }
 
 
@@ -481,7 +482,7 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as td:
         res = run({"build_dir": os.path.abspath(args.build_dir),
                    "source_dir": os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")),
-                   "smoke": args.smoke, "reps": args.reps, "tmp_dir": td, "python": "/usr/bin/python3",
+                   "smoke": args.smoke, "reps": args.reps, "tmp_dir": td, "python": sys.executable,
                    "log": lambda m: print(m, flush=True)})
     print("| " + " | ".join(res["columns"]) + " |")
     print("|" + "---|" * len(res["columns"]))

@@ -85,5 +85,5 @@ def run(ctx):
                   "Both runs use the plugin's default `[booster] malloc = \"return\"` (glibc's mmap and trim "
                   "thresholds at 1 MiB), so every chunk piece swapped out and every freed temporary of 1 MiB or "
                   "more leaves the process."],
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only gemini_offload --out /tmp/gemini.md",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only gemini_offload --out /tmp/gemini.md",
     }

@@ -65,5 +65,5 @@ def run(ctx):
                   "parallelism a bubble, which a model this size cannot amortise; they exist for models that do not "
                   "fit one rank.",
                   "Gemini behind FSDP: it steps the optimizer once per chunk (master shard in fp32, then the bf16 parameter shard refreshed from it), keeps a separate fp32 master (FSDP's shard is the master), reduce-scatters in bf16 through the adapter's bf16 emulation, and gathers chunks, which here span transformer blocks, so a block waits for the gather of a chunk shared with its neighbour; what it buys is placement (offload_dir, the auto budget), not speed."],
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only gpt_throughput",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only gpt_throughput",
     }

@@ -502,7 +502,7 @@ def run(ctx):
             f"overlap. The fp32 peaks above baseline of DDP, ZeRO-1 and ZeRO-2 at N = {nmax} are "
             f"{', '.join(_mib(v) for v in fp32_peaks)}; the model states differ by up to "
             f"{CONFIGS[0][2](numel, nmax) / CONFIGS[2][2](numel, nmax):.1f}x.",
-            "**bf16 on the wire**: Gloo in LibTorch 1.13 has no bf16, and the pairwise reduce-scatter and "
+            "**bf16 on the wire**: the pairwise reduce-scatter and "
             "all-gather send bf16 as bf16 (a reduce-scatter sums each 1 MiB piece in float32, so no full-size "
             f"float32 copy is made); the optimizer step at N = {nmax} rises ZeRO-1 bf16 "
             f"+{_mib(step_transient('ZeRO-1 bf16'))} and ZeRO-2 bf16 +{_mib(step_transient('ZeRO-2 bf16'))} "
@@ -540,5 +540,5 @@ def run(ctx):
         "rows": rows,
         "tables": [fsdp_table, save_table, estimate_table],
         "notes": notes + fsdp_notes + save_notes + estimate_notes,
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only memory",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only memory",
     }

@@ -69,7 +69,7 @@ def run(ctx):
         "description": (
             "One optimizer step (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01) on one flat float32 "
             "parameter with a gradient, with 1 and 2 intra-op threads: Booster's `booster::optim::CPUAdam` (the "
-            f"fused single-pass SIMD kernel of `kernels/cpu`, path `{isa}`, OpenMP) and LibTorch 1.13's "
+            f"fused single-pass SIMD kernel of `kernels/cpu`, path `{isa}`, OpenMP) and LibTorch 2.11's "
             "`torch::optim::AdamW`. *Limit*: an fp32 "
             f"Adam step must move at least {BYTES_PER_PARAM} bytes per parameter (read param, grad, exp_avg, "
             "exp_avg_sq; write param, exp_avg, exp_avg_sq); the bound is the time of a memcpy "
@@ -100,5 +100,5 @@ def run(ctx):
             "LibTorch's AdamW makes several passes over memory (one per tensor operation) and allocates temporaries "
             "per step; the kernel reads and writes each array once.",
         ],
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only optimizer_step",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only optimizer_step",
     }

@@ -104,5 +104,5 @@ def run(ctx):
                   "work but their compute differs from micro-batch to micro-batch and between the two cores (the "
                   "imbalance column), and the faster stage then waits for the slower, which the mean over stages "
                   "counts and the slowest stage's bubble only partly."],
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only pipeline_bubble",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only pipeline_bubble",
     }

@@ -135,5 +135,5 @@ def run(ctx):
             f"Median of {reps} interleaved repetitions, one intra-op thread per process.",
             "Most of the floor is the dynamic loading and static initialisation of libtorch_cpu.so.",
         ] + slow_rendezvous_note,
-        "command": "/usr/bin/python3 benchmarks/run_benchmarks.py --only startup",
+        "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only startup",
     }

@@ -9,7 +9,9 @@ the input gradient at each c_attn / c_fc input in backward.
   ours: benchmarks/bench_tp_peer.cpp -- booster::nn::ColumnParallelLinear / RowParallelLinear under
         hybrid_parallel (tp_size 2, dp = pp = 1, fp32), torch::optim::AdamW;
   peer: benchmarks/peers/dtensor_tp_peer.py -- torch 2.11's parallelize_module with ColwiseParallel /
-        RowwiseParallel over DeviceMesh("cpu", [0, 1]), torch.optim.AdamW (its default for CPU).
+        RowwiseParallel over DeviceMesh("cpu", [0, 1]), torch.optim.AdamW in its faster multi-tensor
+        form (foreach over two parameter groups, DTensors and plain tensors); outside smoke mode also
+        with AdamW's CPU default, the per-parameter loop, as a second peer ("peer_loop").
 2 ranks on 127.0.0.1, Gloo, one intra-op thread each, float32, AdamW (lr 1e-3, betas 0.9/0.95,
 weight decay 0.01), the same attention ops on both sides (baddbmm with the causal mask, softmax, bmm).
 
@@ -18,13 +20,14 @@ and the batches (x.<s>, y.<s>); ours loads them with booster.load_model (which k
 slice), the peer into the dense model before parallelize_module shards it. In the first repetition
 the first forward's output, the loss of each of STEPS steps and the gathered weights after them
 (ours: booster.save_model; peer: DTensor.full_tensor()) must agree within |ours - peer| <= ATOL +
-RTOL |peer|; in every repetition the losses must. A disagreement raises bu.BenchError.
+RTOL |peer| (for each peer); in every repetition the losses must. A disagreement raises
+bu.BenchError.
 
 Timing: after the equivalence steps each side runs warm-up and timed iterations (forward + loss,
 backward, AdamW step + zero_grad) on one batch; rank 0's median iteration time gives tokens/s
-(B x T tokens per iteration: the tp ranks share the batch). Ours and the peer alternate within each
-repetition (the first side alternates between repetitions); the ratio is the median of the
-per-repetition ratios.
+(B x T tokens per iteration: the tp ranks share the batch). Ours and the peers alternate within each
+repetition (the order reverses between repetitions); the ratio is the median of the per-repetition
+ratios.
 """
 import importlib.util
 import os
@@ -41,6 +44,9 @@ LR, WEIGHT_DECAY = 1e-3, 0.01
 # (examples/configs/gpt_hybrid_tp2.toml), and a wider one where the matrix products weigh more.
 CASES = [("GPT example size", 4, 256, 4, 16, 128), ("wider", 2, 512, 8, 8, 128)]
 SMOKE_CASES = [("smoke", 2, 64, 4, 2, 16)]
+PEER_OPT = {"peer": "foreach, 2 groups", "peer_loop": "CPU default (per-parameter loop)"}
+SIDE_NAME = {"ours": "ours (hybrid_parallel tp 2)", "peer": "DTensor, AdamW foreach",
+             "peer_loop": "DTensor, AdamW per-parameter loop"}
 
 
 def _peer_module(ctx):
@@ -132,52 +138,66 @@ def run(ctx):
             extra = []
             if rep == 0:
                 extra = ["--save", prefix + "_model", "--first_out", prefix + "_first_out.safetensors"]
-            base = [exe] if side == "ours" else [ctx.python, peer_path]
+            base = ([exe] if side == "ours" else
+                    [ctx.python, peer_path, "--foreach", "1" if side == "peer" else "0"])
             cmds = [base + common + extra + ["--rank", str(r), "--port", str(port), "--out", prefix]
                     for r in range(WORLD)]
             bu.run_parallel(cmds, timeout=600, env=env)
             return [bu.read_json(f"{prefix}.rank{r}.json") for r in range(WORLD)]
 
-        samples = {"ours": [], "peer": []}
-        ratios, loss_worst = [], 0.0
+        sides = ("ours", "peer") if ctx.smoke else ("ours", "peer", "peer_loop")
+        samples = {side: [] for side in sides}
+        ratios, loss_worst = {side: [] for side in sides[1:]}, 0.0
+        eq = {}
         for rep in range(reps):
-            order = ("ours", "peer") if rep % 2 == 0 else ("peer", "ours")
+            order = sides if rep % 2 == 0 else tuple(reversed(sides))
             got = {}
             for side in order:
                 ctx.log(f"tp_peer: {label}, repetition {rep + 1}/{reps}, {side}")
                 got[side] = job(side, rep)
-            for side in ("ours", "peer"):
+            for side in sides:
                 if got[side][0]["threads"] != 1:
                     raise bu.BenchError(f"{side} ran with {got[side][0]['threads']} intra-op threads, not 1")
                 for r in range(1, WORLD):  # both tp ranks see the same (replicated) loss
                     _check_losses(f"{label}, {side}, rank {r} vs rank 0", got[side][r]["losses"], got[side][0]["losses"])
-            loss_worst = max(loss_worst, _check_losses(label, got["ours"][0]["losses"], got["peer"][0]["losses"]))
-            if rep == 0:
-                out = _compare(peer, f"{label}: first forward output", os.path.join(case_dir, "ours_0_first_out.safetensors"),
-                               os.path.join(case_dir, "peer_0_first_out.safetensors"))
-                par = _compare(peer, f"{label}: weights after {STEPS} AdamW steps",
-                               os.path.join(case_dir, "ours_0_model", "model.safetensors"),
-                               os.path.join(case_dir, "peer_0_model", "model.safetensors"))
+            for side in sides[1:]:
+                loss_worst = max(loss_worst, _check_losses(f"{label}, ours vs {side}", got["ours"][0]["losses"],
+                                                           got[side][0]["losses"]))
+                if rep == 0:
+                    eq[side] = (
+                        _compare(peer, f"{label}: first forward output, ours vs {side}",
+                                 os.path.join(case_dir, "ours_0_first_out.safetensors"),
+                                 os.path.join(case_dir, f"{side}_0_first_out.safetensors")),
+                        _compare(peer, f"{label}: weights after {STEPS} AdamW steps, ours vs {side}",
+                                 os.path.join(case_dir, "ours_0_model", "model.safetensors"),
+                                 os.path.join(case_dir, f"{side}_0_model", "model.safetensors")))
             iter_s = {side: bu.median(got[side][0]["iter_s"]) for side in got}
             for side in got:
                 samples[side].append({k: bu.median(got[side][0][k]) for k in ("forward_s", "backward_s", "step_s", "iter_s")})
-            ratios.append(iter_s["peer"] / iter_s["ours"])  # tokens/s ours / tokens/s peer
+            for side in sides[1:]:
+                ratios[side].append(iter_s[side] / iter_s["ours"])  # tokens/s ours / tokens/s peer
         tokens = batch * seq
         med = {side: {k: bu.median([s[k] for s in samples[side]]) for k in samples[side][0]} for side in samples}
-        ratio = bu.median(ratios)
-        verdict = ("ours faster" if ratio > 1.05 else "**ours slower**" if ratio < 0.95 else "on par (within 5%)")
         params = 12 * embd * embd * layers + 13 * embd * layers
-        rows.append([f"{label}: {layers} blocks, C {embd}, {heads} heads, {params / 1e6:.2f}M params",
-                     f"{batch} x {seq}", f"{tokens / med['ours']['iter_s']:,.0f}", f"{tokens / med['peer']['iter_s']:,.0f}",
-                     f"{ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})", verdict])
-        for side, name in (("ours", "ours (hybrid_parallel tp 2)"), ("peer", "DTensor (parallelize_module)")):
+        for side in sides[1:]:
+            ratio = bu.median(ratios[side])
+            verdict = ("ours faster" if ratio > 1.05 else "**ours slower**" if ratio < 0.95 else "on par (within 5%)")
+            rows.append([f"{label}: {layers} blocks, C {embd}, {heads} heads, {params / 1e6:.2f}M params",
+                         f"{batch} x {seq}", PEER_OPT[side], f"{tokens / med['ours']['iter_s']:,.0f}",
+                         f"{tokens / med[side]['iter_s']:,.0f}",
+                         f"{ratio:.3f} ({min(ratios[side]):.3f}-{max(ratios[side]):.3f})", verdict])
+        for side in sides:
             m = med[side]
-            phase_rows.append([label, name, f"{m['forward_s'] * 1e3:.1f}", f"{m['backward_s'] * 1e3:.1f}",
+            phase_rows.append([label, SIDE_NAME[side], f"{m['forward_s'] * 1e3:.1f}", f"{m['backward_s'] * 1e3:.1f}",
                                f"{m['step_s'] * 1e3:.1f}", f"{m['iter_s'] * 1e3:.1f}"])
-        notes_eq.append(f"{label}: first forward output max |diff| {out[0]:.2g} (max |out| {out[2]:.3g}, "
-                        f"{out[1]:.2f} of the tolerance); weights after {STEPS} AdamW steps max |diff| {par[0]:.2g} "
-                        f"(max |param| {par[2]:.3g}, {par[1]:.2f} of the tolerance); losses of the {STEPS} steps "
-                        f"within rel {loss_worst:.1g} in every repetition")
+        out, par = eq["peer"]
+        worst_out = max(e[0][1] for e in eq.values())
+        worst_par = max(e[1][1] for e in eq.values())
+        notes_eq.append(f"{label}: first forward output max |diff| {out[0]:.2g} (max |out| {out[2]:.3g}); weights "
+                        f"after {STEPS} AdamW steps max |diff| {par[0]:.2g} (max |param| {par[2]:.3g}); worst element "
+                        f"{worst_out:.2f} (output) and {worst_par:.2f} (weights) of the tolerance over "
+                        f"{' and '.join(SIDE_NAME[s] for s in sides[1:])}; losses of the {STEPS} steps within rel "
+                        f"{loss_worst:.1g} in every repetition")
 
     return {
         "id": ID,
@@ -189,19 +209,21 @@ def run(ctx):
             "booster::nn::ColumnParallelLinear / RowParallelLinear under the hybrid_parallel plugin "
             "(tp_size 2), torch::optim::AdamW (benchmarks/bench_tp_peer.cpp). *Peer*: torch 2.11's "
             "`parallelize_module` with `ColwiseParallel` / `RowwiseParallel` over `DeviceMesh(\"cpu\", [0, 1])`, "
-            "torch.optim.AdamW with its CPU default (benchmarks/peers/dtensor_tp_peer.py). Same weights (one "
+            "torch.optim.AdamW (benchmarks/peers/dtensor_tp_peer.py), in its multi-tensor form (foreach=True over two "
+            "parameter groups, the DTensors and the plain tensors, since one foreach call cannot mix them) and, in "
+            "separate runs, in its CPU default, a loop over the parameters. Same weights (one "
             "safetensors file both load), same batches, same attention ops. Ratio = ours / DTensor tokens/s, the "
             "median of the per-repetition ratios (min-max in brackets)."),
-        "columns": ["model", "batch x seq (tokens / iteration)", "ours tokens/s", "DTensor tokens/s",
-                    "ours / DTensor", "verdict"],
+        "columns": ["model", "batch x seq (tokens / iteration)", "DTensor side's AdamW", "ours tokens/s",
+                    "DTensor tokens/s", "ours / DTensor", "verdict"],
         "rows": rows,
         "tables": [{"caption": "Per iteration on rank 0 (median ms):",
                     "columns": ["model", "side", "forward + loss", "backward", "AdamW step + zero_grad", "iteration"],
                     "rows": phase_rows}],
         "notes": [f"Equivalence (checked before the times count; tolerance |ours - DTensor| <= {ATOL:g} + {RTOL:g} "
                   f"|DTensor| per element, losses rel {LOSS_RTOL:g}): " + "; ".join(notes_eq) + ".",
-                  f"{reps} repetition(s), each a fresh 2-process job per side, ours and DTensor alternating (the "
-                  f"first side alternates between repetitions); per job {STEPS} equivalence steps, {warmup} warm-up "
+                  f"{reps} repetition(s), each a fresh 2-process job per side, ours and the DTensor runs in turn "
+                  f"(the order reverses between repetitions); per job {STEPS} equivalence steps, {warmup} warm-up "
                   f"and {iters} timed iterations on one batch."],
         "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only tp_peer",
     }

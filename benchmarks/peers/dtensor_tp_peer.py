@@ -5,13 +5,16 @@ and mlp.c_fc, RowwiseParallel on attn.c_proj and mlp.c_proj), Gloo on 127.0.0.1,
 
     python3 dtensor_tp_peer.py --rank R --world_size W --port P --layers L --embd C --heads H
         --init DIR --data FILE --steps S --lr LR --weight_decay WD [--save DIR] [--first_out FILE]
-        --warmup N --iters N --out PREFIX
+        [--foreach 0|1] --warmup N --iters N --out PREFIX
 
 The arguments and the files mean what they mean for bench_tp_peer (see its header): the full weights
 come from DIR/model.safetensors (each rank loads them into the dense model before parallelize_module
 shards them); after the S steps on x.<s>, y.<s> rank 0 writes the gathered weights (full_tensor())
 to DIR/model.safetensors; PREFIX.rank<r>.json gets the losses and the per-iteration seconds.
-torch.optim.AdamW with PyTorch's default implementation for CPU tensors (betas 0.9, 0.95; eps 1e-8).
+torch.optim.AdamW (betas 0.9, 0.95; eps 1e-8): with --foreach 1 the multi-tensor implementation over
+two parameter groups, the DTensors and the plain tensors (one foreach call cannot mix them: "got
+mixed torch.Tensor and DTensor"); with --foreach 0 (default) PyTorch's default for CPU tensors, the
+per-parameter loop.
 
 Also a module: read_safetensors / write_safetensors (float32 and the common dtypes, the format the
 SDK's checkpoints use) for the driver (benchmarks/drivers/tp_peer.py).
@@ -145,6 +148,7 @@ def main():
     ap.add_argument("--data", default="data.safetensors")
     ap.add_argument("--save", default=None)
     ap.add_argument("--first_out", default=None)
+    ap.add_argument("--foreach", type=int, default=0)
     ap.add_argument("--out", default="dtensor_tp_peer")
     a = ap.parse_args()
 
@@ -160,7 +164,13 @@ def main():
     model = Stack(a.layers, a.embd, a.heads)
     model.load_state_dict(read_safetensors(os.path.join(a.init, "model.safetensors")), strict=True)
     parallelize_module(model, mesh, tp_plan(a.layers))
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.weight_decay)
+    hparams = dict(lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.weight_decay)
+    if a.foreach:
+        groups = [[p for p in model.parameters() if isinstance(p, DTensor)],
+                  [p for p in model.parameters() if not isinstance(p, DTensor)]]
+        opt = torch.optim.AdamW([{"params": g} for g in groups if g], foreach=True, **hparams)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), **hparams)
     data = read_safetensors(a.data)
 
     losses, fwd, bwd, step, it = [], [], [], [], []

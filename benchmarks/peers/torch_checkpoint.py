@@ -1,7 +1,7 @@
 """torch_checkpoint.py -- the Python peer of benchmark 3 (checkpoint): torch.save / torch.load of the
-same state dict that bench_checkpoint saved, run with Debian's /usr/bin/python3 (torch 1.13).
+same state dict that bench_checkpoint saved, run with the venv's python3 (torch 2.11).
 
-    /usr/bin/python3 torch_checkpoint.py --ours DIR/bin --checksums ours.json --file OUT.pt --out peer.json
+    ~/.cache/booster/venv/bin/python3 torch_checkpoint.py --ours DIR/bin --checksums ours.json --file OUT.pt --out peer.json
 
 1. Loads our sharded .bin checkpoint (index + shards, with torch.load) and checks every tensor's
    checksum against the ones bench_checkpoint computed before saving (cross-implementation check).
