@@ -96,17 +96,10 @@ def machine_info():
            else "AVX2" if "avx2" in flags else "no AVX2")
     if flags:
         cpu += f", {isa}"
-    blas = ""
-    for line in _output(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"]).splitlines():
-        if line.startswith("Value:"):
-            blas = line.split(":", 1)[1].strip()
-    blas_name = {"openblas-openmp": "OpenBLAS (OpenMP)", "openblas-pthread": "OpenBLAS (pthreads)",
-                 "openblas-serial": "OpenBLAS (serial)", "blis-openmp": "BLIS (OpenMP)",
-                 "atlas": "ATLAS", "blas": "reference BLAS"}
-    for key, name in blas_name.items():
-        if f"/{key}/" in blas:
-            blas = f"{name}, {blas}"
-            break
+    # LibTorch's BLAS is its own (the wheel links MKL into libtorch_cpu), not the system's libblas.
+    blas = _output([sys.executable, "-c", "import re, torch; c = torch.__config__.show(); "
+                    "b = re.findall(r'BLAS_INFO=(\\w+)', c); print(b[0] if b else '')"])
+    blas = f"{blas.upper()} (inside LibTorch)" if blas else ""
     # LibTorch: the torch of the Python peer (the venv install_deps.sh makes), which the build links.
     libtorch = _output([sys.executable, "-c", "import torch, os; print(torch.__version__, os.path.dirname(torch.__file__))"])
     mem = ""
