@@ -6,7 +6,10 @@
 //
 //   bench_fsdp_peer --rank R --world_size W --port P --dims 784,2048,2048,10 --init FILE --data FILE
 //                   [--host 127.0.0.1 --threads 1 --warmup 2 --steps 8 --lr 1e-3 --weight_decay 0.01
-//                    --strategy FULL_SHARD --plugin_toml "forward_prefetch = true" --save_dir DIR]
+//                    --strategy FULL_SHARD --plugin_toml "forward_prefetch = true"
+//                    --booster_toml 'malloc = "retain"' --save_dir DIR]
+// --plugin_toml / --booster_toml: extra lines for the [plugin] / [booster] table of the config (the
+// driver passes neither: both sides run with their defaults).
 //
 // Model: torch::nn::Sequential of Unit<Linear(dims[i], dims[i+1])> with a ReLU between consecutive
 // Linears (none after the last), so parameter names are "0.weight", "0.bias", "2.weight", ...
@@ -48,7 +51,7 @@ namespace {
 
 struct Args {
   std::string host = "127.0.0.1", dims = "784,2048,2048,10", init, data, strategy = "FULL_SHARD";
-  std::string plugin_toml, save_dir;
+  std::string plugin_toml, booster_toml, save_dir;
   int rank = 0, world_size = 1, port = 29500, threads = 1;
   int64_t warmup = 2, steps = 8;
   double lr = 1e-3, weight_decay = 0.01;
@@ -121,7 +124,8 @@ int run(const Args& a) {
     throw std::runtime_error(a.data + ": expected x float32 [nbatches, W * batch, dims[0]], y int64 [nbatches, W * batch]");
   const int64_t nbatches = x.size(0), batch = x.size(1) / ws;
 
-  std::string toml = "[booster]\nplugin = \"torch_fsdp\"\n[plugin]\nsharding_strategy = \"" + a.strategy + "\"\n";
+  std::string toml = "[booster]\nplugin = \"torch_fsdp\"\n" + (a.booster_toml.empty() ? "" : a.booster_toml + "\n") +
+                     "[plugin]\nsharding_strategy = \"" + a.strategy + "\"\n";
   if (!a.plugin_toml.empty()) toml += a.plugin_toml + "\n";
   booster::Booster booster(booster::Config::from_string(toml));
   auto adamw = std::make_shared<torch::optim::AdamW>(
@@ -215,6 +219,7 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", a.strategy, "torch_fsdp sharding_strategy")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
   app.add_option("--plugin_toml", a.plugin_toml, "extra lines for the [plugin] table");
+  app.add_option("--booster_toml", a.booster_toml, "extra lines for the [booster] table");
   app.add_option("--save_dir", a.save_dir, "save the trained model here (pytorch_model.bin)");
   CLI11_PARSE(app, argc, argv);
   return booster::bench::guarded_main("bench_fsdp_peer", [&] { return run(a); });

@@ -19,7 +19,11 @@ Timing: per iteration the slowest rank's wall time of execute_pipeline / schedul
 step outside it), median over the timed iterations of a job; ours and the peer alternate job by job
 (ours first in even repetitions, the peer first in odd ones); the figure is the median over
 repetitions and the ratio the median of per-repetition ratios. Target: ours at least as fast as
-Schedule1F1B for 1F1B (speed ratio >= 1.0x).
+Schedule1F1B for 1F1B (speed ratio >= 1.0x). A second table splits each side's iteration into the
+slowest stage's compute and the rest (bubble, transfers, bookkeeping).
+
+--smoke: dim 64, batch 64, 1 warm-up + 1 timed iteration, one repetition of 1F1B, GPipe and
+interleaved at m = 4, the peer's cases in one job (its start-up dominates); still checked for equivalence.
 """
 import json
 import os
@@ -33,7 +37,8 @@ CASES = [("1f1b", 1, 4), ("1f1b", 1, 8), ("gpipe", 1, 4), ("gpipe", 1, 8), ("int
          ("interleaved", 2, 8)]
 SMOKE_CASES = [("1f1b", 1, 4), ("gpipe", 1, 4), ("interleaved", 2, 4)]
 # Diagnostic (full runs only): ours with enable_metadata_cache = false, which also keeps every
-# message on Gloo (no shared-memory rings, no receives posted ahead), against the peer of this case.
+# message on Gloo (no shared-memory rings; micro-batch 0 carries a shape header and its receive is
+# posted only when needed), against the peer of this case.
 GLOO_ONLY_CASE = ("1f1b", 1, 8)
 ATOL, RTOL = 1e-5, 1e-4
 PEER_SCHEDULE = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved": "ScheduleInterleaved1F1B"}
@@ -49,6 +54,15 @@ def _iteration_times(ranks):
     if n == 0:
         raise bu.BenchError("no timed iterations")
     return [max(d["call_s"][i] for d in ranks) for i in range(n)]
+
+
+def _breakdown(ranks):
+    """(compute, rest) in seconds: per timed iteration the slowest stage's compute inside the call and the
+    slowest call minus it (bubble, transfers, bookkeeping); medians over the iterations."""
+    n = min(len(d["compute_s"]) for d in ranks)
+    compute = [max(d["compute_s"][i] for d in ranks) for i in range(n)]
+    calls = [max(d["call_s"][i] for d in ranks) for i in range(n)]
+    return bu.median(compute), bu.median([c - k for c, k in zip(calls, compute)])
 
 
 def _close(a, b):
@@ -111,17 +125,16 @@ def run(ctx):
     reps = 1 if ctx.smoke else max(1, ctx.reps)
     dim, batch, warmup, iters = sizes = (64, 64, 1, 1) if ctx.smoke else (512, 512, 2, 6)
     init_file = os.path.join(ctx.tmp_dir, "pipelining_init.bin")
-    peer_script = os.path.join(ctx.source_dir, "benchmarks", "peers", "pipelining_peer.py")
-    bu.run([ctx.python, peer_script, "init", "--out", init_file, "--layers", str(LAYERS), "--dim", str(dim),
-            "--batch", str(batch)])
     jobs = _Jobs(ctx, sizes, init_file)
+    bu.run([ctx.python, jobs.peer_script, "init", "--out", init_file, "--layers", str(LAYERS), "--dim", str(dim),
+            "--batch", str(batch)])
     # Smoke: one peer job for every case (its start-up, importing torch, dominates); otherwise one per
     # case, so ours and the peer alternate case by case.
     groups = [cases] if ctx.smoke else [[c] for c in cases]
     gloo_only = None if ctx.smoke else GLOO_ONLY_CASE
     times = {c: {"ours": [], "peer": [], "ratio": []} for c in cases}
     gloo = {"ours": [], "ratio": []}
-    compute_share = {c: [] for c in cases}
+    split = {c: {"ours": [], "peer": []} for c in cases}  # per repetition: (compute, rest)
     checks, loss_diff, torch_version = {}, 0.0, "?"
     for rep in range(reps):
         for group in groups:
@@ -156,14 +169,12 @@ def run(ctx):
                 times[case]["ours"].append(ours_t)
                 times[case]["peer"].append(peer_t)
                 times[case]["ratio"].append(peer_t / ours_t)
-                # Ours: the slowest stage's compute inside the call (the plugin's pipeline_compute_us stat).
-                n = min(len(d["compute_s"]) for d in ours[case])
-                compute_share[case].append(bu.median(
-                    [max(d["compute_s"][i] for d in ours[case]) / max(d["call_s"][i] for d in ours[case])
-                     for i in range(n)]))
+                split[case]["ours"].append(_breakdown(ours[case]))
+                split[case]["peer"].append(_breakdown(peer[case]))
                 if case == gloo_only:
                     ctx.log(f"pipelining_peer: {what}, ours with enable_metadata_cache = false")
-                    ranks = jobs.ours(case, base[case] + "_gloo", False, ["--set", "plugin.enable_metadata_cache=false"])
+                    ranks = jobs.ours(case, base[case] + "_gloo", False,
+                                      ["--set", "plugin.enable_metadata_cache=false"])
                     loss_diff = max(loss_diff, _check_losses(ranks, peer[case], what + " (Gloo only)"))
                     g = bu.median(_iteration_times(ranks))
                     gloo["ours"].append(g)
@@ -198,7 +209,14 @@ def run(ctx):
     elements = max(c["elements"] for c in checks.values())
     per_case = ", ".join(f"{_label(s, v)} m = {m}: {checks[(s, v, m)]['max_abs_diff']:.2g}"
                          for s, v, m in cases)
-    shares = ", ".join(f"{_label(s, v)} m = {m}: {bu.median(compute_share[(s, v, m)]):.0%}" for s, v, m in cases)
+    where = []
+    for case in cases:
+        style, chunks, m = case
+        row = [_label(style, chunks), str(m)]
+        for side in ("ours", "peer"):
+            compute, rest = (bu.median([x[k] for x in split[case][side]]) for k in (0, 1))
+            row += [bu.fmt_s(compute), f"{bu.fmt_s(rest)} ({rest / (compute + rest):.0%})"]
+        where.append(row)
     notes = [
         f"Correctness (checked before the times count): gradients of every parameter after the first iteration, "
         f"{elements} elements over both ranks per case, ours vs torch's: max |Δ| = {max_diff:.3g} (max |grad| "
@@ -222,9 +240,40 @@ def run(ctx):
             " The diagnostic row turns ours' metadata cache off, which keeps ours on Gloo for every message "
             "(with shape headers on micro-batch 0), to separate the transport from the schedule." if gloo["ours"]
             else ""),
-        f"Ours' slowest stage computes for this share of execute_pipeline's wall time (the rest is bubble, "
-        f"transfers and bookkeeping; median): {shares}.",
+        "Where the time goes (second table): per iteration, the compute of the slowest stage inside the call "
+        "(ours: the plugin's pipeline_compute_us, forward + loss + backward of the rank's chunks; torch: its "
+        "stages' forward_one_chunk and backward_one_chunk calls, their bookkeeping included) and the rest of the "
+        "slowest rank's call (bubble, transfers, schedule bookkeeping), medians over iterations, then over "
+        "repetitions. The formula's bubble share for equal stages and free transfers is (p-1)/(m+p-1) = "
+        f"{1 / (4 + 1):.0%} at m = 4 and {1 / (8 + 1):.0%} at m = 8 for 1F1B and GPipe, (p-1)/(2m+p-1) = "
+        f"{1 / (8 + 1):.0%} and {1 / (16 + 1):.0%} for the interleaved schedule.",
     ]
+    pairs = [(bu.median([x[0] for x in split[c]["ours"]]), bu.median([x[0] for x in split[c]["peer"]])) for c in cases]
+    rests = {side: [bu.median([x[1] for x in split[c][side]]) for c in cases] for side in ("ours", "peer")}
+    if pairs:
+        notes.append(
+            f"Compute of the slowest stage: ours / torch between {min(o / p for o, p in pairs):.2f} and "
+            f"{max(o / p for o, p in pairs):.2f} over the cases (the same LibTorch kernels on both sides); the rest "
+            f"of the iteration: ours {bu.fmt_s(min(rests['ours']))} to {bu.fmt_s(max(rests['ours']))}, torch "
+            f"{bu.fmt_s(min(rests['peer']))} to {bu.fmt_s(max(rests['peer']))}.")
+    if gloo["ours"]:
+        with_rings, on_gloo = bu.median(times[gloo_only]["ratio"]), bu.median(gloo["ratio"])
+        text = (f"Transport's share: ours' 1F1B at m = {gloo_only[2]} has a speed ratio of {with_rings:.2f}x with the "
+                f"shared-memory rings and {on_gloo:.2f}x with every message over Gloo (the diagnostic row)")
+        if with_rings > 1 and on_gloo < with_rings:
+            share = min(1.0, (with_rings - on_gloo) / (with_rings - 1))
+            text += f": the rings account for {share:.0%} of ours' lead there"
+        notes.append(text + ".")
+    for case, (oc, pc), orest, prest in zip(cases, pairs, rests["ours"], rests["peer"]):
+        if bu.median(times[case]["ratio"]) >= 1.0:
+            continue
+        where_lost = "compute" if oc - pc > orest - prest else "the rest (bubble, transfers, bookkeeping)"
+        notes.append(
+            f"Ours loses at {_label(case[0], case[1])}, m = {case[2]}: compute {bu.fmt_s(oc)} vs torch's "
+            f"{bu.fmt_s(pc)}, rest {bu.fmt_s(orest)} vs {bu.fmt_s(prest)}; the larger difference is in {where_lost}"
+            + (" (both sides run the same LibTorch kernels on the same stages, so a compute gap most likely is "
+               "time other processes took from the cores during ours' jobs; rerun on a quiet machine)." if where_lost == "compute"
+               else "."))
     if missed:
         notes.append(f"**Target missed**: ours' 1F1B is slower than Schedule1F1B at {', '.join(missed)}.")
     return {
@@ -243,6 +292,10 @@ def run(ctx):
                     "torch.distributed.pipelining: schedule.step", "speed ratio (torch time / ours)", "verdict",
                     "target"],
         "rows": rows,
+        "tables": [{"caption": "Where the time goes: slowest stage's compute vs the rest of the iteration",
+                    "columns": ["schedule", "micro-batches m", "ours: compute", "ours: rest (share)",
+                                "torch: compute", "torch: rest (share)"],
+                    "rows": where}],
         "notes": notes,
         "command": f"~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only {ID}",
     }

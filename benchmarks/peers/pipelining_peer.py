@@ -20,7 +20,8 @@ by at most one, the larger first); rank r holds virtual stages r, r + P, ... . E
 schedule.step on the whole batch (MSE loss, mean over each micro-batch; gradients scaled by 1/M, so
 they are those of the mean of the micro-batch losses, as ours), then SGD (lr 1e-3) step and
 zero_grad. Writes PREFIX.rank<r>.json in bench_pipeline's format: call_s (wall time of each timed
-schedule.step), losses (each iteration's mean micro-batch loss, on the rank holding the last stage),
+schedule.step), compute_s (the time inside it spent in the stages' forward_one_chunk and
+backward_one_chunk calls), losses (each iteration's mean micro-batch loss, on the rank holding the last stage),
 dump_names, torch (its version); with --dump also PREFIX.rank<r>.bin: the first iteration's
 gradients (before the optimizer step) of the parameters this rank holds, raw float32 in registration
 order. With --check_against (ours' prefixes, one per case, dumped before this job), rank 0 finally
@@ -52,6 +53,8 @@ def partition(n, stages):
 
 
 def build_model(torch, layers, dim):
+    """bench_pipeline's stack: `layers` blocks x + proj(gelu(fc(x))) with fc = Linear(dim, 4 dim) and
+    proj = Linear(4 dim, dim), registered as h.<i>.fc and h.<i>.proj (ours' names and order)."""
     nn = torch.nn
 
     class Block(nn.Module):
@@ -72,6 +75,7 @@ def build_model(torch, layers, dim):
 
 
 def to_bytes(t):
+    """t's elements as native float32 bytes."""
     t = t.detach().float().contiguous()
     return ctypes.string_at(t.data_ptr(), t.numel() * 4)
 
@@ -144,12 +148,29 @@ def run_case(torch, dist, a, style, chunks, m, out, dump):
         schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
     else:
         sys.exit(f"pipelining_peer: unknown style {style}")
+    # Compute time inside step: the stages' forward_one_chunk / backward_one_chunk calls (each with
+    # its own bookkeeping), what the schedules call for every micro-batch.
+    compute = [0.0]
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                compute[0] += time.perf_counter() - t0
+        return wrapper
+
+    for st in stages:
+        st.forward_one_chunk = timed(st.forward_one_chunk)
+        st.backward_one_chunk = timed(st.backward_one_chunk)
     held = {id(p) for mod in modules for p in mod.parameters()}
     opt = torch.optim.SGD([p for mod in modules for p in mod.parameters()], lr=1e-3)
     has_first, has_last = 0 in local, num_stages - 1 in local
-    call, losses, dump_names = [], [], []
+    call, computes, losses, dump_names = [], [], [], []
     for i in range(a.warmup + a.iters):
         mb_losses = []
+        compute[0] = 0.0
         args = (x,) if has_first else ()
         target = y if has_last else None
         t0 = time.perf_counter()
@@ -170,9 +191,11 @@ def run_case(torch, dist, a, style, chunks, m, out, dump):
         opt.zero_grad()
         if i >= a.warmup:
             call.append(t1 - t0)
+            computes.append(compute[0])
     with open(f"{out}.rank{a.rank}.json", "w") as f:
         json.dump({"rank": a.rank, "pp": pp, "microbatches": m, "chunks": chunks, "style": style,
-                   "call_s": call, "losses": losses, "dump_names": dump_names, "torch": torch.__version__}, f)
+                   "call_s": call, "compute_s": computes, "losses": losses, "dump_names": dump_names,
+                   "torch": torch.__version__}, f)
     dist.barrier()  # the next case's messages must not meet this one's
 
 
