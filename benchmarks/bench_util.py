@@ -45,6 +45,17 @@ def free_ports(n):
     return ports
 
 
+def peer_module(ctx, name):
+    """benchmarks/peers/<name>.py loaded as a module (a driver's Python peer, whose helpers the
+    driver calls, e.g. to write the shared starting weights): (path, module)."""
+    import importlib.util
+    path = os.path.join(ctx.source_dir, "benchmarks", "peers", name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return path, module
+
+
 def program(ctx, name):
     """Absolute path of build_dir/bin/<name>; BenchError if it was not built."""
     path = os.path.join(ctx.build_dir, "bin", name)

@@ -23,7 +23,6 @@ loss, backward, optimizer step, zero_grad; after the warmup steps and a barrier)
 per repetition; the median over repetitions is reported (min-max in brackets). Target: ours >= 1.0x
 FSDP2 with the defaults.
 """
-import importlib.util
 import json
 import os
 import shutil
@@ -42,14 +41,6 @@ RETAIN = 'malloc = "retain"'
 SIDES = {"ours": "ours (defaults)", "peer": "FSDP2", "retain": f"ours with {RETAIN}"}
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                "GROUP_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def _peer_module(ctx):
-    path = os.path.join(ctx.source_dir, "benchmarks", "peers", "fsdp2_peer.py")
-    spec = importlib.util.spec_from_file_location("fsdp2_peer_module", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return path, module
 
 
 def _job(make_cmd, timeout, what):
@@ -144,7 +135,7 @@ def run(ctx):
     reps = 1 if ctx.smoke else ctx.reps
     dims, batch, warmup, steps = cfg["dims"], cfg["batch"], cfg["warmup"], cfg["steps"]
     exe = bu.program(ctx, "bench_fsdp_peer")
-    peer_py, peer_mod = _peer_module(ctx)
+    peer_py, peer_mod = bu.peer_module(ctx, "fsdp2_peer")
     work = os.path.join(ctx.tmp_dir, "fsdp2_peer")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)

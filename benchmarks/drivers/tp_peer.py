@@ -29,7 +29,6 @@ backward, AdamW step + zero_grad) on one batch; rank 0's median iteration time g
 repetition (the order reverses between repetitions); the ratio is the median of the per-repetition
 ratios.
 """
-import importlib.util
 import os
 
 import bench_util as bu
@@ -47,14 +46,6 @@ SMOKE_CASES = [("smoke", 2, 64, 4, 2, 16)]
 PEER_OPT = {"peer": "foreach, 2 groups", "peer_loop": "CPU default (per-parameter loop)"}
 SIDE_NAME = {"ours": "ours (hybrid_parallel tp 2)", "peer": "DTensor, AdamW foreach",
              "peer_loop": "DTensor, AdamW per-parameter loop"}
-
-
-def _peer_module(ctx):
-    path = os.path.join(ctx.source_dir, "benchmarks", "peers", "dtensor_tp_peer.py")
-    spec = importlib.util.spec_from_file_location("dtensor_tp_peer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return path, module
 
 
 def _make_inputs(peer, case_dir, layers, embd, heads, batch, seq):
@@ -117,7 +108,7 @@ def run(ctx):
     import torch  # noqa: F401 -- the drivers' Python has it; needed to make the inputs
 
     exe = bu.program(ctx, "bench_tp_peer")
-    peer_path, peer = _peer_module(ctx)
+    peer_path, peer = bu.peer_module(ctx, "dtensor_tp_peer")
     cases = SMOKE_CASES if ctx.smoke else CASES
     warmup, iters = (1, 2) if ctx.smoke else (2, 8)
     reps = ctx.reps
