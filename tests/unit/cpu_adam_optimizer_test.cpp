@@ -1,5 +1,5 @@
 // cpu_adam_optimizer_test.cpp — booster::optim::CPUAdam / HybridAdam (booster/optim/cpu_adam.h):
-// equal to torch::optim::AdamW / Adam within kMaxUlp float32 ulps over several steps under an LR
+// equal to torch::optim::AdamW / Adam within kAdamMaxUlp float32 ulps over several steps under an LR
 // scheduler; step_parameter with a bf16 gradient and a bf16 output copy; the registry entries and a
 // checkpoint round trip through CheckpointIO (and an AdamW checkpoint loaded into CPUAdam); the kernel
 // step of LibTorch's own Adam / AdamW (step_with_cpu_adam_kernel); refused options and parameters.
@@ -11,6 +11,7 @@
 #include "booster/dist/process_group.h"
 #include "booster/lr_scheduler.h"
 #include "booster/optim/cpu_adam.h"
+#include "common/adam_ulps.h"
 #include "booster/wrappers/optimizer_registry.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "common/small_net.h"
@@ -30,20 +31,9 @@ namespace {
 
 using booster::testing::world_of_one;
 
-// LibTorch 2.11's vectorised CPU kernels fuse multiply-adds (add_ with alpha and addcmul_ round once:
-// its AdamW moments equal an fma-ordered loop bit for bit), where the kernel rounds each operation as
-// 1.13 did (0 ulps then). Measured against 2.11 after 4-6 steps, every ISA: parameters 13, exp_avg
-// 14, exp_avg_sq 2 ulps of max(|x|, kUlpFloor); a wrong formula is off by orders of magnitude more.
-constexpr int64_t kMaxUlp = 16;
-constexpr double kUlpFloor = 1e-3;
-
-int64_t max_ulp(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0) return 0;
-  // |a - b| in float32 ulps of max(|b|, kUlpFloor): an element that an update leaves near zero is
-  // measured against the scale of the update, not against its own tiny magnitude.
-  auto scale = at::clamp_min(b.abs(), kUlpFloor).to(at::kDouble) * std::ldexp(1.0, -23);
-  return static_cast<int64_t>(std::ceil(((a.to(at::kDouble) - b.to(at::kDouble)).abs() / scale).max().item<double>()));
-}
+// The kernel's measure and bound against LibTorch: tests/common/adam_ulps.h.
+using booster::testing::adam_max_ulp;
+using booster::testing::kAdamMaxUlp;
 
 std::vector<at::Tensor> make_params(uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -108,9 +98,9 @@ TEST(CPUAdam, EqualsTorchAdamWAndAdamUnderScheduler) {
       ref->step();
       sched_ours.step();
       sched_theirs.step();
-      for (size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, max_ulp(ours[i].detach(), theirs[i].detach()));
+      for (size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, adam_max_ulp(ours[i].detach(), theirs[i].detach()));
     }
-    EXPECT_LE(worst, kMaxUlp) << (adamw ? "CPUAdam vs AdamW" : "HybridAdam (adamw_mode false) vs Adam");
+    EXPECT_LE(worst, kAdamMaxUlp) << (adamw ? "CPUAdam vs AdamW" : "HybridAdam (adamw_mode false) vs Adam");
     std::cout << "[ measured ] " << (adamw ? "CPUAdam vs AdamW" : "HybridAdam vs Adam")
               << " over 6 steps with CosineAnnealingLR: max " << worst << " ulp\n";
     EXPECT_EQ(opt->param_groups()[1].options().get_lr(), ref->param_groups()[1].options().get_lr());
@@ -227,7 +217,7 @@ TEST(CPUAdam, CheckpointRoundTripThroughRegistry) {
 }
 
 // LibTorch's own Adam / AdamW stepped through the kernel: the same result as their step() within
-// kMaxUlp, the state stays theirs; amsgrad and non-fp32 parameters are declined (nothing changed).
+// kAdamMaxUlp, the state stays theirs; amsgrad and non-fp32 parameters are declined (nothing changed).
 TEST(CPUAdam, StepWithKernelOnTorchOptimizers) {
   auto a = make_params(5), b = clones(a);
   torch::optim::AdamW oa(a, torch::optim::AdamWOptions(1e-2)), ob(b, torch::optim::AdamWOptions(1e-2));
@@ -237,7 +227,7 @@ TEST(CPUAdam, StepWithKernelOnTorchOptimizers) {
     EXPECT_TRUE(optim::step_with_cpu_adam_kernel(oa));
     ob.step();
   }
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_LE(max_ulp(a[i].detach(), b[i].detach()), kMaxUlp);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LE(adam_max_ulp(a[i].detach(), b[i].detach()), kAdamMaxUlp);
   EXPECT_EQ(state_of<torch::optim::AdamWParamState>(oa, a[0]).step(), 3);
 
   auto c = make_params(6);
@@ -282,7 +272,7 @@ TEST(CPUAdam, StepParameterWithKernelEqualsTorchStepThenCast) {
       }
       ob->step();
       for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_LE(max_ulp(a[i].detach(), b[i].detach()), kMaxUlp) << (adamw ? "AdamW" : "Adam") << " param " << i;
+        EXPECT_LE(adam_max_ulp(a[i].detach(), b[i].detach()), kAdamMaxUlp) << (adamw ? "AdamW" : "Adam") << " param " << i;
     }
     EXPECT_THAT([&] { optim::step_parameter_with_cpu_adam_kernel(*oa, at::zeros({3}), at::zeros({3})); },
                 ThrowsMessage<std::invalid_argument>(HasSubstr("not a parameter of this")));

@@ -1,7 +1,7 @@
 // cpu_adam_test.cpp — the CPU Adam kernel (booster/kernels/cpu_adam.h) and CPUAdam / HybridAdam
 // (booster/optim/cpu_adam.h) against LibTorch 2.11's torch::optim::AdamW / Adam.
 //
-// Bound: after several steps the parameters and both moments are within kMaxUlp float32 ulps of
+// Bound: after several steps the parameters and both moments are within kAdamMaxUlp float32 ulps of
 // LibTorch's, on every ISA path this CPU has (each forced), odd sizes, AdamW and Adam, with and
 // without weight decay; bias_correction = false and div_scale != 1 against the same ATen operations
 // as LibTorch's step with the bias corrections set to 1 / the gradient divided first. Every path,
@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "booster/optim/cpu_adam.h"
+#include "common/adam_ulps.h"
 
 namespace kc = booster::kernels::cpu;
 using ::testing::HasSubstr;
@@ -22,27 +23,15 @@ using ::testing::ThrowsMessage;
 
 namespace {
 
-// LibTorch 2.11's vectorised CPU kernels fuse multiply-adds (add_ with alpha and addcmul_ round once:
-// its AdamW moments equal an fma-ordered loop bit for bit), where the kernel rounds each operation as
-// 1.13 did (0 ulps then). Measured against 2.11 after 4-6 steps, every ISA: parameters 13, exp_avg
-// 14, exp_avg_sq 2 ulps of max(|x|, kUlpFloor); a wrong formula is off by orders of magnitude more.
-constexpr int64_t kMaxUlp = 16;
-constexpr double kUlpFloor = 1e-3;
+// The kernel's measure and bound against LibTorch: tests/common/adam_ulps.h.
+using booster::testing::adam_max_ulp;
+using booster::testing::kAdamMaxUlp;
 
 std::vector<kc::Isa> available_isas() {
   std::vector<kc::Isa> v{kc::Isa::kScalar};
   if (kc::detected_isa() != kc::Isa::kScalar) v.push_back(kc::Isa::kAvx2);
   if (kc::detected_isa() == kc::Isa::kAvx512) v.push_back(kc::Isa::kAvx512);
   return v;
-}
-
-// Largest distance in float32 ulps (positions in the ordered sequence of floats) between a and b.
-int64_t max_ulp(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0) return 0;
-  // |a - b| in float32 ulps of max(|b|, kUlpFloor): an element that an update leaves near zero is
-  // measured against the scale of the update, not against its own tiny magnitude.
-  auto scale = at::clamp_min(b.abs(), kUlpFloor).to(at::kDouble) * std::ldexp(1.0, -23);
-  return static_cast<int64_t>(std::ceil(((a.to(at::kDouble) - b.to(at::kDouble)).abs() / scale).max().item<double>()));
 }
 
 struct Hyper {
@@ -137,10 +126,10 @@ TEST(CpuAdamKernel, MatchesTorchAdamWAndAdamOnEveryIsa) {
         } else {
           tm = tv = k.m;
         }
-        int64_t up = max_ulp(k.p, torch_p.detach()), um = max_ulp(k.m, tm), uv = max_ulp(k.v, tv);
-        EXPECT_LE(up, kMaxUlp) << kc::isa_name(isa) << " " << cs.name << " n " << n << " param";
-        EXPECT_LE(um, kMaxUlp) << kc::isa_name(isa) << " " << cs.name << " n " << n << " exp_avg";
-        EXPECT_LE(uv, kMaxUlp) << kc::isa_name(isa) << " " << cs.name << " n " << n << " exp_avg_sq";
+        int64_t up = adam_max_ulp(k.p, torch_p.detach()), um = adam_max_ulp(k.m, tm), uv = adam_max_ulp(k.v, tv);
+        EXPECT_LE(up, kAdamMaxUlp) << kc::isa_name(isa) << " " << cs.name << " n " << n << " param";
+        EXPECT_LE(um, kAdamMaxUlp) << kc::isa_name(isa) << " " << cs.name << " n " << n << " exp_avg";
+        EXPECT_LE(uv, kAdamMaxUlp) << kc::isa_name(isa) << " " << cs.name << " n " << n << " exp_avg_sq";
         EXPECT_TRUE(k.p.isfinite().all().item<bool>());
         worst_p = std::max(worst_p, up), worst_m = std::max(worst_m, um), worst_v = std::max(worst_v, uv);
       }
@@ -172,10 +161,10 @@ TEST(CpuAdamKernel, BiasCorrectionOffAndDivScaleMatchAtenReference) {
           aten_step(bp, g / scale, bm, bv, hb, t);
           kd.step(config_of(hb, t, scale), g, isa);
         }
-        EXPECT_LE(max_ulp(k.p, rp), kMaxUlp) << kc::isa_name(isa) << " bias_correction off, adamw " << adamw;
-        EXPECT_LE(max_ulp(k.v, rv), kMaxUlp) << kc::isa_name(isa) << " bias_correction off, adamw " << adamw;
-        EXPECT_LE(max_ulp(kd.p, bp), kMaxUlp) << kc::isa_name(isa) << " div_scale, adamw " << adamw;
-        EXPECT_LE(max_ulp(kd.m, bm), kMaxUlp) << kc::isa_name(isa) << " div_scale, adamw " << adamw;
+        EXPECT_LE(adam_max_ulp(k.p, rp), kAdamMaxUlp) << kc::isa_name(isa) << " bias_correction off, adamw " << adamw;
+        EXPECT_LE(adam_max_ulp(k.v, rv), kAdamMaxUlp) << kc::isa_name(isa) << " bias_correction off, adamw " << adamw;
+        EXPECT_LE(adam_max_ulp(kd.p, bp), kAdamMaxUlp) << kc::isa_name(isa) << " div_scale, adamw " << adamw;
+        EXPECT_LE(adam_max_ulp(kd.m, bm), kAdamMaxUlp) << kc::isa_name(isa) << " div_scale, adamw " << adamw;
       }
     }
   }

@@ -8,12 +8,16 @@
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "common/thread_ranks.h"
 #include "common/tensor_test_util.h"
+#include "common/test_util.h"
+#include "common/thread_ranks.h"
 
 namespace {
 
@@ -280,6 +284,29 @@ TEST(ProcessGroup, DifferentRankListsAcrossRanksThrowOnEveryRank) {
                                    HasSubstr("rank 0 passed [1, 3], rank 2 passed [2, 1]"),
                                    HasSubstr("same list, in the same order of calls")))
         << "rank " << r;
+}
+
+// The body of a child process: rendezvous (which makes the Gloo transport), then report the flight
+// recorder setting c10d reads when the first group is made.
+TEST(ProcessGroup, DISABLED_ChildReportsFlightRecorderSetting) {
+  auto world = ProcessGroup::rendezvous(booster::dist::RendezvousOptions{});
+  const char* v = std::getenv("TORCH_FR_BUFFER_SIZE");
+  std::cout << "TORCH_FR_BUFFER_SIZE=" << (v ? v : "<unset>") << std::endl;
+}
+
+// c10d's flight recorder crashes in 2.11 when several groups of one process run collectives from
+// several threads (src/dist/gloo_backend.h): a rendezvous turns it off unless the user set it.
+TEST(ProcessGroup, FlightRecorderIsOffUnlessTheUserSetsIt) {
+  booster::testing::TempDir tmp;
+  for (const auto& [given, expected] : std::vector<std::pair<std::string, std::string>>{{"\x01unset", "0"}, {"5", "5"}}) {
+    const std::string out = tmp.file("child_" + expected + ".txt");
+    const int pid = booster::testing::spawn_test_child("ProcessGroup.DISABLED_ChildReportsFlightRecorderSetting",
+                                                       {{"TORCH_FR_BUFFER_SIZE", given}}, out);
+    const auto r = booster::testing::wait_process(pid, 60);
+    const std::string log = booster::testing::read_file(out);
+    ASSERT_EQ(r.exit_code, 0) << log;
+    EXPECT_THAT(log, HasSubstr("TORCH_FR_BUFFER_SIZE=" + expected + "\n")) << log;
+  }
 }
 
 }  // namespace

@@ -16,40 +16,50 @@ MixedPrecision::~MixedPrecision() = default;
 // ---------------------------------------------------------------------------------------------
 // Autocast
 
-CpuAutocastGuard::CpuAutocastGuard(at::ScalarType dtype)
-    : prev_enabled_(at::autocast::is_autocast_enabled(at::kCPU)), prev_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
-  at::autocast::set_autocast_enabled(at::kCPU, true);
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+namespace {
+
+// torch.autocast(device, dtype) entered and left on this thread; entering returns the state that
+// leaving restores. One pair for every device type (LibTorch 2.x keys autocast by device).
+struct AutocastState {
+  bool enabled;
+  at::ScalarType dtype;
+};
+
+AutocastState enter_autocast(at::DeviceType device, at::ScalarType dtype) {
+  const AutocastState prev{at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)};
+  at::autocast::set_autocast_enabled(device, true);
+  at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
+  return prev;
 }
 
-CpuAutocastGuard::~CpuAutocastGuard() {
+void leave_autocast(at::DeviceType device, const AutocastState& prev) {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(at::kCPU, prev_enabled_);
-  at::autocast::set_autocast_dtype(at::kCPU, prev_dtype_);
+  at::autocast::set_autocast_enabled(device, prev.enabled);
+  at::autocast::set_autocast_dtype(device, prev.dtype);
 }
+
+}  // namespace
+
+CpuAutocastGuard::CpuAutocastGuard(at::ScalarType dtype) {
+  const AutocastState prev = enter_autocast(at::kCPU, dtype);
+  prev_enabled_ = prev.enabled;
+  prev_dtype_ = prev.dtype;
+}
+
+CpuAutocastGuard::~CpuAutocastGuard() { leave_autocast(at::kCPU, {prev_enabled_, prev_dtype_}); }
 
 namespace {
 
-// CUDA autocast (torch.autocast("cuda", dtype)): same shape as CpuAutocastGuard. Compiled but never
-// run here (no GPU): the fp16 path refuses CPU models before it is reached.
+// CUDA autocast (torch.autocast("cuda", dtype)), as CpuAutocastGuard. Compiled but never run here
+// (no GPU): the fp16 path refuses CPU models before it is reached.
 class CudaAutocastGuard {
  public:
-  explicit CudaAutocastGuard(at::ScalarType dtype)
-      : prev_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)), prev_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)) {
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~CudaAutocastGuard() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
-    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
-  }
+  explicit CudaAutocastGuard(at::ScalarType dtype) : prev_(enter_autocast(at::kCUDA, dtype)) {}
+  ~CudaAutocastGuard() { leave_autocast(at::kCUDA, prev_); }
 
  private:
-  bool prev_enabled_;
-  at::ScalarType prev_dtype_;
+  AutocastState prev_;
 };
 
 // Autocast around the user's forward, delegating everything else to the plugin's hooks.

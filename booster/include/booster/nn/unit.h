@@ -283,17 +283,6 @@ R UnitBase::unit_run_forward(F&& block_forward) {
 namespace detail {
 
 struct FromClone {};
-struct CoreFromClone {};  // UnitCore's own tag: its inherited constructor never competes with UnitImpl's
-
-// Whether torch::nn::Module is a virtual base of BlockImpl (a static_cast down from a virtual base is
-// ill-formed). LibTorch 2.x's Cloneable derives from Module non-virtually; a user's block may still
-// derive virtually, and then the most derived class (UnitImpl) must initialise Module itself.
-template <class BlockImpl, class = void>
-struct HasVirtualModuleBase : std::true_type {};
-template <class BlockImpl>
-struct HasVirtualModuleBase<BlockImpl,
-                            std::void_t<decltype(static_cast<BlockImpl*>(std::declval<torch::nn::Module*>()))>>
-    : std::false_type {};
 
 template <class Derived, class BlockImpl>
 class UnitCore : public BlockImpl, public UnitBase {
@@ -331,7 +320,7 @@ class UnitCore : public BlockImpl, public UnitBase {
   }
 
  protected:
-  UnitCore(CoreFromClone, const BlockImpl& block) : BlockImpl(block) {}
+  UnitCore(FromClone, const BlockImpl& block) : BlockImpl(block) {}
 };
 
 }  // namespace detail
@@ -343,12 +332,9 @@ class UnitImpl<BlockImpl, R(A...)> : public detail::UnitCore<UnitImpl<BlockImpl,
 
  public:
   using Core::Core;
-  // For clone(): `block` is a deep copy made by Cloneable<BlockImpl>. Where Module is a virtual base
-  // of the block, this class (the most derived) initialises it.
-  template <class B = BlockImpl, std::enable_if_t<detail::HasVirtualModuleBase<B>::value, int> = 0>
-  UnitImpl(detail::FromClone, const BlockImpl& block) : torch::nn::Module(block), Core(detail::CoreFromClone{}, block) {}
-  template <class B = BlockImpl, std::enable_if_t<!detail::HasVirtualModuleBase<B>::value, int> = 0>
-  UnitImpl(detail::FromClone, const BlockImpl& block) : Core(detail::CoreFromClone{}, block) {}
+  // For clone(): `block` is a deep copy made by Cloneable<BlockImpl> (whose Module base is not
+  // virtual in LibTorch 2.x, so the block's copy constructor copies it).
+  UnitImpl(detail::FromClone tag, const BlockImpl& block) : Core(tag, block) {}
 
   // Hides BlockImpl::forward: every call goes through the unit protocol.
   R forward(A... args) {
@@ -364,10 +350,7 @@ class UnitImpl<BlockImpl, UndeducibleForward>
 
  public:
   using Core::Core;
-  template <class B = BlockImpl, std::enable_if_t<detail::HasVirtualModuleBase<B>::value, int> = 0>
-  UnitImpl(detail::FromClone, const BlockImpl& block) : torch::nn::Module(block), Core(detail::CoreFromClone{}, block) {}
-  template <class B = BlockImpl, std::enable_if_t<!detail::HasVirtualModuleBase<B>::value, int> = 0>
-  UnitImpl(detail::FromClone, const BlockImpl& block) : Core(detail::CoreFromClone{}, block) {}
+  UnitImpl(detail::FromClone tag, const BlockImpl& block) : Core(tag, block) {}
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
