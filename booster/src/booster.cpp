@@ -12,6 +12,7 @@
 #include <set>
 
 #include "booster/core/host_allocator.h"
+#include "booster/core/host_cache.h"
 #include "booster/auto_select.h"
 #include "booster/estimate.h"
 #include "booster/logging.h"
@@ -88,6 +89,12 @@ struct Booster::Impl {
   int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)
   std::shared_ptr<dist::ProcessGroup> world;
   std::string malloc_mode;             // [booster] malloc ("" = the plugin's default)
+  std::string host_allocator;          // the mode in effect (set at attach_plugin)
+  double malloc_cache_mb = -1;         // [booster] malloc_cache_mb (-1: default_host_cache_limit at boost())
+  int64_t boosted_model_state_bytes = 0;  // model states of every boosted model, per rank
+  int64_t cache_limit_bytes(int64_t fallback) const {
+    return malloc_cache_mb >= 0 ? static_cast<int64_t>(malloc_cache_mb * (1 << 20)) : fallback;
+  }
   // plugin = "auto": [auto] options; the plugin is loaded at the first boost().
   bool auto_pending = false;
   bool world_sharded_before_boost = false;  // auto: prepare_dataloader / data_parallel_group() before boost()
@@ -111,7 +118,12 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->mixed_precision = b.get_choice("mixed_precision", "fp32", {"fp32", "fp16", "bf16"});
   impl_->max_norm = b.get_double("max_norm", 0.0, 0.0);
   impl_->norm_type = b.get_double("norm_type", 2.0, 1e-9, INFINITY);  // TOML: norm_type = inf
-  const std::string malloc_mode = b.has("malloc") ? b.get_choice("malloc", "retain", {"retain", "return", "system"}) : "";
+  const std::string malloc_mode = b.has("malloc") ? b.get_choice("malloc", "cache", {"cache", "retain", "return", "system"}) : "";
+  impl_->malloc_cache_mb = b.get_double("malloc_cache_mb", -1.0, 0.0, 1e9);
+  if (b.has("malloc_cache_mb") && !malloc_mode.empty() && malloc_mode != "cache")
+    throw ConfigError(b.where("malloc_cache_mb") + ": booster.malloc_cache_mb bounds the tensor cache of malloc = "
+                      "\"cache\", and malloc = \"" + malloc_mode + "\" has none; remove malloc_cache_mb or set "
+                      "malloc = \"cache\"");
   impl_->estimate = b.get_bool("estimate", false);
   impl_->estimate_world_size = static_cast<int>(b.get_int("estimate_world_size", 0, 0, 1 << 20));
   b.check_unknown();
@@ -168,8 +180,13 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
   const std::string plugin_name = plugin->name();
   auto world = impl_->world;
   impl_->plugin = std::move(plugin);
+  impl_->host_allocator = malloc_mode.empty() ? impl_->plugin->default_malloc() : malloc_mode;
+  if (impl_->host_allocator != "cache" && impl_->malloc_cache_mb >= 0)
+    throw ConfigError("booster.malloc_cache_mb bounds the tensor cache of malloc = \"cache\", and plugin " +
+                      impl_->plugin->name() + "'s default malloc is \"" + impl_->host_allocator +
+                      "\"; remove malloc_cache_mb or set malloc = \"cache\"");
   const std::string allocator =
-      configure_host_allocator(malloc_mode.empty() ? impl_->plugin->default_malloc() : malloc_mode) +
+      configure_host_allocator(impl_->host_allocator, impl_->cache_limit_bytes(kHostCacheFloorBytes)) +
       (malloc_mode.empty() ? " (the plugin's default)" : "");
 
   check_shadowed_settings(config, *impl_->plugin,
@@ -332,6 +349,15 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
   }
   if (c.optimizer) impl_->optimizers.push_back(c.optimizer);
   MemoryReport report = memory_report_of(*model, *c.hooks, c.optimizer.get());
+  impl_->boosted_model_state_bytes += report.model_states();
+  if (impl_->host_allocator == "cache") {
+    const int64_t limit = impl_->cache_limit_bytes(default_host_cache_limit(impl_->boosted_model_state_bytes));
+    if (limit != host_cache_stats().limit_bytes) {
+      configure_host_allocator("cache", limit);
+      log::info("booster: host tensor cache bound " + std::to_string(limit >> 20) + " MiB" +
+                (impl_->malloc_cache_mb >= 0 ? " (malloc_cache_mb)" : " (max(48 MiB, 0.15 x model states))"));
+    }
+  }
   if (impl_->plugin->world()->rank() == 0)
     log::info("booster: memory per rank in steady state (" + impl_->plugin->name() + "): " + report.to_string());
   return c;
@@ -410,6 +436,7 @@ MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& ho
   for (const auto& p : module.parameters())
     if (seen.insert(p.storage().unsafeGetStorageImpl()).second) r.parameters += static_cast<int64_t>(p.storage().nbytes());
   r.communication_buffers += hooks.communication_buffer_bytes();
+  r.host_cache_held = host_cache_stats().held_bytes;
   return r;
 }
 

@@ -131,7 +131,6 @@ class GeminiPlugin : public Plugin {
   bool control_checkpoint_io() const override { return true; }
   bool support_no_sync() const override { return true; }
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
-  std::string default_malloc() const override { return "return"; }
 
   // Chunk-based ZeRO-3 (ColossalAI's Gemini): per rank a 1/N shard of every chunk in the training
   // precision, its gradient shard, the fp32 master shard (kept apart from the parameters even in

@@ -92,7 +92,6 @@ class LowLevelZeroPlugin : public Plugin {
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return true; }
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
-  std::string default_malloc() const override { return "return"; }
 
   // Stage 1 and stage 2 at the request's precision (ZeRO's formulas, core/memory_estimate.h), with
   // the default bucket of reduce_bucket_size_in_m = 12.

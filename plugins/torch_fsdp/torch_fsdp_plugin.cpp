@@ -207,7 +207,6 @@ class TorchFSDPPlugin : public Plugin {
   bool control_checkpoint_io() const override { return true; }
   bool support_no_sync() const override { return true; }
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
-  std::string default_malloc() const override { return "return"; }
 
   std::vector<ShadowedSetting> shadowed_settings() const override {
     const std::string precision = options_.param_dtype.empty() ? "fp32" : options_.param_dtype;

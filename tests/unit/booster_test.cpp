@@ -1,6 +1,8 @@
 // booster_test.cpp — Booster on a world of one: config checks, boost(), torch_ddp, OptimizerWrapper, dataloaders.
 
 #include "booster/booster.h"
+#include "booster/core/host_allocator.h"
+#include "booster/core/host_cache.h"
 #include "booster/nn/unit.h"
 #include "booster/wrappers/zero_optimizer.h"
 
@@ -174,6 +176,34 @@ TEST(Booster, MixedPrecisionAndCheckpointSectionKeys) {
   // Loss-scaler options, an empty [checkpoint], [distributed] and the program's [train] are fine.
   EXPECT_NO_THROW(make_booster(minimal_toml() + "[mixed_precision]\ninitial_scale = 1024\n[checkpoint]\n"
                                                 "[train]\nepochs = 3\n[distributed]\nbackend = \"gloo\"\n"));
+}
+
+// [booster] malloc = "cache" (every in-tree plugin's default): the bound is set at boost() from the
+// model states, or from malloc_cache_mb; memory_report shows the held free bytes; malloc_cache_mb
+// with another mode is an error rather than ignored.
+TEST(Booster, HostCacheBoundAndReport) {
+  EXPECT_THAT([] { make_booster(kDdpToml + "malloc = \"retain\"\nmalloc_cache_mb = 8\n"); },
+              ThrowsMessage<ConfigError>(HasSubstr("malloc = \"retain\" has none")));
+  EXPECT_THAT([] { make_booster(kDdpToml + "malloc_cache_mb = -1\n"); }, ThrowsMessage<ConfigError>(HasSubstr("malloc_cache_mb")));
+#if !defined(__SANITIZE_ADDRESS__)
+  {
+    Booster booster = make_booster(kDdpToml + "malloc_cache_mb = 20\n");
+    torch::nn::Linear net(64, 64);
+    auto boosted = booster.boost(net);
+    EXPECT_EQ(booster::host_cache_stats().limit_bytes, 20 << 20);
+  }
+  Booster booster = make_booster(kDdpToml);
+  torch::nn::Linear net(2048, 1024);  // 8 MiB of weights: a cached block
+  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto boosted = booster.boost(net, opt);
+  const booster::MemoryReport report = booster.memory_report(boosted.model, boosted.optimizer.get());
+  EXPECT_EQ(booster::host_cache_stats().limit_bytes, booster::default_host_cache_limit(report.model_states()));
+  { at::Tensor scratch = at::empty({2 << 20}); }  // 8 MiB freed into the cache
+  const booster::MemoryReport after = booster.memory_report(boosted.model, boosted.optimizer.get());
+  EXPECT_EQ(after.host_cache_held, booster::host_cache_stats().held_bytes);
+  EXPECT_GE(after.host_cache_held, 8 << 20);
+  EXPECT_THAT(after.to_string(), HasSubstr("host cache holds"));
+#endif
 }
 
 TEST(Booster, UnknownPluginNameListsPluginsFound) {

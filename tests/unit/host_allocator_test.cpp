@@ -83,7 +83,7 @@ TEST(HostAllocator, ReturnMapsMegabyteBlocksAndGivesThemBack) {
     return;
   }
   const std::string line = booster::configure_host_allocator("return");
-  EXPECT_THAT(line, HasSubstr("malloc = \"return\": M_MMAP_THRESHOLD = 1048576, M_TRIM_THRESHOLD = 1048576"));
+  EXPECT_THAT(line, HasSubstr("malloc = \"return\": glibc: M_MMAP_THRESHOLD = 1048576, M_TRIM_THRESHOLD = 1048576"));
   char* large = static_cast<char*>(std::malloc(24 << 20));
   ASSERT_NE(large, nullptr);
   std::memset(large, 1, 24 << 20);
@@ -121,6 +121,7 @@ TEST(HostAllocator, EnvironmentSettingsAndPreloadedAllocatorsAreKept) {
   {
     ScopedEnv preload("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
     EXPECT_THAT(booster::configure_host_allocator("retain"), HasSubstr("mimalloc is preloaded"));
+    EXPECT_THAT(booster::configure_host_allocator("cache"), HasSubstr("tensor cache left alone"));
   }
   EXPECT_THAT(booster::configure_host_allocator("system"), HasSubstr("glibc's defaults"));
 }
@@ -130,6 +131,7 @@ TEST(HostAllocator, UnknownModeIsAClearError) {
     booster::configure_host_allocator("jemalloc");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("\"cache\""));
     EXPECT_THAT(e.what(), HasSubstr("\"retain\""));
     EXPECT_THAT(e.what(), HasSubstr("\"system\""));
     EXPECT_THAT(e.what(), HasSubstr("\"return\""));

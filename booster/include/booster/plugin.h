@@ -47,7 +47,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 9;  // 9: LibTorch 2.11 (optimizer state keyed by void*)
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 10;  // 10: MemoryReport::host_cache_held
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -165,11 +165,11 @@ class BOOSTER_API Plugin {
   virtual bool control_checkpoint_io() const { return false; }
   // true: no_sync() works (the default no_sync then pauses the hooks' gradient synchronisation).
   virtual bool support_no_sync() const { return false; }
-  // [booster] malloc when the config does not set it (core/host_allocator.h): "retain" (freed host
-  // memory kept for the next step: faster), "return" (freed blocks of 1 MiB and more go back to the
-  // system: resident memory follows the live tensors, for plugins whose point is memory, such as
-  // ZeRO, FSDP and Gemini) or "system" (glibc's defaults). Default "retain".
-  virtual std::string default_malloc() const { return "retain"; }
+  // [booster] malloc when the config does not set it (core/host_allocator.h): "cache" (freed tensor
+  // blocks kept for the next step up to a bound: as fast as "retain", resident memory at most the
+  // bound above the live tensors), "retain", "return" or "system". Default "cache" (every in-tree
+  // plugin).
+  virtual std::string default_malloc() const { return "cache"; }
   // Per-rank memory of each configuration this plugin offers for `request` (its own formulas; see
   // core/memory_estimate.h): `booster estimate`, [booster] estimate = true and plugin = "auto" list
   // them for every installed plugin, third-party ones included. Must not depend on this plugin's own

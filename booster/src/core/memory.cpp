@@ -13,7 +13,12 @@ std::string MemoryReport::to_string() const {
                 "communication buffers %.1f MiB; model states %.1f MiB",
                 mib(parameters), mib(gradients), mib(master_weights), mib(optimizer_states),
                 mib(communication_buffers), mib(model_states()));
-  return buf;
+  std::string out = buf;
+  if (host_cache_held > 0) {
+    std::snprintf(buf, sizeof buf, "; host cache holds %.1f MiB free", mib(host_cache_held));
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace booster

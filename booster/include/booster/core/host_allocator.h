@@ -1,50 +1,55 @@
-// host_allocator.h — how host (CPU) memory is allocated in a training process.
+// host_allocator.h — how host (CPU) memory is allocated in a training process: [booster] malloc.
 //
-// LibTorch's CPU tensors come from glibc malloc. By default glibc returns freed memory to the
-// system (it trims the heap top above M_TRIM_THRESHOLD and unmaps allocations above a dynamic
-// M_MMAP_THRESHOLD), so a training loop that frees its activations and gradients every step
-// faults the same pages in again on the next step: on the Fashion-MNIST CNN, 6,000-7,400 minor
-// page faults per step and 1.3x lower throughput than with retention (docs/benchmarks.md, DDP
-// throughput). "retain" keeps freed memory for reuse, as PyTorch's caching allocators do on GPUs:
-//   M_MMAP_THRESHOLD = 32 MiB   allocations below it come from the heap (glibc's own maximum for
-//                               its dynamic threshold; larger ones are still mapped and unmapped)
-//   M_TRIM_THRESHOLD = 2 GiB    (mallopt's largest value) the heap top is trimmed only when that
-//                               much is free at it: resident memory stays at the heap's peak
-//                               instead of rising and falling every step
+// A training step frees its activations, gradients, buckets and gathered shards and allocates the
+// same sizes again in the next step. Memory given back to the system in between is faulted in again
+// (one minor page fault per 4 KiB page, zero-filled by the kernel); memory kept costs resident
+// memory. The modes (measured on the main job and the memory benchmark, docs/architecture.md):
+//   "cache"  (every plugin's default) LibTorch's CPU tensors of 1 MiB and more come from the host
+//            cache (core/host_cache.h): freed blocks are kept by size class and handed out again, at
+//            most `cache_limit_bytes` of them held free, the least recently freed unmapped first.
+//            Resident memory is the live tensors + at most the limit. glibc serves everything else
+//            with M_MMAP_THRESHOLD = 1 MiB (large non-tensor blocks are mapped and returned) and
+//            M_TRIM_THRESHOLD = 32 MiB (the heap of small blocks keeps up to 32 MiB free at its top).
+//            The default limit is default_host_cache_limit(): max(48 MiB, 0.15 x the model states
+//            per rank), set by the Booster at boost(); [booster] malloc_cache_mb sets it.
+//   "retain" glibc keeps freed memory for reuse: M_MMAP_THRESHOLD = 32 MiB (glibc's maximum for its
+//            dynamic threshold; larger blocks are still mapped and unmapped), M_TRIM_THRESHOLD = 2 GiB
+//            (mallopt's largest: the heap top is never trimmed). As fast as "cache"; resident memory
+//            stays at the heap's peak, and long-lived and per-step blocks fragment the heap.
+//   "return" M_MMAP_THRESHOLD = M_TRIM_THRESHOLD = 1 MiB: blocks of 1 MiB or more get mappings of
+//            their own and go back to the system when freed, so resident memory follows the live
+//            tensors, and every step faults them in again (slowest).
+//   "system" glibc's defaults (its dynamic mmap threshold rises to 32 MiB after the first large free).
 // A value the user set in glibc's environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
-// MALLOC_TOP_PAD_) is kept, and with another allocator preloaded (LD_PRELOAD naming jemalloc,
-// mimalloc or tcmalloc) nothing is changed. The cost is resident memory: the heap keeps its peak,
-// and with the mmap threshold fixed from the start long-lived and per-step blocks share the heap, so
-// freed memory inside it stays resident (ZeRO-2 bf16 on 4 ranks: 534 MiB above baseline after the
-// steps instead of 290, memory benchmark).
-// glibc's defaults ("system") do not return everything either: after the first large free glibc
-// raises its dynamic mmap threshold (up to 32 MiB), so later blocks below it (shards, collective
-// buffers, optimizer temporaries of a few to 25 MiB) come from the heap, where freed memory stays
-// resident. "return" fixes the threshold low instead:
-//   M_MMAP_THRESHOLD = 1 MiB    a block of 1 MiB or more that the heap has no room for is mapped on
-//                               its own and unmapped when freed (fixing it also freezes the dynamic
-//                               adjustment)
-//   M_TRIM_THRESHOLD = 1 MiB    the heap top is trimmed once 1 MiB is free at it, so the heap stays
-//                               small and large blocks keep getting mappings of their own
-// so resident memory follows the live tensors (ZeRO-2 bf16 on 4 ranks: peak 458 MiB above baseline
-// instead of 699 with glibc's defaults)
-// at the cost of faulting such blocks in again when they are reallocated. So the default is the
-// plugin's (Plugin::default_malloc): "retain" for DDP and hybrid parallelism, "return" for the
-// sharding plugins (ZeRO, FSDP, Gemini), whose point is memory and whose estimates
-// (core/memory_estimate.h) count live tensors.
+// MALLOC_TOP_PAD_) is kept. With another allocator preloaded (LD_PRELOAD naming jemalloc, mimalloc
+// or tcmalloc) nothing is changed, the tensor cache included: that allocator serves the tensors.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "booster/export.h"
 
 namespace booster {
 
-// mode: "retain", "return" or "system" (glibc's defaults, nothing changed); the Booster passes [booster] malloc,
-// or the plugin's default_malloc() when the config does not set it.
-// Applies to the whole process (mallopt); call it before the model is built. Returns one line saying
-// what was set and what was left to the environment, for the log. Throws std::invalid_argument for
-// another mode.
-BOOSTER_API std::string configure_host_allocator(const std::string& mode);
+// The "cache" mode's default bound on held free bytes: the floor covers a small model's per-step
+// activations (the Fashion-MNIST CNN at batch 64 fp32 re-faults below it), the fraction a large
+// model's per-step gradient and communication buffers while keeping resident memory at rest within
+// 1.25x of the model states (the memory benchmark).
+constexpr int64_t kHostCacheFloorBytes = int64_t{48} << 20;
+constexpr double kHostCacheModelStateFraction = 0.15;
+
+// max(kHostCacheFloorBytes, kHostCacheModelStateFraction x model_state_bytes), in bytes.
+// model_state_bytes: MemoryReport::model_states() per rank (a negative value counts as 0).
+BOOSTER_API int64_t default_host_cache_limit(int64_t model_state_bytes);
+
+// mode: "cache", "retain", "return" or "system"; the Booster passes [booster] malloc, or the plugin's
+// default_malloc() when the config does not set it. cache_limit_bytes: the "cache" mode's bound on
+// held free bytes (ignored by the other modes; a later call with "cache" changes it).
+// Applies to the whole process (mallopt, c10::SetCPUAllocator); call it before the model is built.
+// Returns one line saying what was set and what was left to the environment, for the log.
+// Throws std::invalid_argument for another mode, or a negative cache_limit_bytes with "cache".
+BOOSTER_API std::string configure_host_allocator(const std::string& mode,
+                                                 int64_t cache_limit_bytes = kHostCacheFloorBytes);
 
 }  // namespace booster

@@ -22,11 +22,14 @@ struct BOOSTER_API MemoryReport {
   int64_t master_weights = 0;         // bytes: fp32 master copies (0 when the optimizer updates the parameters)
   int64_t optimizer_states = 0;       // bytes: optimizer state tensors (e.g. Adam exp_avg + exp_avg_sq)
   int64_t communication_buffers = 0;  // bytes: buckets that are not also the gradients
+  // bytes: freed tensor blocks the host cache holds for reuse (malloc = "cache", core/host_cache.h),
+  // process-wide, filled in by Booster::memory_report; resident where they were touched.
+  int64_t host_cache_held = 0;
 
   // parameters + gradients + master_weights + optimizer_states (bytes).
   int64_t model_states() const { return parameters + gradients + master_weights + optimizer_states; }
   // One line, MiB with one decimal: "params 12.3 MiB, grads ..., master ..., optim ..., comm ...,
-  // model states ... MiB".
+  // model states ... MiB", and "; host cache holds ... MiB free" when host_cache_held > 0.
   std::string to_string() const;
 };
 

@@ -1,0 +1,203 @@
+// host_cache.cpp — the caching CPU allocator (see host_cache.h).
+#include "booster/core/host_cache.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace booster {
+
+int64_t host_cache_size_class(int64_t bytes) {
+  constexpr int64_t kPage = 4096;
+  if (bytes <= kPage) return kPage;
+  int shift = 63 - __builtin_clzll(static_cast<unsigned long long>(bytes));
+  const int64_t step = std::max<int64_t>(kPage, int64_t{1} << std::max(0, shift - 3));
+  return (bytes + step - 1) / step * step;
+}
+
+namespace {
+
+class HostCache final : public c10::Allocator {
+ public:
+  explicit HostCache(c10::Allocator* previous) : previous_(previous) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    if (static_cast<int64_t>(n) < kHostCacheMinBytes) return previous_->allocate(n);
+    const int64_t bytes = host_cache_size_class(static_cast<int64_t>(n));
+    void* ptr = take_held(bytes);
+    if (ptr == nullptr) {
+      ptr = map(bytes);
+      if (ptr == nullptr) {
+        // Held blocks of other classes may be what stands between this request and the system's limit.
+        trim(0);
+        ptr = map(bytes);
+      }
+      if (ptr == nullptr)
+        throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                    "booster host cache: mmap of " + std::to_string(bytes) +
+                                        " bytes failed: " + std::strerror(errno));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.emplace(ptr, bytes);
+    stats_.in_use_bytes += bytes;
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    return {ptr, ptr, &HostCache::deleter, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &HostCache::deleter; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+  void set_limit(int64_t limit) {
+    std::vector<std::pair<void*, int64_t>> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.limit_bytes = limit;
+      evict_locked(limit, victims);
+    }
+    unmap(victims);
+  }
+
+  int64_t trim(int64_t keep) {
+    std::vector<std::pair<void*, int64_t>> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      evict_locked(keep, victims);
+    }
+    return unmap(victims);
+  }
+
+  HostCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    HostCacheStats s = stats_;
+    s.installed = true;
+    return s;
+  }
+
+  static HostCache* instance;
+
+ private:
+  struct FreeBlock {
+    void* ptr;
+    int64_t bytes;
+  };
+  using Lru = std::list<FreeBlock>;
+
+  static void deleter(void* ptr) { instance->release(ptr); }
+
+  // A held block of exactly this class (the most recently freed: its pages are the likeliest warm),
+  // or null.
+  void* take_held(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_by_class_.find(bytes);
+    if (it == free_by_class_.end() || it->second.empty()) {
+      ++stats_.misses;
+      return nullptr;
+    }
+    const Lru::iterator node = it->second.back();
+    it->second.pop_back();
+    void* ptr = node->ptr;
+    lru_.erase(node);
+    stats_.held_bytes -= bytes;
+    ++stats_.hits;
+    return ptr;
+  }
+
+  static void* map(int64_t bytes) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+
+  void release(void* ptr) {
+    std::vector<std::pair<void*, int64_t>> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = live_.find(ptr);
+      if (it == live_.end()) {
+        // raw_deallocate of a block the previous allocator served (raw_deleter is ours).
+        previous_->raw_deallocate(ptr);
+        return;
+      }
+      const int64_t bytes = it->second;
+      live_.erase(it);
+      stats_.in_use_bytes -= bytes;
+      lru_.push_back({ptr, bytes});
+      free_by_class_[bytes].push_back(std::prev(lru_.end()));
+      stats_.held_bytes += bytes;
+      evict_locked(stats_.limit_bytes, victims);
+      stats_.peak_held_bytes = std::max(stats_.peak_held_bytes, stats_.held_bytes);
+    }
+    unmap(victims);
+  }
+
+  // Moves the least recently freed blocks out of the cache until at most `keep` bytes are held.
+  void evict_locked(int64_t keep, std::vector<std::pair<void*, int64_t>>& victims) {
+    while (stats_.held_bytes > keep && !lru_.empty()) {
+      const FreeBlock victim = lru_.front();
+      auto& list = free_by_class_[victim.bytes];
+      for (auto it = list.begin(); it != list.end(); ++it)
+        if (*it == lru_.begin()) {
+          list.erase(it);
+          break;
+        }
+      lru_.pop_front();
+      stats_.held_bytes -= victim.bytes;
+      stats_.released_bytes += victim.bytes;
+      victims.emplace_back(victim.ptr, victim.bytes);
+    }
+  }
+
+  static int64_t unmap(const std::vector<std::pair<void*, int64_t>>& victims) {
+    int64_t total = 0;
+    for (const auto& [ptr, bytes] : victims) {
+      ::munmap(ptr, static_cast<size_t>(bytes));
+      total += bytes;
+    }
+    return total;
+  }
+
+  c10::Allocator* previous_;
+  std::mutex mu_;
+  HostCacheStats stats_;
+  std::unordered_map<void*, int64_t> live_;
+  Lru lru_;  // free blocks, least recently freed first
+  std::unordered_map<int64_t, std::vector<Lru::iterator>> free_by_class_;
+};
+
+HostCache* HostCache::instance = nullptr;
+std::once_flag install_once;
+
+}  // namespace
+
+void install_host_cache(int64_t limit_bytes) {
+  if (limit_bytes < 0)
+    throw std::invalid_argument("booster: host cache limit " + std::to_string(limit_bytes) +
+                                " bytes is negative; use 0 (keep no free blocks) or more");
+  std::call_once(install_once, [] {
+    // Never destroyed: storage it served may be freed at any point until the process exits.
+    HostCache::instance = new HostCache(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(HostCache::instance, /*priority=*/1);
+  });
+  HostCache::instance->set_limit(limit_bytes);
+}
+
+int64_t trim_host_cache(int64_t keep_bytes) {
+  return HostCache::instance == nullptr ? 0 : HostCache::instance->trim(std::max<int64_t>(0, keep_bytes));
+}
+
+HostCacheStats host_cache_stats() {
+  return HostCache::instance == nullptr ? HostCacheStats{} : HostCache::instance->stats();
+}
+
+}  // namespace booster
