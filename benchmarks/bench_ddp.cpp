@@ -7,7 +7,8 @@
 //   bench_ddp --model cnn|mlp --mode hooks|after_backward --rank R --world_size W --port P
 //             [--steps 20 --warmup 3 --batch 64 --threads 1 --seed 0 --lr 0.01 --bucket_cap_mb 25
 //              --dump_params FILE --out FILE]
-//             [--plugin torch_ddp|torch_fsdp --strategy FULL_SHARD|SHARD_GRAD_OP --ckpt_dir DIR]
+//             [--plugin NAME --plugin_toml LINES --booster_toml LINES --strategy FULL_SHARD|... --ckpt_dir DIR
+//              --malloc cache|retain|return|system]
 //
 // samples_per_s = world_size * batch / (median wall time of one step on rank 0, after warmup): robust
 // to bursts of load on a shared machine; samples_per_s_mean = all timed samples / elapsed.
@@ -16,12 +17,14 @@
 // (overlapped); after_backward = backward under booster.no_sync, then the same buckets (25 MiB, reverse
 // registration order, gradients divided by W while copied in) allreduced after backward (no overlap).
 //
-// FSDP (--plugin torch_fsdp, MLP only, mode hooks): the same training with the torch_fsdp plugin, each
-// Linear of the MLP one shard unit (booster::nn::Unit, a pass-through under DDP), so FSDP can be
-// timed against our DDP on the same model in the same run (PyTorch's FSDP does not run on CPU in
-// torch 1.13). Its parameters are views of freed storage between iterations, so its checksums come
-// from the trained model saved with Booster::save_model into --ckpt_dir and read back with
-// booster::checkpoint::load_state_dict (after the timed steps); --dump_params is refused.
+// Other plugins (--plugin NAME, mode hooks; [plugin] lines from --plugin_toml, torch_fsdp's strategy
+// from --strategy): the same training, each Linear of the MLP and each layer of the CNN one shard
+// unit (booster::nn::Unit, a pass-through under DDP), so every plugin can be timed against our DDP
+// on the same model (benchmarks/drivers/main_job_plugins.py). Their parameters may be views of
+// freed storage between iterations, so their checksums come from the trained model saved with
+// Booster::save_model into --ckpt_dir and read back with booster::checkpoint::load_state_dict
+// (after the timed steps); --dump_params is refused. The JSON line also gives the highest rank's
+// RSS after the timed steps and peak RSS (VmRSS, VmHWM) and the host cache's held bytes.
 //
 // Everything random comes from torch::manual_seed + torch::randn/randint in a fixed order, which
 // gives the same values as Python's torch.manual_seed + torch.randn/randint (the same libtorch_cpu).
@@ -43,6 +46,8 @@
 
 #include "booster/booster.h"
 #include "booster/checkpoint/state_dict_io.h"
+#include "booster/core/host_cache.h"
+#include "booster/core/memory.h"
 #include "booster/nn/unit.h"
 #include "fashion_mnist/net.h"
 
@@ -146,6 +151,7 @@ struct Args {
   std::string model = "cnn", mode = "hooks", host = "127.0.0.1", dump_params, out;
   std::string plugin = "torch_ddp", strategy = "FULL_SHARD", ckpt_dir;
   std::string malloc_mode;  // [booster] malloc ("": the plugin's default)
+  std::string plugin_toml, booster_toml;  // extra lines for [plugin] and [booster]
   int rank = 0, world_size = 1, port = 29500, threads = 1;
   int64_t steps = 20, warmup = 3, batch = 64, seed = 0, nbatches = 4, hidden = 4096;
   double lr = 0.01, momentum = 0.9, bucket_cap_mb = 25.0;
@@ -165,11 +171,16 @@ int train(Model net, const Args& a) {
   torch::Tensor y = torch::randint(0, 10, {pool}, torch::TensorOptions().dtype(torch::kLong));
 
   const bool fsdp = a.plugin == "torch_fsdp";
-  const std::string head =
-      "[booster]\n" + (a.malloc_mode.empty() ? std::string() : "malloc = \"" + a.malloc_mode + "\"\n");
-  std::string toml = fsdp ? head + "plugin = \"torch_fsdp\"\n[plugin]\nsharding_strategy = \"" + a.strategy + "\"\n"
-                          : head + "plugin = \"torch_ddp\"\n[plugin]\nbucket_cap_mb = " +
-                                std::to_string(a.bucket_cap_mb) + "\n";
+  // Plugins other than torch_ddp may free or re-lay out the parameters between steps: their
+  // checksum is read back from the saved model.
+  const bool checksum_from_save = a.plugin != "torch_ddp";
+  const std::string head = "[booster]\n" +
+                           (a.malloc_mode.empty() ? std::string() : "malloc = \"" + a.malloc_mode + "\"\n") +
+                           a.booster_toml + "\nplugin = \"" + a.plugin + "\"\n[plugin]\n";
+  std::string toml = head + (fsdp ? "sharding_strategy = \"" + a.strategy + "\"\n"
+                                  : a.plugin == "torch_ddp" ? "bucket_cap_mb = " + std::to_string(a.bucket_cap_mb) + "\n"
+                                                            : std::string()) +
+                     a.plugin_toml + "\n";
   booster::Booster booster(booster::Config::from_string(toml));
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                  torch::optim::SGDOptions(a.lr).momentum(a.momentum));
@@ -243,6 +254,12 @@ int train(Model net, const Args& a) {
   }
   double elapsed = now_s() - t0;
   double faults_per_step = static_cast<double>(minor_faults() - faults0) / static_cast<double>(a.steps);
+  // Host memory after the timed steps (steady state) and the run's peak, the highest rank's.
+  const booster::ProcessMemory mem = booster::process_memory();
+  const double rss_mib = world->allreduce_scalar(static_cast<double>(mem.rss_bytes) / (1 << 20), booster::dist::ReduceOp::MAX);
+  const double peak_mib =
+      world->allreduce_scalar(static_cast<double>(mem.peak_rss_bytes) / (1 << 20), booster::dist::ReduceOp::MAX);
+  const double held_mib = static_cast<double>(booster::host_cache_stats().held_bytes) / (1 << 20);
 
   double checksum = 0, abs_checksum = 0;
   std::map<std::string, int64_t> stats = model.hooks().stats();
@@ -252,8 +269,8 @@ int train(Model net, const Args& a) {
       checksum += p.to(torch::kDouble).sum().item<double>();
       abs_checksum += p.to(torch::kDouble).abs().sum().item<double>();
     };
-    if (fsdp) {
-      // The parameters are views of freed storage now: checksum the model as saved.
+    if (checksum_from_save) {
+      // The parameters may be views of freed storage now: checksum the model as saved.
       booster.save_model(model, a.ckpt_dir);
       for (auto& [name, t] : booster::checkpoint::load_state_dict(a.ckpt_dir, "model")) add(t);
     } else {
@@ -280,14 +297,14 @@ int train(Model net, const Args& a) {
         "\"param_checksum\": %.12g, \"param_abs_checksum\": %.12g, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
         "\"comm_after_bwd_ms\": %.4f, \"step_ms\": %.4f, \"minor_faults_per_step\": %.1f, \"threads\": %d, "
         "\"plugin\": \"%s\", \"strategy\": \"%s\", \"all_gathers\": %lld, \"reduce_scatters\": %lld, "
-        "\"max_gathered_bytes\": %lld}\n",
+        "\"max_gathered_bytes\": %lld, \"rss_mib\": %.1f, \"peak_rss_mib\": %.1f, \"host_cache_held_mib\": %.1f}\n",
         a.model.c_str(), a.mode.c_str(), ws, static_cast<long long>(a.batch), static_cast<long long>(a.steps),
         static_cast<long long>(nparams), static_cast<double>(a.batch * ws) / med_step,
         static_cast<double>(a.steps * a.batch * ws) / elapsed, elapsed, 1000 * med_step, last_loss, checksum,
         abs_checksum, 1000 * median(d_fwd), 1000 * median(d_bwd), 1000 * median(d_comm), 1000 * median(d_step),
         faults_per_step, at::get_num_threads(), a.plugin.c_str(), fsdp ? a.strategy.c_str() : "",
         static_cast<long long>(stats["all_gathers"]), static_cast<long long>(stats["reduce_scatters"]),
-        static_cast<long long>(stats["max_gathered_bytes"]));
+        static_cast<long long>(stats["max_gathered_bytes"]), rss_mib, peak_mib, held_mib);
     std::fputs(line, stdout);
     std::fflush(stdout);
     if (!a.out.empty()) std::ofstream(a.out) << line;
@@ -318,17 +335,18 @@ int main(int argc, char** argv) {
   app.add_option("--bucket_cap_mb", a.bucket_cap_mb);
   app.add_option("--dump_params", a.dump_params, "rank 0 writes the final parameters (raw float32, registration order)");
   app.add_option("--out", a.out, "rank 0 also writes the JSON line to this file");
-  app.add_option("--plugin", a.plugin)->check(CLI::IsMember({"torch_ddp", "torch_fsdp"}));
+  app.add_option("--plugin", a.plugin, "any installed plugin (torch_ddp: bucket_cap_mb; torch_fsdp: --strategy)");
+  app.add_option("--plugin_toml", a.plugin_toml, "extra lines for [plugin], e.g. 'stage = 2'");
+  app.add_option("--booster_toml", a.booster_toml, "extra lines for [booster], e.g. 'mixed_precision = \"bf16\"'");
   app.add_option("--strategy", a.strategy, "torch_fsdp sharding_strategy")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
   app.add_option("--ckpt_dir", a.ckpt_dir, "torch_fsdp: where the trained model is saved for its checksum");
-  app.add_option("--malloc", a.malloc_mode, "[booster] malloc: retain or system (default: the plugin's)")
-      ->check(CLI::IsMember({"retain", "system"}));
+  app.add_option("--malloc", a.malloc_mode, "[booster] malloc: cache, retain, return or system (default: the plugin's)")
+      ->check(CLI::IsMember({"cache", "retain", "return", "system"}));
   CLI11_PARSE(app, argc, argv);
-  if (a.plugin == "torch_fsdp" &&
-      (a.model != "mlp" || a.mode != "hooks" || !a.dump_params.empty() || a.ckpt_dir.empty())) {
-    std::fprintf(stderr, "bench_ddp: --plugin torch_fsdp needs --model mlp --mode hooks and --ckpt_dir, and "
-                         "cannot --dump_params (its parameters are sharded)\n");
+  if (a.plugin != "torch_ddp" && (a.mode != "hooks" || !a.dump_params.empty() || a.ckpt_dir.empty())) {
+    std::fprintf(stderr, "bench_ddp: --plugin %s needs --mode hooks and --ckpt_dir, and cannot --dump_params (its "
+                         "parameters may be sharded)\n", a.plugin.c_str());
     return 2;
   }
   try {

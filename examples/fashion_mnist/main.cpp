@@ -274,6 +274,7 @@ int run(int argc, char** argv) {
     const int64_t steps = steps_per_epoch;
     booster::log::ProgressBar bar("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs), steps);
     auto start = std::chrono::steady_clock::now();
+    const int64_t faults_at_start = booster::process_memory().minor_faults;
     double loss_sum = 0, seconds_before = 0;
     int64_t step = 0, samples = 0;
     if (mid_epoch) {
@@ -325,6 +326,13 @@ int run(int argc, char** argv) {
       break;
     }
     double seconds = seconds_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Host memory after the epoch's last step (steady state), the peak so far and the fresh pages
+    // touched per step: the highest rank's.
+    const booster::ProcessMemory mem = booster::process_memory();
+    const double faults_per_step = static_cast<double>(mem.minor_faults - faults_at_start) / std::max<int64_t>(step, 1);
+    const double rss_mib = world->allreduce_scalar(static_cast<double>(mem.rss_bytes) / (1 << 20), booster::dist::ReduceOp::MAX);
+    const double peak_mib = world->allreduce_scalar(static_cast<double>(mem.peak_rss_bytes) / (1 << 20), booster::dist::ReduceOp::MAX);
+    const double max_faults = world->allreduce_scalar(faults_per_step, booster::dist::ReduceOp::MAX);
     double mean_loss = world->allreduce_scalar(loss_sum / std::max<int64_t>(step, 1), booster::dist::ReduceOp::SUM) /
                        world->size();
     double total_samples = world->allreduce_scalar(static_cast<double>(samples), booster::dist::ReduceOp::SUM);
@@ -332,7 +340,9 @@ int run(int argc, char** argv) {
     double throughput = total_samples / seconds;
     booster::log::info("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs) + "  train_loss " +
                        fmt_double(mean_loss, 4) + "  test_accuracy " + fmt_double(accuracy, 4) + "  samples/s " +
-                       fmt_double(throughput, 0) + "  time " + fmt_double(seconds, 1) + " s");
+                       fmt_double(throughput, 0) + "  time " + fmt_double(seconds, 1) + " s  rss " +
+                       fmt_double(rss_mib, 0) + " MiB  peak_rss " + fmt_double(peak_mib, 0) + " MiB  faults/step " +
+                       fmt_double(max_faults, 0));
     if (checkpoints) save_checkpoint(epoch + 1, 0, {});  // the next epoch, from its start
     if (csv.is_open()) {
       csv << epoch << "," << fmt_double(mean_loss, 6) << "," << fmt_double(accuracy, 6) << ","

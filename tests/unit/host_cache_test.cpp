@@ -73,7 +73,7 @@ TEST(HostCache, SizeClassesRoundUpByAtMostAnEighth) {
 
 TEST(HostCache, AFreedBlockIsServedAgainWithoutNewPageFaults) {
   if (!in_fresh_process("HostCache.AFreedBlockIsServedAgainWithoutNewPageFaults")) return;
-  booster::install_host_cache(64 * kMiB);
+  booster::install_host_cache(64 * kMiB, /*huge_pages=*/false);  // 4 KiB pages: one fault per page
   void* first = nullptr;
   int64_t first_faults = 0;
   {
@@ -174,9 +174,44 @@ TEST(HostCache, ConfigureInstallsItAndBadLimitsAreErrors) {
 #endif
   const std::string line = booster::configure_host_allocator("cache", 24 * kMiB);
   EXPECT_THAT(line, HasSubstr("at most 24 MiB held free"));
+  const std::string thp = booster::transparent_huge_pages_mode();
+  EXPECT_THAT(line, HasSubstr(thp == "always" || thp == "madvise" ? "2 MiB huge pages" : "4 KiB pages (transparent huge pages: "));
   EXPECT_THAT(line, HasSubstr("M_MMAP_THRESHOLD = 1048576, M_TRIM_THRESHOLD = 33554432"));
   EXPECT_TRUE(booster::host_cache_stats().installed);
   EXPECT_EQ(booster::host_cache_stats().limit_bytes, 24 * kMiB);
   EXPECT_EQ(booster::default_host_cache_limit(0), 48 * kMiB);
   EXPECT_EQ(booster::default_host_cache_limit(1000 * kMiB), 150 * kMiB);
+}
+
+// Huge pages: an 8 MiB block faults in as four 2 MiB pages (AnonHugePages rises, a handful of
+// faults instead of 2048); with huge_pages = false, as 4 KiB pages.
+TEST(HostCache, BlocksOfTwoMiBAndMoreFaultInAsHugePages) {
+  if (!in_fresh_process("HostCache.BlocksOfTwoMiBAndMoreFaultInAsHugePages")) return;
+  const std::string mode = booster::transparent_huge_pages_mode();
+  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages are " << mode << " here";
+  auto anon_huge = [] {
+    std::ifstream in("/proc/self/smaps_rollup");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("AnonHugePages:", 0) == 0) return static_cast<int64_t>(std::stoll(line.substr(14))) * 1024;
+    return int64_t{-1};
+  };
+  booster::install_host_cache(0, /*huge_pages=*/true);
+  EXPECT_TRUE(booster::host_cache_stats().huge_pages);
+  {
+    const int64_t h0 = anon_huge(), f0 = minor_faults();
+    at::Tensor t = at::empty({2 * 1024 * 1024}, at::kFloat);  // 8 MiB
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % (2 << 20), 0u) << "2 MiB-aligned";
+    t.fill_(1.0f);
+    const int64_t faults = minor_faults() - f0, huge = anon_huge() - h0;
+    std::cout << "8 MiB with huge pages: " << faults << " faults, AnonHugePages +" << huge / kMiB << " MiB\n";
+    EXPECT_LE(faults, 256) << "4 KiB pages would take 2048";
+    EXPECT_GE(huge, 6 * kMiB) << "the kernel may fall back to 4 KiB pages when it has no free 2 MiB page";
+  }
+  booster::install_host_cache(0, /*huge_pages=*/false);
+  EXPECT_FALSE(booster::host_cache_stats().huge_pages);
+  const int64_t f0 = minor_faults();
+  at::Tensor t = at::empty({2 * 1024 * 1024}, at::kFloat);
+  t.fill_(1.0f);
+  EXPECT_GE(minor_faults() - f0, 1000);
 }

@@ -73,7 +73,11 @@ std::string configure_host_allocator(const std::string& mode, int64_t cache_limi
   if (mode == "cache") {
     install_host_cache(cache_limit_bytes);
     cache = "tensor blocks of 1 MiB and more cached, at most " + std::to_string(cache_limit_bytes >> 20) +
-            " MiB held free; ";
+            " MiB held free, " +
+            (host_cache_stats().huge_pages
+                 ? std::string("2 MiB huge pages for blocks of 2 MiB and more")
+                 : "4 KiB pages (transparent huge pages: " + transparent_huge_pages_mode() + ")") +
+            "; ";
   }
   return label + cache + "glibc: " + (set.empty() ? std::string("nothing set") : set) +
          (kept.empty() ? "" : "; kept from the environment: " + kept);

@@ -1,7 +1,10 @@
 // memory.cpp — MemoryReport formatting.
 #include "booster/core/memory.h"
 
+#include <sys/resource.h>
+
 #include <cstdio>
+#include <fstream>
 
 namespace booster {
 
@@ -19,6 +22,19 @@ std::string MemoryReport::to_string() const {
     out += buf;
   }
   return out;
+}
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) m.rss_bytes = std::stoll(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) m.peak_rss_bytes = std::stoll(line.substr(6)) * 1024;
+  }
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) m.minor_faults = usage.ru_minflt;
+  return m;
 }
 
 }  // namespace booster

@@ -14,7 +14,13 @@
 //   - The free blocks held never exceed the limit (bytes): when a free would pass it, the blocks freed
 //     longest ago are unmapped first (least recently used). trim_host_cache() unmaps them on demand.
 //   - Pages of a class's rounding that a tensor never touches are never resident: rounding costs
-//     address space, not memory.
+//     address space, not memory (within a 2 MiB huge page, the untouched rest is resident too).
+//   - Huge pages (on by default, where the kernel's transparent huge pages are "always" or
+//     "madvise"): blocks of 2 MiB and more are 2 MiB-aligned and marked MADV_HUGEPAGE, so a block
+//     mapped again after the limit unmapped it faults in 2 MiB per fault instead of 4 KiB. Measured
+//     on the 20M-parameter MLP under torch_fsdp: 88k minor faults per step and 178 samples/s with 4 KiB
+//     pages, 0.5k and 297 samples/s with huge pages, at the same resident memory
+//     (docs/architecture.md).
 // Resident memory is therefore the live tensors + at most `limit` bytes of free blocks + glibc's heap
 // of small blocks. The held free bytes are reported (host_cache_stats, Booster::memory_report), not
 // hidden.
@@ -26,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "booster/export.h"
 
@@ -33,6 +40,7 @@ namespace booster {
 
 struct HostCacheStats {
   bool installed = false;
+  bool huge_pages = false;       // new blocks of 2 MiB and more are mapped with MADV_HUGEPAGE
   int64_t limit_bytes = 0;       // the bound on held free bytes
   int64_t held_bytes = 0;        // free blocks kept for reuse now (resident only where touched)
   int64_t peak_held_bytes = 0;   // the most held at once since install
@@ -48,8 +56,14 @@ constexpr int64_t kHostCacheMinBytes = int64_t{1} << 20;
 
 // Installs the cache as LibTorch's CPU allocator (first call) and sets its bound on held free bytes.
 // limit_bytes >= 0; 0 keeps nothing (every freed block is unmapped at once). Lowering the limit
-// unmaps the least recently freed blocks above it. Throws std::invalid_argument for a negative limit.
-BOOSTER_API void install_host_cache(int64_t limit_bytes);
+// unmaps the least recently freed blocks above it. huge_pages: map new blocks of 2 MiB and more with
+// MADV_HUGEPAGE (ignored where transparent_huge_pages_mode() is neither "always" nor "madvise").
+// Throws std::invalid_argument for a negative limit.
+BOOSTER_API void install_host_cache(int64_t limit_bytes, bool huge_pages = true);
+
+// The kernel's transparent huge page mode (/sys/kernel/mm/transparent_hugepage/enabled): "always",
+// "madvise", "never", or "unavailable" when it cannot be read.
+BOOSTER_API std::string transparent_huge_pages_mode();
 
 // Unmaps held free blocks, least recently freed first, until at most keep_bytes are held; returns
 // the bytes unmapped. Does nothing (returns 0) when the cache is not installed.

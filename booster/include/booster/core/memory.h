@@ -33,4 +33,14 @@ struct BOOSTER_API MemoryReport {
   std::string to_string() const;
 };
 
+// This process's host memory, read from /proc/self/status (VmRSS, VmHWM) and getrusage (minor
+// faults). Bytes; a figure that cannot be read is -1. VmHWM is the peak since the process started
+// (or since it was reset through /proc/self/clear_refs).
+struct ProcessMemory {
+  int64_t rss_bytes = -1;
+  int64_t peak_rss_bytes = -1;
+  int64_t minor_faults = -1;  // pages faulted in without I/O since the process started: fresh memory touched
+};
+BOOSTER_API ProcessMemory process_memory();
+
 }  // namespace booster
