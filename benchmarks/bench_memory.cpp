@@ -62,6 +62,7 @@
 #include "bench_common.h"
 #include "booster/booster.h"
 #include "booster/checkpoint/state_dict_io.h"
+#include "booster/core/host_cache.h"
 #include "booster/estimate.h"
 #include "booster/nn/unit.h"
 
@@ -367,6 +368,8 @@ int run(int argc, char** argv) {
                          {"optimizer_states", json_int(report.optimizer_states)},
                          {"communication_buffers", json_int(report.communication_buffers)},
                          {"model_states", json_int(report.model_states())},
+                         {"host_cache_held_bytes", json_int(report.host_cache_held)},
+                         {"host_cache_limit_bytes", json_int(booster::host_cache_stats().limit_bytes)},
                          {"baseline_rss_bytes", json_int(baseline_rss)},
                          {"rss_after_boost_bytes", json_int(rss_after_boost)},
                          {"setup_hwm_bytes", json_int(setup_hwm)},

@@ -8,7 +8,7 @@ data with SGD (lr 0.01, momentum 0.9), 2 ranks on 127.0.0.1, 1 intra-op thread p
 each run is a fresh 2-process job. Per repetition the runs are interleaved
 (ours hooks, PyTorch, ours allreduce-after-backward, ours 1 rank, PyTorch 1 rank, ours and PyTorch on
 4 ranks, and ours with `[booster] malloc = "system"`, glibc's defaults, to show what the default
-"retain" buys), and ratios are taken inside a repetition, then the median over repetitions is
+"cache" buys), and ratios are taken inside a repetition, then the median over repetitions is
 reported. The overlap fraction (share of the allreduce time hidden behind backward) comes from the
 hooks and after-backward runs.
 
@@ -250,7 +250,7 @@ def run(ctx):
             o4 = _run(ours(m, "hooks"), 4, timeout, log, "bench_ddp %s hooks 4 ranks" % name)
             p4 = _run(peer(m), 4, timeout, log, "ddp_peer.py %s 4 ranks" % name)
             _check_same("%s rep %d ours 4 ranks vs PyTorch 4 ranks" % (name, rep), o4, p4)
-            # The same binary with glibc's defaults: what the default malloc = "retain" buys.
+            # The same binary with glibc's defaults: what the default malloc = "cache" buys.
             d = _run(ours(m, "hooks", malloc="system"), 2, timeout, log, "bench_ddp %s hooks 2 ranks %s" % (
                 name, SYSTEM_TEXT))
             _check_same("%s rep %d ours(hooks, %s) vs PyTorch" % (name, rep, SYSTEM_TEXT), d, p)
@@ -330,11 +330,11 @@ def run(ctx):
         if (name, "system") in results:
             r = ratios(name, "ours", "system")
             rm = statistics.median(r)
-            rows.append(["allocator: Booster TorchDDP, default malloc = \"retain\" (A) vs malloc = \"system\", "
+            rows.append(["allocator: Booster TorchDDP, default malloc = \"cache\" (A) vs malloc = \"system\", "
                          "glibc's defaults (B), 2 ranks", model_cell, b, _fmt_rate(med(name, "ours")),
                          _fmt_rate(med(name, "system")), "%.3f (%.3f–%.3f)" % (rm, min(r), max(r)),
-                         ("retain faster (+%.0f%%)" % (100 * (rm - 1))) if rm >= 1.0 else
-                         ("retain slower (%.0f%%)" % (100 * (1 - rm)))])
+                         ("cache faster (+%.0f%%)" % (100 * (rm - 1))) if rm >= 1.0 else
+                         ("cache slower (%.0f%%)" % (100 * (1 - rm)))])
 
         if (name, "after") not in results:
             continue
@@ -450,7 +450,7 @@ def run(ctx):
                 "LibTorch 1.13's out= variant of mul.Scalar computes into a gradient-sized temporary and copies it; "
                 "it now passes a wrapped-number tensor as PyTorch's reducer does; (2) fixed since: glibc malloc "
                 "trimmed the heap top every step, so the C++ process re-faulted its activation memory; the "
-                "default `[booster] malloc = \"retain\"` keeps freed memory (the allocator row)."
+                "default `[booster] malloc = \"cache\"` keeps freed tensor blocks for reuse (the allocator row)."
                 % ", ".join(churn)) if churn else ""))
     return {
         "id": "ddp_throughput",

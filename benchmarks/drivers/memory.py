@@ -422,6 +422,8 @@ def run(ctx):
             f"{_mib(over_base)}, in the {_phase(peak_rec)}",
             f"{over_base / f:.2f}x",
             f"{_mib(steady)} ({steady / f:.2f}x)",
+            f"{_mib(max(x.get('host_cache_held_bytes', 0) for x in recs.values()))} "
+            f"(bound {_mib(rep.get('host_cache_limit_bytes', 0))})",
         ])
 
     # Figures for the notes, measured in this run (N = the largest world, fp32 and bf16 ZeRO).
@@ -484,8 +486,11 @@ def run(ctx):
                      "freed memory, so the RSS figures say little; run without --smoke for the real ones.")
     else:
         notes += [
-            "Tensors of 32 MiB and more (a 3584 x 3584 fp32 layer is 49 MiB) are always mmap'ed by glibc and "
-            "returned to the system when freed; DDP's `malloc = \"retain\"` keeps smaller freed blocks for reuse.",
+            "Every plugin runs with its default `[booster] malloc = \"cache\"` (core/host_cache.h): freed tensor "
+            "blocks of 1 MiB and more are kept for reuse up to a bound of max(48 MiB, 0.15 x the model states), "
+            "the least recently freed unmapped first, so RSS after the steps is the live tensors plus at most that "
+            "bound; a 3584 x 3584 fp32 layer (49 MiB) is above the bound of most rows and goes back to the system "
+            "when freed.",
             f"DDP's report is 16Ψ plus {_mib(psi4)} of buckets: `torch_ddp` defaults to gradient_as_bucket_view = "
             "false (as PyTorch), so the buckets are a second full gradient copy (20Ψ in all); the ZeRO-1 buckets "
             "are the gradients.",
@@ -507,13 +512,12 @@ def run(ctx):
             f"float32 copy is made); the optimizer step at N = {nmax} rises ZeRO-1 bf16 "
             f"+{_mib(step_transient('ZeRO-1 bf16'))} and ZeRO-2 bf16 +{_mib(step_transient('ZeRO-2 bf16'))} "
             "above the RSS after the steps.",
-            "**Allocator**: the sharding plugins default to `[booster] malloc = \"return\"` "
-            "(core/host_allocator.h): glibc's mmap threshold fixed at 1 MiB, so every freed block of 1 MiB or "
-            "more leaves the process. Under glibc's defaults (`\"system\"`) the threshold rises to 32 MiB after "
-            "the first large free, and the shards, collective buffers and optimizer temporaries of a few MiB that "
-            "follow come from the heap, where freed memory stays resident: in the run of 2026-11-25 ZeRO-2 bf16 on "
-            "4 ranks peaked 699 MiB above baseline with glibc's defaults against 458 MiB with the threshold fixed, "
-            "and FSDP FULL_SHARD held 234 MiB after the steps against 160 MiB.",
+            "**Allocator**: before the host cache, the sharding plugins defaulted to `malloc = \"return\"` "
+            "(glibc's mmap threshold fixed at 1 MiB: resident memory followed the live tensors, and every step "
+            "faulted its freed blocks in again); under glibc's defaults (`\"system\"`) the threshold rises to 32 MiB "
+            "after the first large free and freed shards of a few MiB stay in the heap (in the run of 2026-11-25 "
+            "ZeRO-2 bf16 on 4 ranks peaked 699 MiB above baseline with glibc's defaults against 458 MiB with the "
+            "threshold fixed). The cache's bound replaces both (docs/architecture.md).",
             f"Set-up: ZeRO copies the parameters into one flat buffer (bf16 casts the model first), so boost() "
             f"briefly holds the model twice (FSDP: the model plus one unit's flat copy, until each unit is "
             f"sharded); the highest set-up peak of all ranks ({_mib(setup_peak)}) is "
@@ -536,7 +540,8 @@ def run(ctx):
             "the configurations agreed (see the notes)."),
         "columns": ["configuration", "N", "Ψ", "formula: model states per rank", "booster report: model states",
                     "report / formula", "peak RSS per rank (max over ranks)", "peak RSS - baseline",
-                    "(peak - baseline) / formula", "RSS after the steps - baseline (/ formula)"],
+                    "(peak - baseline) / formula", "RSS after the steps - baseline (/ formula)",
+                    "of which the host cache holds free (its bound)"],
         "rows": rows,
         "tables": [fsdp_table, save_table, estimate_table],
         "notes": notes + fsdp_notes + save_notes + estimate_notes,

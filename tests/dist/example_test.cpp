@@ -147,7 +147,8 @@ TEST(Example, BadConfigValueIsAClearErrorWithLocation) {
 // + fp32 master slices) on a 4096-sample subset for 2 epochs reaches DDP's accuracy band: within
 // 0.03 of ddp.toml's test accuracy on the same subset, and well above chance (0.1).
 // Also fsdp.toml (FULL_SHARD) and gemini.toml (bf16 static, and fp32 auto with an offload_dir) on
-// 2 ranks, and HYBRID_SHARD with bf16 compute on 4 ranks against
+// 2 ranks, hybrid.toml (hybrid_parallel on a data-parallel mesh), and HYBRID_SHARD with bf16 compute
+// on 4 ranks against
 // ddp.toml on 4 ranks (the global batch, hence the number of steps, depends on the rank count).
 TEST(Example, ZeroFsdpAndGeminiConfigsReachTheDdpAccuracyBand) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
@@ -182,15 +183,17 @@ TEST(Example, ZeroFsdpAndGeminiConfigsReachTheDdpAccuracyBand) {
                             {"plugin.sharding_strategy=\"HYBRID_SHARD\"", "plugin.shard_group_size=2",
                              "plugin.mixed_precision.param_dtype=\"bf16\"", "plugin.mixed_precision.reduce_dtype=\"fp32\""});
   double gemini = accuracy(configs + "gemini.toml", dir.file("gemini"));
+  double hybrid_parallel = accuracy(configs + "hybrid.toml", dir.file("hybrid_parallel"));
   std::filesystem::create_directories(dir.file("offload"));
   double gemini_auto = accuracy(configs + "gemini.toml", dir.file("gemini_auto"), 2,
                                 {"plugin.placement_policy=\"auto\"", "plugin.precision=\"fp32\"",
                                  "plugin.offload_dir=\"" + dir.file("offload") + "\""});
   std::cout << "[ accuracy ] ddp " << ddp << ", zero1 " << zero1 << ", zero2 " << zero2 << ", fsdp " << fsdp
-            << ", gemini bf16 " << gemini << ", gemini auto + offload_dir " << gemini_auto << "; 4 ranks: ddp " << ddp4
+            << ", gemini bf16 " << gemini << ", hybrid_parallel " << hybrid_parallel << ", gemini auto + offload_dir " << gemini_auto << "; 4 ranks: ddp " << ddp4
             << ", fsdp HYBRID_SHARD bf16 " << hybrid4 << std::endl;
   EXPECT_NEAR(gemini, ddp, 0.03);
   EXPECT_NEAR(gemini_auto, ddp, 0.03);
+  EXPECT_NEAR(hybrid_parallel, ddp, 0.03);
   EXPECT_GT(ddp, 0.6);
   EXPECT_NEAR(zero1, ddp, 0.03);
   EXPECT_NEAR(zero2, ddp, 0.03);
@@ -199,6 +202,7 @@ TEST(Example, ZeroFsdpAndGeminiConfigsReachTheDdpAccuracyBand) {
   EXPECT_NEAR(hybrid4, ddp4, 0.03);
   EXPECT_THAT(read_file(dir.file("zero2/config.toml")), HasSubstr("low_level_zero"));
   EXPECT_THAT(read_file(dir.file("hybrid4/config.toml")), HasSubstr("HYBRID_SHARD"));
+  EXPECT_THAT(read_file(dir.file("hybrid_parallel/config.toml")), HasSubstr("hybrid_parallel"));
 }
 
 // Switching strategy is a config edit, also for a checkpoint: one epoch of zero2.toml (bf16 weights)
