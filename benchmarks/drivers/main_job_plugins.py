@@ -74,7 +74,7 @@ def _cnn_run(ctx, cli, example, config, sets, malloc, steps):
     cmd = [cli, "run", "--nproc_per_node", "2", "--master_port", str(bu.free_port()), example,
            "--config", os.path.join(ctx.source_dir, "examples", "configs", config), "--output_dir", out_dir,
            "--set", "train.epochs=1", "--set", f"train.max_steps_per_epoch={steps}",
-           "--set", "train.test_subset=500", "--set", "train.lr_scheduler.warmup_steps=5"]
+           "--set", "train.test_subset=500", "--set", f"train.lr_scheduler.warmup_steps={min(5, steps - 1)}"]
     for s in sets:
         if s == "OFFLOAD":
             offload = os.path.join(ctx.tmp_dir, "main_job_plugins_offload")
