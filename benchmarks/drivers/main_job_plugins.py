@@ -53,15 +53,15 @@ CNN = [
     ("hybrid_parallel (dp 2)", "bf16", "hybrid.toml", ['plugin.precision="bf16"']),
 ]
 
-# (label, plugin, [plugin] lines, [booster] lines)
+# (label, plugin, [plugin] lines, [booster] lines, further bench_ddp arguments)
 MLP = [
-    ("torch_ddp", "torch_ddp", "", ""),
-    ("low_level_zero stage 1", "low_level_zero", 'stage = 1\nprecision = "fp32"', ""),
-    ("low_level_zero stage 2", "low_level_zero", 'stage = 2\nprecision = "fp32"', ""),
-    ("torch_fsdp FULL_SHARD", "torch_fsdp", "", ""),
-    ("torch_fsdp SHARD_GRAD_OP", "torch_fsdp", 'sharding_strategy = "SHARD_GRAD_OP"', ""),
-    ("gemini static", "gemini", 'precision = "fp32"\nmin_chunk_size_m = 1.0', ""),
-    ("hybrid_parallel (dp 2)", "hybrid_parallel", 'precision = "fp32"', ""),
+    ("torch_ddp", "torch_ddp", "", "", []),
+    ("low_level_zero stage 1", "low_level_zero", 'stage = 1\nprecision = "fp32"', "", []),
+    ("low_level_zero stage 2", "low_level_zero", 'stage = 2\nprecision = "fp32"', "", []),
+    ("torch_fsdp FULL_SHARD", "torch_fsdp", "", "", ["--strategy", "FULL_SHARD"]),
+    ("torch_fsdp SHARD_GRAD_OP", "torch_fsdp", "", "", ["--strategy", "SHARD_GRAD_OP"]),
+    ("gemini static", "gemini", 'precision = "fp32"\nmin_chunk_size_m = 1.0', "", []),
+    ("hybrid_parallel (dp 2)", "hybrid_parallel", 'precision = "fp32"', "", []),
 ]
 
 MODES = ["cache", "retain", "return", "system"]
@@ -91,7 +91,7 @@ def _cnn_run(ctx, cli, example, config, sets, malloc, steps):
             "faults": float(m.group(4))}
 
 
-def _mlp_run(ctx, bench, plugin, plugin_toml, booster_toml, malloc, steps):
+def _mlp_run(ctx, bench, plugin, plugin_toml, booster_toml, extra, malloc, steps):
     port = bu.free_port()
     ckpt = os.path.join(ctx.tmp_dir, "main_job_plugins_mlp_model")
     out = os.path.join(ctx.tmp_dir, "main_job_plugins_mlp.json")
@@ -100,7 +100,7 @@ def _mlp_run(ctx, bench, plugin, plugin_toml, booster_toml, malloc, steps):
         cmd = [bench, "--model", "mlp", "--batch", "32", "--steps", str(steps), "--warmup", "2", "--threads", "1",
                "--lr", "0.01", "--momentum", "0.9", "--mode", "hooks", "--plugin", plugin,
                "--plugin_toml", plugin_toml, "--booster_toml", booster_toml, "--ckpt_dir", ckpt,
-               "--rank", str(r), "--world_size", "2", "--port", str(port)]
+               "--rank", str(r), "--world_size", "2", "--port", str(port)] + extra
         if malloc != "default":
             cmd += ["--malloc", malloc]
         if r == 0:
@@ -143,17 +143,19 @@ def run(ctx):
             for malloc in order:
                 ctx.log(f"main_job_plugins rep {rep + 1}/{reps}: CNN {label} {prec} malloc {malloc}")
                 add(("cnn", label, prec, malloc), _cnn_run(ctx, cli, example, config, sets, malloc, cnn_steps))
-        for label, plugin, ptoml, btoml in mlp:
+        for label, plugin, ptoml, btoml, extra in mlp:
             for malloc in order:
                 ctx.log(f"main_job_plugins rep {rep + 1}/{reps}: MLP {label} malloc {malloc}")
-                add(("mlp", label, "fp32", malloc), _mlp_run(ctx, bench, plugin, ptoml, btoml, malloc, mlp_steps))
+                add(("mlp", label, "fp32", malloc),
+                    _mlp_run(ctx, bench, plugin, ptoml, btoml, extra, malloc, mlp_steps))
         for kind, row in mode_rows:
             for malloc in ("return", "system"):
                 ctx.log(f"main_job_plugins rep {rep + 1}/{reps}: {kind} {row[0]} malloc {malloc}")
                 if kind == "cnn":
                     add(("cnn", row[0], row[1], malloc), _cnn_run(ctx, cli, example, row[2], row[3], malloc, cnn_steps))
                 else:
-                    add(("mlp", row[0], "fp32", malloc), _mlp_run(ctx, bench, row[1], row[2], row[3], malloc, mlp_steps))
+                    add(("mlp", row[0], "fp32", malloc),
+                        _mlp_run(ctx, bench, row[1], row[2], row[3], row[4], malloc, mlp_steps))
 
     def table(kind, rows, target):
         out, misses = [], []

@@ -185,6 +185,8 @@ TEST(Booster, HostCacheBoundAndReport) {
   EXPECT_THAT([] { make_booster(kDdpToml + "malloc = \"retain\"\nmalloc_cache_mb = 8\n"); },
               ThrowsMessage<ConfigError>(HasSubstr("malloc = \"retain\" has none")));
   EXPECT_THAT([] { make_booster(kDdpToml + "malloc_cache_mb = -1\n"); }, ThrowsMessage<ConfigError>(HasSubstr("malloc_cache_mb")));
+  EXPECT_THAT([] { make_booster(kDdpToml + "malloc = \"jemalloc\"\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("jemalloc"), HasSubstr("\"cache\""), HasSubstr("\"retain\""))));
 #if !defined(__SANITIZE_ADDRESS__)
   {
     Booster booster = make_booster(kDdpToml + "malloc_cache_mb = 20\n");
