@@ -64,6 +64,7 @@ def run(ctx):
         "notes": ["A small model on CPU: tensor parallelism adds two allreduces per block per direction and pipeline "
                   "parallelism a bubble, which a model this size cannot amortise; they exist for models that do not "
                   "fit one rank.",
-                  "Gemini behind FSDP: it steps the optimizer once per chunk (master shard in fp32, then the bf16 parameter shard refreshed from it), keeps a separate fp32 master (FSDP's shard is the master), reduce-scatters in bf16 through the adapter's bf16 emulation, and gathers chunks, which here span transformer blocks, so a block waits for the gather of a chunk shared with its neighbour; what it buys is placement (offload_dir, the auto budget), not speed."],
+                  "Every plugin runs with its default `[booster] malloc = \"cache\"` (core/host_cache.h): freed tensor "
+                  "blocks kept for reuse up to a bound, blocks of 2 MiB and more mapped with huge pages."],
         "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only gpt_throughput",
     }

@@ -194,6 +194,21 @@ def run(ctx):
         f"CNN targets (every data-parallel sharding plugin >= 0.8x torch_ddp at the same precision): "
         f"{'all met' if not cnn_miss else 'missed by ' + ', '.join(cnn_miss)}. "
         f"MLP targets (>= 0.9x): {'all met' if not mlp_miss else 'missed by ' + ', '.join(mlp_miss)}.",
+        "**Why the rows that miss miss** (phases measured with bench_ddp, the same models, SGD, "
+        "`--plugin ... --model cnn|mlp`, 2026-11-26): not the allocator (each such row is within 0.96-1.04x "
+        "of the same plugin with `\"retain\"`), but collectives that wait for the other rank. On the CNN, "
+        "torch_fsdp FULL_SHARD runs 9 all-gathers and 5 reduce-scatters per step (one per shard unit of "
+        "examples/fashion_mnist/net.h and direction) where DDP runs one overlapped allreduce: forward 29.6 ms "
+        "and backward 31.2 ms against DDP's 21.7 and 19.5 ms, about 1.4 ms per collective of a few hundred "
+        "KiB over Gloo's loopback TCP (the collectives benchmark: 0.7 ms for a 1 MiB all-gather), with both "
+        "ranks computing on the 2 cores; forward_prefetch and limit_all_gathers = false change it by under 5%. "
+        "gemini.toml chunks the CNN in 0.0625M-element chunks, so its bf16 rows gather and reduce-scatter per "
+        "chunk likewise (with one chunk kept gathered, its default min_chunk_size_m, gemini bf16 is 1.06x "
+        "DDP bf16 in bench_ddp: 4002 against 3786 samples/s). On the MLP, torch_fsdp FULL_SHARD's forward "
+        "takes 60.5 ms against DDP's 19.0 ms: its 3 all-gathers move 38 MiB per rank (76 MiB gathered) at "
+        "loopback speed without overlap (ZeRO-3 moves 3Ψ per step against DDP's 2Ψ, ZeRO paper), and gemini "
+        "with 1M-element chunks likewise (forward 57.4 ms); SHARD_GRAD_OP, which gathers once per step, "
+        "is at 1.08x.",
         "RSS figures are the highest rank's, in MiB: *after the steps* = VmRSS right after the last optimizer "
         "step (steady state; for the CNN it includes the data set, about 220 MiB of tensors per rank), *peak* = "
         "VmHWM of the whole run (set-up, data loading and the steps).",
