@@ -139,7 +139,10 @@ class HostCache final : public c10::Allocator {
       return reinterpret_cast<void*>(aligned);
     }
     void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
+    if (p == MAP_FAILED) return nullptr;
+    // Huge pages off: 4 KiB pages also where the kernel's mode is "always".
+    if (bytes >= kHugePage) ::madvise(p, static_cast<size_t>(bytes), MADV_NOHUGEPAGE);
+    return p;
   }
 
   void release(void* ptr) {

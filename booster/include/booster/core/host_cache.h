@@ -57,7 +57,8 @@ constexpr int64_t kHostCacheMinBytes = int64_t{1} << 20;
 // Installs the cache as LibTorch's CPU allocator (first call) and sets its bound on held free bytes.
 // limit_bytes >= 0; 0 keeps nothing (every freed block is unmapped at once). Lowering the limit
 // unmaps the least recently freed blocks above it. huge_pages: map new blocks of 2 MiB and more with
-// MADV_HUGEPAGE (ignored where transparent_huge_pages_mode() is neither "always" nor "madvise").
+// MADV_HUGEPAGE (ignored where transparent_huge_pages_mode() is neither "always" nor "madvise");
+// false maps them with MADV_NOHUGEPAGE (4 KiB pages also where the mode is "always").
 // Throws std::invalid_argument for a negative limit.
 BOOSTER_API void install_host_cache(int64_t limit_bytes, bool huge_pages = true);
 
