@@ -44,11 +44,11 @@ class HostCache final : public c10::Allocator {
     const int64_t bytes = host_cache_size_class(static_cast<int64_t>(n));
     void* ptr = take_held(bytes);
     if (ptr == nullptr) {
-      ptr = map(bytes);
+      ptr = map(bytes, static_cast<int64_t>(n));
       if (ptr == nullptr) {
         // Held blocks of other classes may be what stands between this request and the system's limit.
         trim(0);
-        ptr = map(bytes);
+        ptr = map(bytes, static_cast<int64_t>(n));
       }
       if (ptr == nullptr)
         throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
@@ -122,10 +122,12 @@ class HostCache final : public c10::Allocator {
     return ptr;
   }
 
-  // A fresh mapping of `bytes`. With huge pages, blocks of 2 MiB and more start on a 2 MiB boundary
-  // and their whole 2 MiB pages are marked MADV_HUGEPAGE: touching one faults in 2 MiB at once (one
-  // fault instead of 512), which is what makes the blocks above the limit cheap to map again.
-  void* map(int64_t bytes) const {
+  // A fresh mapping of `bytes` (a size class) for a request of `requested` bytes. With huge pages,
+  // blocks of 2 MiB and more start on a 2 MiB boundary and the whole 2 MiB pages within the request
+  // are marked MADV_HUGEPAGE: touching one faults in 2 MiB at once (one fault instead of 512), which
+  // is what makes the blocks above the limit cheap to map again. The rest (the request's last partial
+  // huge page and the class's rounding) keeps 4 KiB pages, so untouched rounding stays off RSS.
+  void* map(int64_t bytes, int64_t requested) const {
     if (huge_pages_.load() && bytes >= kHugePage) {
       const size_t span = static_cast<size_t>(bytes + kHugePage);
       void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -135,7 +137,9 @@ class HostCache final : public c10::Allocator {
       const uintptr_t end = start + span;
       if (aligned > start) ::munmap(raw, aligned - start);
       if (end > aligned + bytes) ::munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
-      ::madvise(reinterpret_cast<void*>(aligned), static_cast<size_t>(bytes / kHugePage * kHugePage), MADV_HUGEPAGE);
+      const int64_t huge = requested / kHugePage * kHugePage;
+      ::madvise(reinterpret_cast<void*>(aligned), static_cast<size_t>(huge), MADV_HUGEPAGE);
+      if (bytes > huge) ::madvise(reinterpret_cast<void*>(aligned + huge), static_cast<size_t>(bytes - huge), MADV_NOHUGEPAGE);
       return reinterpret_cast<void*>(aligned);
     }
     void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
