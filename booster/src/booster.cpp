@@ -350,10 +350,11 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
   if (c.optimizer) impl_->optimizers.push_back(c.optimizer);
   MemoryReport report = memory_report_of(*model, *c.hooks, c.optimizer.get());
   impl_->boosted_model_state_bytes += report.model_states();
-  if (impl_->host_allocator == "cache") {
+  // The cache is installed unless a preloaded allocator or AddressSanitizer serves the tensors.
+  if (impl_->host_allocator == "cache" && host_cache_stats().installed) {
     const int64_t limit = impl_->cache_limit_bytes(default_host_cache_limit(impl_->boosted_model_state_bytes));
     if (limit != host_cache_stats().limit_bytes) {
-      configure_host_allocator("cache", limit);
+      install_host_cache(limit);
       log::info("booster: host tensor cache bound " + std::to_string(limit >> 20) + " MiB" +
                 (impl_->malloc_cache_mb >= 0 ? " (malloc_cache_mb)" : " (max(48 MiB, 0.15 x model states))"));
     }

@@ -6,7 +6,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
@@ -14,11 +13,11 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "booster/core/host_allocator.h"
+#include "booster/core/memory.h"
 #include "common/test_util.h"
 
 using ::testing::HasSubstr;
@@ -39,19 +38,9 @@ bool in_fresh_process(const std::string& test) {
   return false;
 }
 
-int64_t rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
+int64_t rss_bytes() { return booster::process_memory().rss_bytes; }
 
-int64_t minor_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
-}
+int64_t minor_faults() { return booster::process_memory().minor_faults; }
 
 }  // namespace
 
