@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "booster/core/device.h"
 #include "booster/core/host_allocator.h"
 #include "booster/core/host_cache.h"
 #include "booster/auto_select.h"
@@ -27,19 +28,35 @@ namespace booster {
 static const std::vector<std::string> kSections{"booster", "plugin", "mixed_precision", "checkpoint",
                                                 "distributed", "train", "auto"};
 
+// [booster] device ("cpu" default); read here as well as by the Booster, which validates it.
+static std::string configured_device(const Config& config) {
+  Options b = config.section("booster");
+  return b.has("device") ? b.get_choice("device", "cpu", {"cpu", "cuda"}) : "cpu";
+}
+
 std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std::vector<std::string>& args) {
+  const std::string device = configured_device(config);
   Options d = config.section("distributed");
   dist::LaunchOptions lo;
   lo.timeout_s = d.get_double("timeout_s", 1800.0, 1e-3, 1e9);
   lo.threads_per_rank = static_cast<int>(d.get_int("threads_per_rank", 0, 0, 1024));
-  std::string backend = d.get_choice("backend", "gloo", {"gloo", "nccl"});
+  // NCCL is the default on CUDA, as torch.distributed's "cuda:nccl".
+  std::string backend = d.get_choice("backend", device == "cuda" ? "nccl" : "gloo", {"gloo", "nccl"});
   std::string host = d.get_string("host", "127.0.0.1");
   int port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
   d.check_unknown();  // validated even when already launched: a typo is never silently accepted
-  if (backend == "nccl")  // the process-group adapter has a Gloo backend (CPU tensors) only
-    throw ConfigError(d.where("backend") + ": distributed.backend = \"nccl\" is not supported yet (the process group "
-                      "has Gloo, for CPU tensors, only). Set backend = \"gloo\".");
+  if (backend == "nccl" && device != "cuda")
+    throw ConfigError(d.where("backend") + ": distributed.backend = \"nccl\" reduces CUDA tensors only, and "
+                      "booster.device is \"" + device + "\"; set booster.device = \"cuda\" or backend = \"gloo\"");
   if (auto w = dist::world()) return w;
+  // A missing GPU or CUDA library is reported before any rendezvous (no rank waits for this one).
+  if (device == "cuda" && cuda_device_count() == 0) {
+    try {
+      (void)select_device("cuda", 0, 1, backend);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(e.what());
+    }
+  }
   // Config host/port/backend are the defaults the flags and launchers start from.
   std::vector<std::string> with_defaults{"--host", host, "--port", std::to_string(port), "--backend", backend};
   with_defaults.insert(with_defaults.end(), args.begin(), args.end());
@@ -88,6 +105,8 @@ struct Booster::Impl {
   std::pair<torch::Tensor, torch::Tensor> estimate_batch;  // set_estimate_batch
   int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)
   std::shared_ptr<dist::ProcessGroup> world;
+  std::string device_name = "cpu";     // [booster] device
+  c10::Device device{c10::kCPU};       // this rank's device (select_device)
   std::string malloc_mode;             // [booster] malloc ("" = the plugin's default)
   std::string host_allocator;          // the mode in effect (set at attach_plugin)
   double malloc_cache_mb = -1;         // [booster] malloc_cache_mb (-1: default_host_cache_limit at boost())
@@ -124,6 +143,7 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
     throw ConfigError(b.where("malloc_cache_mb") + ": booster.malloc_cache_mb bounds the tensor cache of malloc = "
                       "\"cache\", and malloc = \"" + malloc_mode + "\" has none; remove malloc_cache_mb or set "
                       "malloc = \"cache\"");
+  impl_->device_name = b.get_choice("device", "cpu", {"cpu", "cuda"});
   impl_->estimate = b.get_bool("estimate", false);
   impl_->estimate_world_size = static_cast<int>(b.get_int("estimate_world_size", 0, 0, 1 << 20));
   b.check_unknown();
@@ -139,6 +159,12 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   std::vector<std::string> no_args;
   auto world = launch_from_config(config, no_args);
   impl_->world = world;
+  try {
+    const dist::DistEnv& env = dist::current_env();
+    impl_->device = select_device(impl_->device_name, env.local_rank, env.local_world_size, world->backend());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
   impl_->malloc_mode = malloc_mode;
 
   Options auto_options = config.section("auto");
@@ -193,6 +219,13 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
                           {{"booster.mixed_precision", shadowed_value(impl_->mixed_precision)},
                            {"booster.max_norm", shadowed_value(impl_->max_norm)},
                            {"booster.norm_type", shadowed_value(impl_->norm_type)}});
+  auto devices = impl_->plugin->supported_devices();
+  if (std::find(devices.begin(), devices.end(), impl_->device_name) == devices.end()) {
+    std::string list;
+    for (const auto& d : devices) list += (list.empty() ? "" : ", ") + d;
+    throw PluginError("booster: plugin " + plugin_name + " does not support booster.device = \"" + impl_->device_name +
+                      "\" yet (it supports: " + list + "); use one of those devices or another plugin");
+  }
   auto precisions = impl_->plugin->supported_precisions();
   if (std::find(precisions.begin(), precisions.end(), impl_->mixed_precision) == precisions.end()) {
     std::string list;
@@ -204,8 +237,8 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
   impl_->context_token = std::make_shared<int>(0);
   published_context = impl_->context_token;
   const std::string precision = impl_->plugin->control_precision() ? "set by the plugin" : impl_->mixed_precision;
-  log::info("booster: plugin " + plugin_name + ", precision " + precision + ", world size " +
-            std::to_string(world->size()) + " (" + world->backend() + ")");
+  log::info("booster: plugin " + plugin_name + ", precision " + precision + ", device " + impl_->device.str() +
+            ", world size " + std::to_string(world->size()) + " (" + world->backend() + ")");
   log::info("booster: " + allocator);
 }
 
@@ -318,6 +351,9 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
           throw std::invalid_argument("booster: boost(): the optimizer holds a parameter that is not in the "
                                       "model; build the optimizer from model->parameters()");
   }
+  // The model, its buffers and (through the parameters) the optimizer's states live on this rank's
+  // device; Module::to moves the parameters in place, so the optimizer keeps holding them.
+  if (!impl_->device.is_cpu()) model->to(impl_->device);
   bool own_precision = !impl_->plugin->control_precision();
   if (own_precision) impl_->precision->prepare_model(*model);
   Configured c = impl_->plugin->configure(model, optimizer);
@@ -481,6 +517,8 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<da
   o.shuffle = shuffle;
   o.seed = seed;
   o.drop_last = drop_last;
+  o.device = impl_->device;
+  o.pin_memory = !impl_->device.is_cpu();
   // plugin = "auto" before boost(): the loader shards over the world, so auto then keeps to the
   // data-parallel configurations (a pipeline mesh would need its stages to read the same batches).
   if (!impl_->plugin) {
@@ -524,6 +562,8 @@ std::shared_ptr<dist::ProcessGroup> Booster::data_parallel_group() {
   return impl_->world;
 }
 const Config& Booster::config() const { return impl_->config; }
+const c10::Device& Booster::device() const { return impl_->device; }
+
 dist::ProcessGroup& Booster::world() { return *impl_->world; }
 const std::string& Booster::mixed_precision() const { return impl_->mixed_precision; }
 

@@ -66,6 +66,7 @@ void Plugin::unsupported(const std::string& op) const {
 }
 
 std::vector<std::string> Plugin::supported_precisions() const { return {"fp32"}; }
+std::vector<std::string> Plugin::supported_devices() const { return {"cpu"}; }
 
 std::vector<ShadowedSetting> Plugin::shadowed_settings() const {
   if (!control_precision()) return {};

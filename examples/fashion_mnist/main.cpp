@@ -77,7 +77,7 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& da
 // Accuracy on this rank's contiguous slice of the test set; summed over ranks. Through the boosted
 // model, so the forward runs in the plugin's precision (e.g. bf16 weights under low_level_zero).
 double evaluate(booster::ModelWrapper<NetImpl>& model, const booster::data::TensorDataset& test,
-                booster::dist::ProcessGroup& world) {
+                booster::dist::ProcessGroup& world, const c10::Device& device) {
   torch::NoGradGuard no_grad;
   auto net = model.module();
   net->eval();
@@ -86,8 +86,8 @@ double evaluate(booster::ModelWrapper<NetImpl>& model, const booster::data::Tens
   double correct = 0;
   for (int64_t i = begin; i < end; i += 1000) {
     int64_t len = std::min<int64_t>(1000, end - i);
-    auto logits = model.forward(test.data().narrow(0, i, len));
-    correct += logits.argmax(1).eq(test.target().narrow(0, i, len)).sum().item<double>();
+    auto logits = model.forward(test.data().narrow(0, i, len).to(device));
+    correct += logits.argmax(1).eq(test.target().narrow(0, i, len).to(device)).sum().item<double>();
   }
   net->train();
   return world.allreduce_scalar(correct, booster::dist::ReduceOp::SUM) / static_cast<double>(n);
@@ -336,7 +336,7 @@ int run(int argc, char** argv) {
     double mean_loss = world->allreduce_scalar(loss_sum / std::max<int64_t>(step, 1), booster::dist::ReduceOp::SUM) /
                        world->size();
     double total_samples = world->allreduce_scalar(static_cast<double>(samples), booster::dist::ReduceOp::SUM);
-    accuracy = evaluate(model, *test_set, *world);
+    accuracy = evaluate(model, *test_set, *world, booster.device());
     double throughput = total_samples / seconds;
     booster::log::info("epoch " + std::to_string(epoch) + "/" + std::to_string(opt.epochs) + "  train_loss " +
                        fmt_double(mean_loss, 4) + "  test_accuracy " + fmt_double(accuracy, 4) + "  samples/s " +

@@ -139,7 +139,7 @@ double train_step(booster::Booster& booster, Model& model, booster::OptimizerWra
   double loss_sum = 0;
   const double n = static_cast<double>(micro.size());
   for (size_t i = 0; i < micro.size(); ++i) {
-    auto loss = criterion(model.forward(micro[i].x), micro[i].y);
+    auto loss = criterion(model.forward(micro[i].x.to(booster.device())), micro[i].y.to(booster.device()));
     if (i + 1 < micro.size()) {
       auto no_sync = booster.no_sync(model, &optimizer);
       booster.backward(loss / n, optimizer);
@@ -182,7 +182,7 @@ double evaluate(booster::Booster& booster, Model& model, const booster::Criterio
     auto starts = torch::empty({len, 1}, torch::kLong);
     for (int64_t i = 0; i < len; ++i) starts.data_ptr<int64_t>()[i] = (first + b + i) * total / n * T;
     auto windows = val.index({starts + torch::arange(T + 1, torch::kLong)}).to(torch::kLong);
-    auto x = windows.narrow(1, 0, T), y = windows.narrow(1, 1, T).contiguous();
+    auto x = windows.narrow(1, 0, T).to(booster.device()), y = windows.narrow(1, 1, T).contiguous().to(booster.device());
     const double loss = par.pp > 1 ? par.from_last_stage(booster.execute_pipeline(x, y, model, criterion, nullptr)) *
                                          static_cast<double>(dp.size())  // undo the mean over dp: summed below
                                    : criterion(model.forward(x), y).item<double>();
@@ -209,7 +209,7 @@ std::string generate(booster::Booster& booster, Model& model, const booster::Cri
   if (ids.empty()) ids.push_back('\n');
   for (int64_t i = 0; i < length; ++i) {
     const int64_t T = std::min<int64_t>(n_ctx, static_cast<int64_t>(ids.size()));
-    auto ctx = torch::from_blob(ids.data() + ids.size() - T, {1, T}, torch::kLong).clone();
+    auto ctx = torch::from_blob(ids.data() + ids.size() - T, {1, T}, torch::kLong).to(booster.device());
     torch::Tensor local;  // [1, T, V / tp] on the ranks that computed logits
     if (par.pp > 1) {
       auto batch = ctx.repeat({par.pipeline_batch, 1});
@@ -221,7 +221,7 @@ std::string generate(booster::Booster& booster, Model& model, const booster::Cri
     int64_t next = 0;
     if (local.defined()) {
       auto logits = booster::nn::gather_from_tensor_parallel_region(local, booster::nn::tensor_parallel_context().group)
-                        .select(1, T - 1).squeeze(0).narrow(0, 0, 256).to(torch::kFloat64);  // [V]
+                        .select(1, T - 1).squeeze(0).narrow(0, 0, 256).to(torch::kCPU, torch::kFloat64);  // [V]
       if (temperature <= 0) {
         next = logits.argmax().item<int64_t>();
       } else {

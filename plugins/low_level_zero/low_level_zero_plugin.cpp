@@ -89,6 +89,7 @@ class LowLevelZeroPlugin : public Plugin {
   explicit LowLevelZeroPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return true; }
   // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.

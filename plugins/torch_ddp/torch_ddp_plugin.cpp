@@ -101,6 +101,7 @@ class TorchDDPPlugin : public Plugin {
   explicit TorchDDPPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
   bool support_no_sync() const override { return true; }
 
   // Two rows: the default (buckets are a second gradient copy) and gradient_as_bucket_view = true.

@@ -67,17 +67,19 @@ inline void expect_all_ok(const std::vector<ProcessResult>& results) {
 // Single-process reference: the MLP trained on the whole global batch of each step.
 // With max_norm > 0 the gradients are clipped with torch::nn::utils::clip_grad_norm_ and its
 // returned norms collected in *norms.
+// `device`: where the reference trains (the GPU tests train it on the GPU); the result is on the CPU.
 inline std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_batch, const std::string& optimizer,
                                          double max_norm = 0, double norm_type = 2.0,
-                                         std::vector<double>* norms = nullptr) {
+                                         std::vector<double>* norms = nullptr, const c10::Device& device = c10::kCPU) {
   torch::manual_seed(7);
   MLP net;
+  net->to(device);
   // dist_worker's make_any_optimizer: dist_common.h's built-ins and the user-registered one.
   auto opt = optimizer == "debiased_momentum" ? make_debiased_momentum(net->parameters())
                                               : make_optimizer(optimizer, net->parameters());
   auto batches = make_batches(steps, global_batch, 11);
   for (int64_t s = 0; s < steps; ++s) {
-    auto loss = torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]);
+    auto loss = torch::mse_loss(net->forward(batches.inputs[s].to(device)), batches.targets[s].to(device));
     loss.backward();
     if (max_norm > 0) {
       double n = torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm, norm_type);
@@ -87,7 +89,7 @@ inline std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_ba
     opt->zero_grad();
   }
   std::vector<torch::Tensor> out;
-  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  for (auto& p : net->parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
   return out;
 }
 
@@ -100,6 +102,7 @@ struct TrainCase {
   double norm_type = 2.0;
   std::string rank0_output_has;  // non-empty: rank 0's output must contain it (e.g. a log line)
   bool accum_sync = false;  // every micro-batch's backward synchronises (no no_sync)
+  c10::Device device = c10::kCPU;  // where the reference trains (set booster.device in sets to match)
 };
 
 // Runs the "train" scenario and checks every rank against the reference; returns rank 0's stats.
@@ -113,11 +116,12 @@ inline std::map<std::string, int64_t> check_train(const TrainCase& c) {
   for (const auto& s : c.sets) args.push_back("set=" + s);
   auto results = run_workers(c.world, args);
   expect_all_ok(results);
-  if (!c.rank0_output_has.empty() && !results.empty())
+  if (!c.rank0_output_has.empty() && !results.empty()) {
     EXPECT_NE(results[0].output.find(c.rank0_output_has), std::string::npos)
         << "rank 0's output lacks \"" << c.rank0_output_has << "\":\n" << results[0].output;
+  }
   std::vector<double> norms;
-  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer, c.max_norm, c.norm_type, &norms);
+  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer, c.max_norm, c.norm_type, &norms, c.device);
   for (int r = 0; r < c.world; ++r) {
     std::string rs = std::to_string(r);
     expect_close(load_tensors(dir.file("rank" + rs + ".pt")), want, std::to_string(c.world) + " ranks, rank " + rs);

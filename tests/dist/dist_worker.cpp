@@ -44,7 +44,7 @@ int64_t iarg(const std::string& k, int64_t def) { return std::stoll(arg(k, std::
 
 void save_named(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& named) {
   std::vector<torch::Tensor> tensors;
-  for (auto& [n, t] : named) tensors.push_back(t.detach().clone());
+  for (auto& [n, t] : named) tensors.push_back(t.detach().to(torch::kCPU).clone());
   torch::save(tensors, path);
 }
 
@@ -120,7 +120,8 @@ int run() {
       for (int64_t s = 0; s < steps; ++s) {
         for (int64_t m = 0; m < accum; ++m) {
           int64_t row = (m * ws + rank) * b;
-          auto x = batches.inputs[s].narrow(0, row, b), y = batches.targets[s].narrow(0, row, b);
+          auto x = batches.inputs[s].narrow(0, row, b).to(booster.device());
+          auto y = batches.targets[s].narrow(0, row, b).to(booster.device());
           auto step_loss = [&] {
             auto loss = torch::mse_loss(boosted.model.forward(x), y) / static_cast<double>(accum);
             booster.backward(loss, *boosted.optimizer);

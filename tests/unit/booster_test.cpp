@@ -1,6 +1,7 @@
 // booster_test.cpp — Booster on a world of one: config checks, boost(), torch_ddp, OptimizerWrapper, dataloaders.
 
 #include "booster/booster.h"
+#include "booster/core/device.h"
 #include "booster/core/host_allocator.h"
 #include "booster/core/host_cache.h"
 #include "booster/nn/unit.h"
@@ -353,10 +354,21 @@ TEST(Booster, SettingsAPluginReplacesAreOneSetting) {
   EXPECT_NO_THROW(make_booster(kDdpToml + "max_norm = 1.0\nnorm_type = inf\nmixed_precision = \"bf16\"\n"));
 }
 
-TEST(Booster, NcclBackendIsRefusedWhenTheConfigIsRead) {
+TEST(Booster, NcclBackendOnTheCpuDeviceIsRefusedWhenTheConfigIsRead) {
   EXPECT_THAT([] { make_booster(kDdpToml + "[distributed]\nbackend = \"nccl\"\n"); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:4:11"), HasSubstr("\"nccl\" is not supported yet"),
-                                               HasSubstr("backend = \"gloo\""))));
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("test.toml:4:11"), HasSubstr("reduces CUDA tensors only"),
+                                               HasSubstr("booster.device = \"cuda\""), HasSubstr("backend = \"gloo\""))));
+}
+
+TEST(Booster, DeviceSettingIsCheckedBeforeAnyRendezvous) {
+  EXPECT_THAT([] { make_booster(kDdpToml + "device = \"tpu\"\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("device"), HasSubstr("\"tpu\""), HasSubstr("\"cuda\""))));
+  if (booster::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device (the GPU tests cover it)";
+  // No GPU here: a clear error, raised before the rendezvous (a world of 2 would otherwise wait for
+  // a second rank).
+  EXPECT_THAT([] { make_booster(kDdpToml + "device = \"cuda\"\n[distributed]\nport = 1\n"); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("booster.device = \"cuda\""),
+                                               HasSubstr("set booster.device = \"cpu\""))));
 }
 
 TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {

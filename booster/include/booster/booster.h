@@ -56,10 +56,12 @@ struct Boosted {
   std::shared_ptr<LRScheduler> lr_scheduler;
 };
 
-// Reads [distributed] (backend = "gloo", timeout_s = 1800, threads_per_rank = 0 (auto), host,
-// port) and launches by what the process has (see dist::launch_auto): --rank/--world_size flags in
+// Reads [distributed] (backend = "gloo", or "nccl" when booster.device = "cuda"; timeout_s = 1800,
+// threads_per_rank = 0 (auto), host, port) and launches by what the process has (see dist::launch_auto): --rank/--world_size flags in
 // args (removed from args), torchrun / `booster run` variables, OpenMPI, SLURM, else one process.
-// Does nothing and returns the world when already launched. Throws ConfigError / EnvError / DistError.
+// Does nothing and returns the world when already launched. Throws ConfigError / EnvError / DistError;
+// ConfigError also for backend "nccl" with device "cpu", and, before any rendezvous, for device
+// "cuda" when CUDA support or a visible GPU is missing.
 BOOSTER_API std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config,
                                                                    std::vector<std::string>& args);
 
@@ -68,7 +70,10 @@ class BOOSTER_API Booster {
   // Also publishes the plugin's tensor-parallel context (nn/tensor_parallel.h) on this thread, so
   // tensor-parallel layers built after the Booster shard over the plugin's tp group; destroying the
   // Booster clears it (when it is still this Booster's).
-  // Reads [booster] (plugin = "torch_ddp", mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
+  // Reads [booster] (plugin = "torch_ddp", device = "cpu" | "cuda" (core/device.h: each rank takes
+  // cuda:(LOCAL_RANK % visible devices); boost() moves the model there and prepare_dataloader's
+  // batches arrive there through pinned memory; a plugin whose supported_devices() lacks it is
+  // refused by name), mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
   // (no clipping in step()), norm_type = 2.0 or inf (TOML float), estimate = false (true: boost()
   // prints the per-rank memory of every installed plugin's configurations for estimate_world_size
   // ranks (default: the launched world size) and exits; needs a single-process run),
@@ -235,6 +240,9 @@ class BOOSTER_API Booster {
   std::shared_ptr<dist::ProcessGroup> data_parallel_group();
   const Config& config() const;
   dist::ProcessGroup& world();
+  // This rank's device ([booster] device): cpu, or cuda:(LOCAL_RANK % visible devices). Models are
+  // moved there at boost(); prepare_dataloader's batches arrive there.
+  const c10::Device& device() const;
   const std::string& mixed_precision() const;
 
  private:

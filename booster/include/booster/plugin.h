@@ -47,7 +47,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 10;  // 10: MemoryReport::host_cache_held
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 11;  // 11: Plugin::supported_devices
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -159,6 +159,9 @@ class BOOSTER_API Plugin {
 
   // Precisions this plugin can train in ("fp32", "bf16", "fp16"). Default {"fp32"}.
   virtual std::vector<std::string> supported_precisions() const;
+  // Devices this plugin can train on ([booster] device: "cpu", "cuda"). Default {"cpu"}: a plugin
+  // that does not list "cuda" is refused by name when the config asks for it.
+  virtual std::vector<std::string> supported_devices() const;
   // true: the plugin casts the model and builds the optimizer wrapper for its own precision option;
   // the Booster's mixed_precision setting is then one of its shadowed_settings().
   virtual bool control_precision() const { return false; }

@@ -100,7 +100,17 @@ Example DataLoader::Iterator::operator*() const {
   if (batch_ < 0 || first >= size) throw std::out_of_range("DataLoader::Iterator: batch out of range");
   const int64_t last = std::min(first + b, size);
   std::vector<int64_t> batch(indices_->begin() + first, indices_->begin() + last);
-  return loader_->dataset_->get_batch(batch);
+  Example example = loader_->dataset_->get_batch(batch);
+  const DataLoaderOptions& o = loader_->options_;
+  if (o.device.is_cpu()) return example;
+  auto to_device = [&o](const at::Tensor& t) {
+    if (!t.defined() || t.device() == o.device) return t;
+    const at::Tensor src = o.pin_memory && t.device().is_cpu() ? t.pin_memory() : t;
+    return src.to(o.device, /*non_blocking=*/o.pin_memory);
+  };
+  example.data = to_device(example.data);
+  example.target = to_device(example.target);
+  return example;
 }
 
 DataLoader::Iterator DataLoader::begin() const {

@@ -125,6 +125,8 @@ std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, co
   impl->ranks_in_parent = members;
   impl->health = parent.health;
   for (int m : members) impl->global_ranks.push_back(parent.global_ranks[m]);
+  impl->device_backend = parent.device_backend;
+  impl->device_type = parent.device_type;
   if (impl->size > 1) {
     try {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key_prefix, parent.store);
@@ -135,6 +137,9 @@ std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, co
                       std::to_string(parent.timeout_s) + " s: " + e.what() +
                       "\n(every rank of the parent group must make the same new_group/split calls in the same order)");
     }
+    if (!impl->device_backend.empty())
+      detail::attach_device_backend(*impl, c10::make_intrusive<c10d::PrefixStore>(key_prefix, parent.store), parent.pg,
+                                    std::chrono::milliseconds(static_cast<int64_t>(parent.timeout_s * 1000)));
   }
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
@@ -158,9 +163,6 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
                                 std::to_string(o.world_size) + ")");
   if (o.backend != "gloo" && o.backend != "nccl")
     throw std::invalid_argument("booster: unknown backend '" + o.backend + "' (use \"gloo\" or \"nccl\")");
-  if (o.backend == "nccl")
-    throw DistError("booster: backend \"nccl\" is not supported yet: the process group has Gloo (CPU tensors) only. "
-                    "Use backend = \"gloo\".");
   if (o.timeout_s <= 0) throw std::invalid_argument("booster: timeout_s must be > 0");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("booster: port " + std::to_string(o.port) + " out of range");
 
@@ -199,6 +201,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
                     std::to_string(o.timeout_s) + " s: " + e.what() +
                     "\n(check MASTER_ADDR/MASTER_PORT, that rank 0 started, and that the port is free)");
   }
+  if (o.backend != "gloo") {  // a device backend beside Gloo (CPU tensors stay on Gloo)
+    impl->device_backend = o.backend;
+    detail::attach_device_backend(*impl, c10::make_intrusive<c10d::PrefixStore>("booster_world/", impl->store),
+                                  nullptr, timeout);
+  }
   impl->world = true;
   if (o.world_size > 1) impl->health = std::make_shared<detail::Health>(impl->store, o.rank, o.world_size);
   return std::make_shared<ProcessGroup>(std::move(impl));
@@ -219,13 +226,9 @@ Work ProcessGroup::allreduce(std::vector<at::Tensor>& tensors, ReduceOp op) {
                       std::string(c10::toString(tensors[0].scalar_type())) + " and " +
                       std::string(c10::toString(t.scalar_type())) + "; reduce them in separate calls");
   }
-  at::Tensor flat = at::cat(at::TensorList(tensors).vec(), 0).view({-1});
   std::vector<at::Tensor> views;
-  int64_t offset = 0;
-  for (auto& t : tensors) {
-    views.push_back(t.view({-1}));
-    offset += t.numel();
-  }
+  for (auto& t : tensors) views.push_back(t.view({-1}));
+  at::Tensor flat = at::cat(views, 0);
   auto inner = std::make_shared<Work>(allreduce(flat, op));
   auto impl = std::make_shared<Work::Impl>();
   impl->what = describe("allreduce", flat);
@@ -245,15 +248,18 @@ Work ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::AVG && !at::isFloatingType(tensor.scalar_type()))
     throw DistError("booster: allreduce with AVG needs a floating-point tensor, got " +
                     std::string(c10::toString(tensor.scalar_type())) + "; use SUM and divide yourself");
+  if (detail::needs_staging(*impl_, tensor))
+    return detail::staged({tensor}, {true}, [this, op](std::vector<at::Tensor>& h) { return allreduce(h[0], op); });
   std::string what = describe("allreduce", tensor);
-  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  const bool device = detail::on_device_backend(*impl_, tensor);
+  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16 && !device;
   // Gloo: bf16 as a pairwise reduce-scatter + all-gather in bf16 (half the bytes of fp32).
   if (cast && impl_->pg && impl_->size > 1) return detail::allreduce_by_halves(*impl_, tensor, op, what);
   std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::AllreduceOptions ao;
-  ao.reduceOp = to_c10d(op);
+  ao.reduceOp = device ? detail::device_reduce_op(op) : to_c10d(op);
   auto w = impl_->pg ? impl_->pg->allreduce(wire, ao) : c10::intrusive_ptr<c10d::Work>();
-  bool avg = op == ReduceOp::AVG && !impl_->native_avg;
+  bool avg = op == ReduceOp::AVG && !impl_->native_avg && !device && impl_->pg;
   int size = impl_->size;
   at::Tensor out = tensor;
   return make_work(w, [out, wire, cast, avg, size]() mutable {
@@ -266,7 +272,9 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   check_dense(tensor, "broadcast");
   if (root < 0 || root >= impl_->size)
     throw DistError("booster: broadcast root " + std::to_string(root) + " outside [0, " + std::to_string(impl_->size) + ")");
-  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  if (detail::needs_staging(*impl_, tensor))
+    return detail::staged({tensor}, {true}, [this, root](std::vector<at::Tensor>& h) { return broadcast(h[0], root); });
+  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16 && !detail::on_device_backend(*impl_, tensor);
   std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
@@ -284,7 +292,17 @@ Work ProcessGroup::allgather(std::vector<at::Tensor>& outputs, const at::Tensor&
   for (auto& o : outputs)
     if (o.numel() != input.numel() || o.scalar_type() != input.scalar_type())
       throw DistError("booster: allgather outputs must match the input's numel and dtype");
-  bool cast = input.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  if (detail::needs_staging(*impl_, input)) {
+    std::vector<at::Tensor> all = outputs;
+    all.push_back(input);
+    std::vector<bool> back(all.size(), true);
+    back.back() = false;
+    return detail::staged(all, back, [this](std::vector<at::Tensor>& h) {
+      std::vector<at::Tensor> outs(h.begin(), h.end() - 1);
+      return allgather(outs, h.back());
+    });
+  }
+  bool cast = input.scalar_type() == at::kBFloat16 && !impl_->native_bf16 && !detail::on_device_backend(*impl_, input);
   std::vector<at::Tensor> in{cast ? input.to(at::kFloat) : input};
   std::vector<std::vector<at::Tensor>> out(1);
   for (auto& o : outputs) out[0].push_back(cast ? at::empty(o.sizes(), o.options().dtype(at::kFloat)) : o);
@@ -307,14 +325,17 @@ Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
   if (op == ReduceOp::AVG && !at::isFloatingType(tensor.scalar_type()))
     throw DistError("booster: reduce with AVG needs a floating-point tensor, got " +
                     std::string(c10::toString(tensor.scalar_type())));
-  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16;
+  if (detail::needs_staging(*impl_, tensor))
+    return detail::staged({tensor}, {true}, [this, root, op](std::vector<at::Tensor>& h) { return reduce(h[0], root, op); });
+  const bool device = detail::on_device_backend(*impl_, tensor);
+  bool cast = tensor.scalar_type() == at::kBFloat16 && !impl_->native_bf16 && !device;
   std::vector<at::Tensor> wire{cast ? tensor.to(at::kFloat) : tensor};
   c10d::ReduceOptions ro;
-  ro.reduceOp = to_c10d(op);
+  ro.reduceOp = device ? detail::device_reduce_op(op) : to_c10d(op);
   ro.rootRank = root;
   ro.rootTensor = 0;
   auto w = impl_->pg ? impl_->pg->reduce(wire, ro) : c10::intrusive_ptr<c10d::Work>();
-  bool avg = op == ReduceOp::AVG && !impl_->native_avg;
+  bool avg = op == ReduceOp::AVG && !impl_->native_avg && !device && impl_->pg;
   bool is_root = impl_->rank == root;
   int size = impl_->size;
   at::Tensor out = tensor;

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ struct ProcessGroup::Impl {
   // Whether the backend's own AVG / bf16 are used; for Gloo both are emulated (process_group.h).
   bool native_avg = false;
   bool native_bf16 = false;
+  // The device backend beside Gloo ("nccl" for CUDA tensors; "" when none): collectives on tensors
+  // of device_type go to it natively (AVG and bf16 included); tensors of that device on a group
+  // without one are staged through host memory (detail::staged).
+  std::string device_backend;
+  c10::DeviceType device_type = c10::kCPU;
   // Store keys of the sub-groups made from this group start with key_prefix + "/"; each
   // new_group/split call takes the next id, on every rank, so the prefixes agree across ranks.
   std::string key_prefix = "booster_groups";
@@ -66,6 +72,26 @@ Work post_p2p(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool send, const
 // bf16 allreduce of `tensor` (contiguous) on `group`: reduce-scatter then all-gather of even
 // ranges, both pairwise (process_group_scatter.cpp).
 Work allreduce_by_halves(ProcessGroup::Impl& group, at::Tensor& tensor, ReduceOp op, std::string what);
+
+// process_group_device.cpp: the device backend and host staging.
+// Sets the device backend named group.device_backend (registered in booster/dist/device_backend.h;
+// "nccl" loads CUDA support first) beside Gloo on group.pg, connected through `store` (the group's
+// own prefix). `parent`: the parent group's pg for a sub-group, null for the world. Throws DistError
+// naming the backend when it is not registered or its factory fails.
+void attach_device_backend(ProcessGroup::Impl& group, const c10::intrusive_ptr<c10d::Store>& store,
+                           const c10::intrusive_ptr<c10d::ProcessGroup>& parent, std::chrono::milliseconds timeout);
+// Whether a collective on `t` goes to the group's device backend (t on its device type).
+bool on_device_backend(const ProcessGroup::Impl& group, const at::Tensor& t);
+// Whether `t` lives on a device whose collectives this group has no backend for (a CUDA tensor on a
+// Gloo-only group): the collective runs on host copies.
+bool needs_staging(const ProcessGroup::Impl& group, const at::Tensor& t);
+// A collective over host copies of `tensors` (device tensors): `run` gets the copies (made on the
+// caller's stream, synchronously) and issues the collective on them; waiting for the returned Work
+// waits for it, then copies back the tensors whose write_back flag is set.
+// The c10d op of `op` on a device backend (NCCL has AVG natively).
+c10d::ReduceOp device_reduce_op(ReduceOp op);
+Work staged(const std::vector<at::Tensor>& tensors, const std::vector<bool>& write_back,
+            const std::function<Work(std::vector<at::Tensor>&)>& run);
 
 }  // namespace detail
 }  // namespace booster::dist

@@ -73,6 +73,12 @@ Work detail::post_p2p(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool sen
 }
 
 Work ProcessGroup::post_p2p(bool send, const at::Tensor& tensor, int peer, int wire_tag, std::string what) {
+  // Gloo's point-to-point cannot send device memory: a device tensor without a device backend
+  // travels through a host copy.
+  if (detail::needs_staging(*impl_, tensor))
+    return detail::staged({tensor}, {!send}, [this, send, peer, wire_tag, what](std::vector<at::Tensor>& h) {
+      return detail::post_p2p(impl_->pg, send, h[0], peer, wire_tag, what);
+    });
   return detail::post_p2p(impl_->pg, send, tensor, peer, wire_tag, std::move(what));
 }
 

@@ -157,6 +157,17 @@ Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& i
     throw DistError("booster: reduce_scatter_tensor needs an input of numel " +
                     std::to_string(output.numel() * impl_->size) + " and the output's dtype, got numel " +
                     std::to_string(input.numel()));
+  if (detail::needs_staging(*impl_, input))
+    return detail::staged({output, input}, {true, false}, [this, op](std::vector<at::Tensor>& h) {
+      return reduce_scatter_tensor(h[0], h[1], op);
+    });
+  if (detail::on_device_backend(*impl_, input)) {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = detail::device_reduce_op(op);
+    at::Tensor in = input;
+    auto w = impl_->pg->_reduce_scatter_base(output, in, o);
+    return detail::make_work(w, [in]() {}, detail::describe("reduce_scatter", input), impl_.get());
+  }
   std::vector<int64_t> counts(static_cast<size_t>(impl_->size), output.numel());
   return reduce_scatter_ranges(ref_of(*impl_), input.view({-1}), counts, output.view({-1}), op,
                                detail::describe("reduce_scatter", input));
@@ -169,9 +180,24 @@ Work ProcessGroup::reduce_scatter_tensor_consuming(at::Tensor& output, at::Tenso
 Work ProcessGroup::reduce_scatter_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts, ReduceOp op) {
   check_contiguous(buffer, "reduce_scatter_in_place");
   check_counts(counts, impl_->size, buffer.numel(), "reduce_scatter_in_place");
+  if (detail::needs_staging(*impl_, buffer))
+    return detail::staged({buffer}, {true}, [this, counts, op](std::vector<at::Tensor>& h) {
+      return reduce_scatter_in_place(h[0], counts, op);
+    });
   const std::vector<int64_t> offsets = offsets_of(counts);
   at::Tensor flat = buffer.view({-1});
   at::Tensor mine = flat.narrow(0, offsets[static_cast<size_t>(impl_->rank)], counts[static_cast<size_t>(impl_->rank)]);
+  if (detail::on_device_backend(*impl_, buffer)) {
+    // NCCL: a reduce-scatter of the ranges (c10d runs one ncclReduce per rank when they differ in size).
+    std::vector<at::Tensor> outputs{mine};
+    std::vector<std::vector<at::Tensor>> inputs(1);
+    for (int r = 0; r < impl_->size; ++r)
+      inputs[0].push_back(flat.narrow(0, offsets[static_cast<size_t>(r)], counts[static_cast<size_t>(r)]));
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = detail::device_reduce_op(op);
+    auto w = impl_->pg->reduce_scatter(outputs, inputs, o);
+    return detail::make_work(w, [outputs, inputs]() {}, detail::describe("reduce_scatter_in_place", buffer), impl_.get());
+  }
   return reduce_scatter_ranges(ref_of(*impl_), flat, counts, mine, op, detail::describe("reduce_scatter_in_place", buffer));
 }
 
@@ -181,6 +207,15 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
   if (output.numel() != input.numel() * size || output.scalar_type() != input.scalar_type())
     throw DistError("booster: all_gather_into_tensor needs an output of numel " + std::to_string(input.numel() * size) +
                     " and the input's dtype, got numel " + std::to_string(output.numel()));
+  if (detail::needs_staging(*impl_, output))
+    return detail::staged({output, input}, {true, false}, [this](std::vector<at::Tensor>& h) {
+      return all_gather_into_tensor(h[0], h[1]);
+    });
+  if (detail::on_device_backend(*impl_, output)) {
+    at::Tensor in = input.contiguous();
+    auto w = impl_->pg->_allgather_base(output, in);
+    return detail::make_work(w, [in]() {}, detail::describe("all_gather_into_tensor", input), impl_.get());
+  }
   auto flat = output.view({-1});
   const int64_t n = input.numel();
   at::Tensor mine = flat.narrow(0, static_cast<int64_t>(rank) * n, n);
@@ -200,6 +235,21 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
 Work ProcessGroup::all_gather_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts) {
   check_contiguous(buffer, "all_gather_in_place");
   check_counts(counts, impl_->size, buffer.numel(), "all_gather_in_place");
+  if (detail::needs_staging(*impl_, buffer))
+    return detail::staged({buffer}, {true}, [this, counts](std::vector<at::Tensor>& h) {
+      return all_gather_in_place(h[0], counts);
+    });
+  if (detail::on_device_backend(*impl_, buffer)) {
+    // NCCL: an all-gather into the ranges (c10d broadcasts each range when they differ in size).
+    const std::vector<int64_t> offsets = offsets_of(counts);
+    at::Tensor flat = buffer.view({-1});
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < impl_->size; ++r)
+      outputs[0].push_back(flat.narrow(0, offsets[static_cast<size_t>(r)], counts[static_cast<size_t>(r)]));
+    std::vector<at::Tensor> inputs{outputs[0][static_cast<size_t>(impl_->rank)].clone()};
+    auto w = impl_->pg->allgather(outputs, inputs);
+    return detail::make_work(w, [outputs, inputs]() {}, detail::describe("all_gather_in_place", buffer), impl_.get());
+  }
   return all_gather_ranges(ref_of(*impl_), buffer.view({-1}), counts, kAllGatherTag, detail::describe("all_gather_in_place", buffer));
 }
 

@@ -1,9 +1,10 @@
-// precision.cpp — fp32 / bf16 (CPU autocast) / fp16 (master weights + dynamic loss scaling).
+// precision.cpp — fp32 / bf16 (CPU or CUDA autocast) / fp16 (master weights + dynamic loss scaling).
 #include "booster/mixed_precision/precision.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -51,8 +52,7 @@ CpuAutocastGuard::~CpuAutocastGuard() { leave_autocast(at::kCPU, {prev_enabled_,
 
 namespace {
 
-// CUDA autocast (torch.autocast("cuda", dtype)), as CpuAutocastGuard. Compiled but never run here
-// (no GPU): the fp16 path refuses CPU models before it is reached.
+// CUDA autocast (torch.autocast("cuda", dtype)), as CpuAutocastGuard.
 class CudaAutocastGuard {
  public:
   explicit CudaAutocastGuard(at::ScalarType dtype) : prev_(enter_autocast(at::kCUDA, dtype)) {}
@@ -104,14 +104,22 @@ class FP32 : public MixedPrecision {
 class BF16 : public MixedPrecision {
  public:
   std::string name() const override { return "bf16"; }
+  // Autocast of the parameters' device: CPU or CUDA (one device per model).
   void prepare_model(torch::nn::Module& model) const override {
-    for (const auto& p : model.parameters())
-      if (!p.device().is_cpu())
-        throw PluginError("booster: mixed_precision = \"bf16\" is implemented with CPU autocast; parameter on " +
-                          p.device().str() + " (CUDA autocast is not built yet)");
+    std::optional<c10::Device> device;
+    for (const auto& p : model.parameters()) {
+      if (!p.device().is_cpu() && !p.device().is_cuda())
+        throw PluginError("booster: mixed_precision = \"bf16\" autocasts on CPU and CUDA; parameter on " +
+                          p.device().str());
+      if (device && device->type() != p.device().type())
+        throw PluginError("booster: mixed_precision = \"bf16\": the model has parameters on " + device->str() +
+                          " and on " + p.device().str() + "; move it to one device type");
+      device = p.device();
+    }
+    cuda_ = device && device->is_cuda();
   }
   std::shared_ptr<ModelHooks> wrap_hooks(std::shared_ptr<ModelHooks> inner) const override {
-    return std::make_shared<AutocastHooks>(std::move(inner), at::kBFloat16);
+    return std::make_shared<AutocastHooks>(std::move(inner), at::kBFloat16, cuda_);
   }
   Criterion wrap_criterion(Criterion criterion) const override {
     if (!criterion) return criterion;
@@ -119,6 +127,9 @@ class BF16 : public MixedPrecision {
       return criterion(out.is_floating_point() ? out.to(at::kFloat) : out, target);
     };
   }
+
+ private:
+  mutable bool cuda_ = false;  // set by prepare_model (the MixedPrecision of one Booster, one model device)
 };
 
 class FP16 : public MixedPrecision {
@@ -129,8 +140,7 @@ class FP16 : public MixedPrecision {
     for (const auto& p : model.parameters()) {
       if (p.device().is_cpu())
         throw PluginError("booster: mixed_precision = \"fp16\" needs a CUDA device, but the model is on the CPU: "
-                          "LibTorch 1.13 has no fp16 GEMM/conv/layernorm kernels on CPU. Use mixed_precision = "
-                          "\"bf16\" on CPU.");
+                          "set booster.device = \"cuda\", or use mixed_precision = \"bf16\" on CPU.");
     }
     cast_floating_point(model, at::kHalf);
   }

@@ -13,8 +13,7 @@ void multi_tensor_adam(const AdamConfig& config, const std::vector<AdamTensor>& 
       static_cast<int64_t>(tensors.size()), kChunkSize, meta, [&](int64_t t) { return tensors[t].numel; },
       [&](detail::TensorListMeta<5>& m, int slot, int64_t t) { detail::fill_adam_slot(m, slot, tensors[t]); },
       [&](const detail::TensorListMeta<5>& m, int blocks) {
-        detail::launch_multi_tensor(m, blocks, f, stream);
-        BOOSTER_CUDA_CHECK_LAUNCH("multi_tensor_adam kernel");
+        detail::launch_multi_tensor(m, blocks, f, stream, "multi_tensor_adam kernel");
       });
 }
 

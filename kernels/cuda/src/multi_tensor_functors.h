@@ -1,15 +1,34 @@
 // Per-block bodies of the multi-tensor kernels, as __host__ __device__ code: the CUDA kernels call
 // them with (blockIdx.x, threadIdx.x, blockDim.x), and the tests call the same code on the host,
-// block by block and thread by thread, to check the planner and the arithmetic without a GPU.
-// Within a block, thread `tid` of `nthreads` handles elements tid, tid + nthreads, ... of its chunk
-// (consecutive threads touch consecutive addresses).
+// block by block and thread by thread, to check the planner, both memory paths and the arithmetic
+// without a GPU.
+//
+// Memory paths of a block (its chunk: elements [begin, end) of one tensor):
+//  - vector path, when every array of the slot is aligned at the chunk's start to 4 elements
+//    (16 bytes for fp32, 8 for bf16): thread tid of nthreads handles the groups of 4 consecutive
+//    elements at begin + 4 * (tid + k * nthreads), k = 0, 1, ..., with one 16-byte (fp32) or 8-byte
+//    (bf16) load or store per array and group, kIlp groups in flight per loop trip; the 0-3 elements
+//    after the last whole group go through the scalar loop.
+//  - scalar path otherwise: thread tid handles elements begin + tid, begin + tid + nthreads, ...
+// Consecutive threads touch consecutive addresses in both. Adam and scale are elementwise, so both
+// paths give the same bits; the L2 norm sums in the vector path's order on both paths (its
+// unaligned path loads the same groups element by element), so its result does not depend on
+// alignment either.
+//
+// Arithmetic: every float operation of the device branch is an explicit round-to-nearest intrinsic
+// (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn), which nvcc never contracts or
+// reorders; the host branch uses plain operators, std::sqrt and std::fma, and must be compiled
+// without contraction (GCC: ISO -std=c++17, or -ffp-contract=off). So host and device compute the
+// same IEEE operations in the same order.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "booster/kernels/cuda_adam.h"
@@ -20,31 +39,53 @@
 #else
 #define BOOSTER_HD inline
 #endif
+#if defined(__CUDA_ARCH__)
+#define BOOSTER_UNROLL _Pragma("unroll")
+#else
+#define BOOSTER_UNROLL
+#endif
 
 namespace booster::kernels::cuda::detail {
 
-BOOSTER_HD float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+inline constexpr int kThreadsPerBlock = 512;
+
+// ---- float arithmetic, each operation rounded to nearest even and never fused with another.
+
+BOOSTER_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
+  return __fmul_rn(a, b);
 #else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return a * b;
 #endif
 }
-
-// Round to nearest even; NaN stays a (quiet) NaN. Same rule as c10::BFloat16.
-BOOSTER_HD uint16_t float_to_bf16(float f) {
+BOOSTER_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  uint32_t bits = __float_as_uint(f);
+  return __fadd_rn(a, b);
 #else
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+  return a + b;
 #endif
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
+}
+BOOSTER_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+BOOSTER_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+// a * b + c with one rounding.
+BOOSTER_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
 }
 
 BOOSTER_HD bool is_finite(float x) {
@@ -55,12 +96,31 @@ BOOSTER_HD bool is_finite(float x) {
 #endif
 }
 
-BOOSTER_HD float sqrt_f(float x) {
+// ---- bf16 (raw uint16_t bits: the upper half of a float).
+
+BOOSTER_HD float bits_to_float(uint32_t bits) {
 #if defined(__CUDA_ARCH__)
-  return sqrtf(x);
+  return __uint_as_float(bits);
 #else
-  return std::sqrt(x);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 #endif
+}
+
+BOOSTER_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest even; NaN -> 0x7FC0. The rule of c10::BFloat16 and of the CPU Adam kernel.
+BOOSTER_HD uint16_t float_to_bf16(float f) {
+#if defined(__CUDA_ARCH__)
+  uint32_t bits = __float_as_uint(f);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+#endif
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
 }
 
 // Loads element i of an fp32 (bf16 == false) or bf16 array.
@@ -68,49 +128,131 @@ BOOSTER_HD float load(const void* p, bool bf16, int64_t i) {
   return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-// Elements [begin, end) of the chunk run by `block`: begin = chunk * chunk_size within the tensor.
+// ---- groups of 4 elements: one 16-byte (fp32) or 8-byte (bf16) access; p must be aligned to it.
+
+BOOSTER_HD bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+
+BOOSTER_HD void load4(const float* p, float x[4]) {
+#if defined(__CUDA_ARCH__)
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+#else
+  std::memcpy(x, p, 4 * sizeof(float));
+#endif
+}
+
+BOOSTER_HD void store4(float* p, const float x[4]) {
+#if defined(__CUDA_ARCH__)
+  __stwb(reinterpret_cast<float4*>(p), make_float4(x[0], x[1], x[2], x[3]));
+#else
+  std::memcpy(p, x, 4 * sizeof(float));
+#endif
+}
+
+BOOSTER_HD void load4(const uint16_t* p, float x[4]) {
+#if defined(__CUDA_ARCH__)
+  const uint2 q = *reinterpret_cast<const uint2*>(p);  // little-endian: element 0 is q.x's low half
+  x[0] = bits_to_float(q.x << 16), x[1] = bits_to_float(q.x & 0xffff0000u);
+  x[2] = bits_to_float(q.y << 16), x[3] = bits_to_float(q.y & 0xffff0000u);
+#else
+  uint16_t h[4];
+  std::memcpy(h, p, sizeof h);
+  for (int k = 0; k < 4; ++k) x[k] = bf16_to_float(h[k]);
+#endif
+}
+
+BOOSTER_HD void store4(uint16_t* p, const float x[4]) {
+#if defined(__CUDA_ARCH__)
+  uint2 q;
+  q.x = static_cast<uint32_t>(float_to_bf16(x[0])) | (static_cast<uint32_t>(float_to_bf16(x[1])) << 16);
+  q.y = static_cast<uint32_t>(float_to_bf16(x[2])) | (static_cast<uint32_t>(float_to_bf16(x[3])) << 16);
+  __stwb(reinterpret_cast<uint2*>(p), q);
+#else
+  uint16_t h[4];
+  for (int k = 0; k < 4; ++k) h[k] = float_to_bf16(x[k]);
+  std::memcpy(p, h, sizeof h);
+#endif
+}
+
+// Group load of an fp32 (bf16 == false) or bf16 array at element i.
+BOOSTER_HD void load4(const void* p, bool bf16, int64_t i, float x[4]) {
+  if (bf16) {
+    load4(static_cast<const uint16_t*>(p) + i, x);
+  } else {
+    load4(static_cast<const float*>(p) + i, x);
+  }
+}
+
+// Whether element `begin` of an fp32 / bf16 array starts an aligned group.
+BOOSTER_HD bool group_aligned(const void* p, bool bf16, int64_t begin) {
+  return bf16 ? aligned(static_cast<const uint16_t*>(p) + begin, 8) : aligned(static_cast<const float*>(p) + begin, 16);
+}
+
+// ---- the chunk of a block
+
+// The slot and the elements [begin, end) of the chunk run by `block`: the slot s with
+// block_end[s-1] <= block < block_end[s] (a binary search), its chunk first_chunk[s] + the block's
+// rank within the slot, begin = chunk * chunk_size within the tensor. Returns the chunk.
 template <int kDepth>
-BOOSTER_HD void chunk_range(const TensorListMeta<kDepth>& meta, int block, int64_t chunk_size, int& slot,
-                            int64_t& begin, int64_t& end) {
-  slot = meta.block_to_tensor[block];
-  begin = static_cast<int64_t>(meta.block_to_chunk[block]) * chunk_size;
-  end = begin + chunk_size < meta.sizes[slot] ? begin + chunk_size : meta.sizes[slot];
+BOOSTER_HD int64_t find_block(const TensorListMeta<kDepth>& meta, int block, int64_t chunk_size, int& slot,
+                              int64_t& begin, int64_t& end) {
+  int lo = 0, hi = meta.n_slots - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (block < meta.block_end[mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  slot = lo;
+  const int first_block = lo == 0 ? 0 : meta.block_end[lo - 1];
+  const int64_t chunk = static_cast<int64_t>(meta.first_chunk[lo]) + (block - first_block);
+  begin = chunk * chunk_size;
+  end = begin + chunk_size < meta.sizes[lo] ? begin + chunk_size : meta.sizes[lo];
+  return chunk;
 }
 
 // ---- Adam / AdamW. addresses: param, grad, exp_avg, exp_avg_sq, param_bf16_out (may be null).
 inline constexpr uint8_t kGradBf16 = 1;
 inline constexpr uint8_t kWriteBf16 = 2;
 
-struct AdamFunctor {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2;
-  float eps, weight_decay;
-  float decay_factor;     // 1 - lr * weight_decay (AdamW)
-  float step_size;        // lr / bias_correction1
-  float bc2_sqrt;         // sqrt(bias_correction2)
-  float div_scale;
-  int adamw_mode;
-  int64_t chunk_size;
-  const int* noop_flag;   // optional
+// Which optional operations of the update run (AdamFunctor::ops).
+inline constexpr uint32_t kOpDiv = 1;    // div_scale != 1
+inline constexpr uint32_t kOpDecay = 2;  // AdamW with weight_decay != 0
+inline constexpr uint32_t kOpL2 = 4;     // Adam with weight_decay != 0
 
-  // The arithmetic of one element, in the order of LibTorch 1.13's AdamW / Adam step.
+struct AdamFunctor {
+  static constexpr int kIlp = 1;  // groups of 4 elements in flight per thread (x 4 arrays)
+
+  // booster::kernels::cpu's per-call coefficients, computed the same way (make_adam_functor).
+  float decay;          // AdamW: 1 - lr * wd
+  float l2;             // Adam: wd
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float sqrt_bc2;       // sqrt(1 - beta2^t)
+  float neg_step_size;  // -(lr / (1 - beta1^t))
+  float eps;
+  float div_scale;
+  uint32_t ops;         // kOpDiv | kOpDecay | kOpL2
+  int64_t chunk_size;
+  const int* noop_flag;  // optional
+
+  // One element: the operations of booster::kernels::cpu's adam_element, in its order.
   BOOSTER_HD void update(float& p, float g, float& m, float& v) const {
-    g = g / div_scale;
-    if (adamw_mode) {
-      p = p * decay_factor;
-    } else if (weight_decay != 0.0f) {
-      g = g + weight_decay * p;
-    }
-    m = m * beta1 + one_minus_beta1 * g;
-    v = v * beta2 + one_minus_beta2 * g * g;
-    const float denom = sqrt_f(v) / bc2_sqrt + eps;
-    p = p + (-step_size) * (m / denom);
+    if (ops & kOpDiv) g = div_rn(g, div_scale);
+    if (ops & kOpDecay) p = mul_rn(p, decay);
+    if (ops & kOpL2) g = fma_rn(p, l2, g);
+    m = fma_rn(g, one_minus_beta1, mul_rn(m, beta1));
+    v = fma_rn(mul_rn(one_minus_beta2, g), g, mul_rn(v, beta2));
+    const float d = add_rn(div_rn(sqrt_rn(v), sqrt_bc2), eps);
+    p = add_rn(p, div_rn(mul_rn(neg_step_size, m), d));
   }
 
   BOOSTER_HD void operator()(const TensorListMeta<5>& meta, int block, int tid, int nthreads) const {
     if (noop_flag != nullptr && *noop_flag != 0) return;
     int slot;
     int64_t begin, end;
-    chunk_range(meta, block, chunk_size, slot, begin, end);
+    find_block(meta, block, chunk_size, slot, begin, end);
     float* param = static_cast<float*>(meta.addresses[0][slot]);
     const void* grad = meta.addresses[1][slot];
     float* exp_avg = static_cast<float*>(meta.addresses[2][slot]);
@@ -118,7 +260,40 @@ struct AdamFunctor {
     uint16_t* out_bf16 = static_cast<uint16_t*>(meta.addresses[4][slot]);
     const bool grad_bf16 = (meta.flags[slot] & kGradBf16) != 0;
     const bool write_bf16 = (meta.flags[slot] & kWriteBf16) != 0;
-    for (int64_t i = begin + tid; i < end; i += nthreads) {
+
+    int64_t scalar_begin = begin;
+    if (aligned(param + begin, 16) && aligned(exp_avg + begin, 16) && aligned(exp_avg_sq + begin, 16) &&
+        group_aligned(grad, grad_bf16, begin) && (!write_bf16 || aligned(out_bf16 + begin, 8))) {
+      const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
+      const int64_t stride = int64_t{4} * nthreads;
+      for (int64_t i = begin + int64_t{4} * tid; i < vec_end; i += stride * kIlp) {
+        float p[kIlp][4] = {}, g[kIlp][4] = {}, m[kIlp][4] = {}, v[kIlp][4] = {};
+        BOOSTER_UNROLL
+        for (int u = 0; u < kIlp; ++u) {
+          const int64_t j = i + u * stride;
+          if (j < vec_end) {
+            load4(param + j, p[u]);
+            load4(grad, grad_bf16, j, g[u]);
+            load4(exp_avg + j, m[u]);
+            load4(exp_avg_sq + j, v[u]);
+          }
+        }
+        BOOSTER_UNROLL
+        for (int u = 0; u < kIlp; ++u) {
+          const int64_t j = i + u * stride;
+          if (j < vec_end) {
+            BOOSTER_UNROLL
+            for (int k = 0; k < 4; ++k) update(p[u][k], g[u][k], m[u][k], v[u][k]);
+            store4(param + j, p[u]);
+            store4(exp_avg + j, m[u]);
+            store4(exp_avg_sq + j, v[u]);
+            if (write_bf16) store4(out_bf16 + j, p[u]);
+          }
+        }
+      }
+      scalar_begin = vec_end;
+    }
+    for (int64_t i = scalar_begin + tid; i < end; i += nthreads) {
       float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
       update(p, load(grad, grad_bf16, i), m, v);
       param[i] = p;
@@ -134,6 +309,8 @@ inline constexpr uint8_t kInBf16 = 1;
 inline constexpr uint8_t kOutBf16 = 2;
 
 struct ScaleFunctor {
+  static constexpr int kIlp = 4;  // groups of 4 elements in flight per thread
+
   float scale;
   int64_t chunk_size;
   int* found_inf;  // optional
@@ -141,16 +318,46 @@ struct ScaleFunctor {
   BOOSTER_HD void operator()(const TensorListMeta<2>& meta, int block, int tid, int nthreads) const {
     int slot;
     int64_t begin, end;
-    chunk_range(meta, block, chunk_size, slot, begin, end);
+    find_block(meta, block, chunk_size, slot, begin, end);
     const void* in = meta.addresses[0][slot];
     void* out = meta.addresses[1][slot];
     const bool in_bf16 = (meta.flags[slot] & kInBf16) != 0;
     const bool out_bf16 = (meta.flags[slot] & kOutBf16) != 0;
     bool finite = true;
-    for (int64_t i = begin + tid; i < end; i += nthreads) {
+    int64_t scalar_begin = begin;
+    if (group_aligned(in, in_bf16, begin) && group_aligned(out, out_bf16, begin)) {
+      const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
+      const int64_t stride = int64_t{4} * nthreads;
+      for (int64_t i = begin + int64_t{4} * tid; i < vec_end; i += stride * kIlp) {
+        float x[kIlp][4] = {};
+        BOOSTER_UNROLL
+        for (int u = 0; u < kIlp; ++u) {
+          const int64_t j = i + u * stride;
+          if (j < vec_end) load4(in, in_bf16, j, x[u]);
+        }
+        BOOSTER_UNROLL
+        for (int u = 0; u < kIlp; ++u) {
+          const int64_t j = i + u * stride;
+          if (j < vec_end) {
+            BOOSTER_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              finite &= is_finite(x[u][k]);
+              x[u][k] = mul_rn(x[u][k], scale);
+            }
+            if (out_bf16) {
+              store4(static_cast<uint16_t*>(out) + j, x[u]);
+            } else {
+              store4(static_cast<float*>(out) + j, x[u]);
+            }
+          }
+        }
+      }
+      scalar_begin = vec_end;
+    }
+    for (int64_t i = scalar_begin + tid; i < end; i += nthreads) {
       const float x = load(in, in_bf16, i);
       finite = finite && is_finite(x);
-      const float y = x * scale;
+      const float y = mul_rn(x, scale);
       if (out_bf16) {
         static_cast<uint16_t*>(out)[i] = float_to_bf16(y);
       } else {
@@ -165,23 +372,44 @@ struct ScaleFunctor {
 // the chunk partials array. thread_sum is one thread's sum of squares over its elements of the chunk;
 // the kernel adds the block's thread sums and stores partials[base + chunk].
 struct L2NormFunctor {
+  static constexpr int kIlp = 4;  // groups of 4 elements in flight per thread
+
   int64_t chunk_size;
   float* partials;
 
+  // Lane k of every group is added into acc[k] (fused multiply-add), groups in order of k above;
+  // the result is (acc[0] + acc[1]) + (acc[2] + acc[3]). The unaligned path loads the same groups
+  // element by element, so both paths give the same bits.
   BOOSTER_HD float thread_sum(const TensorListMeta<1>& meta, int block, int tid, int nthreads,
                               int64_t& partial_index) const {
     int slot;
     int64_t begin, end;
-    chunk_range(meta, block, chunk_size, slot, begin, end);
-    partial_index = static_cast<int64_t>(meta.base[slot]) + meta.block_to_chunk[block];
+    const int64_t chunk = find_block(meta, block, chunk_size, slot, begin, end);
+    partial_index = static_cast<int64_t>(meta.base[slot]) + chunk;
     const void* data = meta.addresses[0][slot];
     const bool bf16 = (meta.flags[slot] & kInBf16) != 0;
-    float sum = 0.0f;
-    for (int64_t i = begin + tid; i < end; i += nthreads) {
-      const float x = load(data, bf16, i);
-      sum += x * x;
+    const bool vec = group_aligned(data, bf16, begin);
+    const int64_t stride = int64_t{4} * nthreads;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t i = begin + int64_t{4} * tid; i < end; i += stride * kIlp) {
+      float x[kIlp][4] = {};
+      BOOSTER_UNROLL
+      for (int u = 0; u < kIlp; ++u) {
+        const int64_t j = i + u * stride;
+        if (vec && j + 4 <= end) {
+          load4(data, bf16, j, x[u]);
+        } else {
+          BOOSTER_UNROLL
+          for (int k = 0; k < 4; ++k) x[u][k] = j + k < end ? load(data, bf16, j + k) : 0.0f;
+        }
+      }
+      BOOSTER_UNROLL
+      for (int u = 0; u < kIlp; ++u) {
+        BOOSTER_UNROLL
+        for (int k = 0; k < 4; ++k) acc[k] = fma_rn(x[u][k], x[u][k], acc[k]);
+      }
     }
-    return sum;
+    return add_rn(add_rn(acc[0], acc[1]), add_rn(acc[2], acc[3]));
   }
 };
 
@@ -210,22 +438,41 @@ inline void check_adam_args(const AdamConfig& c, const std::vector<AdamTensor>& 
   }
 }
 
-// The per-step constants, computed as LibTorch 1.13 does: in double, then used as float.
-inline AdamFunctor make_adam_functor(const AdamConfig& c, int64_t chunk_size, const int* noop_flag) {
-  const double bc1 = c.bias_correction ? 1.0 - std::pow(double(c.beta1), double(c.step)) : 1.0;
-  const double bc2 = c.bias_correction ? 1.0 - std::pow(double(c.beta2), double(c.step)) : 1.0;
+// The double a LibTorch option would hold for this float: its shortest round-trip decimal
+// (0.999f -> "0.999" -> 0.999). booster::kernels::cpu::adam_step reads its float options so.
+inline double widen(float x) {
+  if (!std::isfinite(x)) return x;
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  double d = x;
+  if (ec == std::errc()) std::from_chars(buf, end, d);
+  return d;
+}
+
+// The per-step constants: the float coefficients of booster::kernels::cpu::adam_step for the same
+// AdamConfig, computed by the same expressions (widened options, double arithmetic, one rounding
+// to float each), so both kernels apply the same numbers.
+inline AdamFunctor make_adam_functor(const AdamConfig& cfg, int64_t chunk_size, const int* noop_flag) {
+  const double lr = widen(cfg.lr), beta1 = widen(cfg.beta1), beta2 = widen(cfg.beta2), eps = widen(cfg.eps),
+               wd = widen(cfg.weight_decay);
   AdamFunctor f{};
-  f.beta1 = c.beta1;
-  f.beta2 = c.beta2;
-  f.one_minus_beta1 = static_cast<float>(1.0 - double(c.beta1));
-  f.one_minus_beta2 = static_cast<float>(1.0 - double(c.beta2));
-  f.eps = c.eps;
-  f.weight_decay = c.weight_decay;
-  f.decay_factor = static_cast<float>(1.0 - double(c.lr) * double(c.weight_decay));
-  f.step_size = static_cast<float>(double(c.lr) / bc1);
-  f.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  f.div_scale = c.div_scale;
-  f.adamw_mode = c.adamw_mode ? 1 : 0;
+  f.ops = (cfg.adamw_mode && wd != 0 ? kOpDecay : 0u) | (!cfg.adamw_mode && wd != 0 ? kOpL2 : 0u) |
+          (cfg.div_scale != 1.0f ? kOpDiv : 0u);
+  f.decay = static_cast<float>(1 - lr * wd);
+  f.l2 = static_cast<float>(wd);
+  f.beta1 = static_cast<float>(beta1);
+  f.beta2 = static_cast<float>(beta2);
+  f.one_minus_beta1 = static_cast<float>(1 - beta1);
+  f.one_minus_beta2 = static_cast<float>(1 - beta2);
+  double bc1 = 1, bc2 = 1;
+  if (cfg.bias_correction) {
+    bc1 = 1 - std::pow(beta1, static_cast<double>(cfg.step));
+    bc2 = 1 - std::pow(beta2, static_cast<double>(cfg.step));
+  }
+  f.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  f.neg_step_size = static_cast<float>(-(lr / bc1));
+  f.eps = static_cast<float>(eps);
+  f.div_scale = cfg.div_scale;
   f.chunk_size = chunk_size;
   f.noop_flag = noop_flag;
   return f;

@@ -12,8 +12,7 @@ void multi_tensor_scale(float scale, const std::vector<ScaleTensor>& tensors, in
       static_cast<int64_t>(tensors.size()), kChunkSize, meta, [&](int64_t t) { return tensors[t].numel; },
       [&](detail::TensorListMeta<2>& m, int slot, int64_t t) { detail::fill_scale_slot(m, slot, tensors[t]); },
       [&](const detail::TensorListMeta<2>& m, int blocks) {
-        detail::launch_multi_tensor(m, blocks, f, stream);
-        BOOSTER_CUDA_CHECK_LAUNCH("multi_tensor_scale kernel");
+        detail::launch_multi_tensor(m, blocks, f, stream, "multi_tensor_scale kernel");
       });
 }
 

@@ -2,6 +2,8 @@
 // simple batching DataLoader over a Dataset, as returned by Booster::prepare_dataloader.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -42,6 +44,13 @@ struct DataLoaderOptions {
   bool shuffle = false;
   uint64_t seed = 1024;    // ColossalAI's prepare_dataloader default
   bool drop_last = false;  // drops both the sampler's tail and a last incomplete batch
+  // Where batches are delivered: the dataset's CPU tensors are copied there (asynchronously with
+  // respect to the host when pin_memory: the batch is first copied into page-locked memory, as
+  // PyTorch's DataLoader(pin_memory=True) followed by .to(device, non_blocking=True)). The copy is
+  // queued on the device's current stream, so work queued after it on that stream sees the batch.
+  // Booster::prepare_dataloader sets both from [booster] device.
+  c10::Device device{c10::kCPU};
+  bool pin_memory = false;  // only for a non-CPU device
 };
 
 // Iterates a dataset in batches of this rank's sampler indices. Single-threaded: batches are built

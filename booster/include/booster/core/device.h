@@ -1,0 +1,59 @@
+// device.h — where a rank's tensors live ([booster] device, ColossalAI's Booster(device=...)), and
+// the CUDA support library.
+//
+// libbooster.so links LibTorch's CPU library only, so a CPU run loads no CUDA library. CUDA support
+// is libbooster_cuda.so, built beside libbooster.so when the CUDA toolkit is found (BOOSTER_WITH_CUDA):
+// loading it loads LibTorch's CUDA library (which registers the CUDA device and its allocator with
+// ATen), registers the "nccl" collective backend (booster/dist/device_backend.h) and the CUDA
+// optimizer kernels. It is loaded on demand, once, and never unloaded.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+#include "booster/export.h"
+
+namespace booster {
+
+// Loads libbooster_cuda.so (once per process; later calls return at once). Looked for at
+// $BOOSTER_CUDA_LIBRARY if set, else beside libbooster.so. Throws std::runtime_error naming the
+// file and the loader's message when it is missing (a build without the CUDA toolkit: configure
+// with -DBOOSTER_WITH_CUDA=ON) or cannot be loaded (LibTorch's CUDA libraries not found: put
+// LibTorch's lib directory on LD_LIBRARY_PATH).
+BOOSTER_API void load_cuda_support();
+
+// Whether load_cuda_support() succeeded in this process.
+BOOSTER_API bool cuda_support_loaded();
+
+// The number of CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies). Loads CUDA support;
+// 0 when it cannot be loaded or the driver reports no device (never throws).
+BOOSTER_API int cuda_device_count();
+
+// The device of this rank for [booster] device = `name`:
+//   "cpu"  -> cpu;
+//   "cuda" -> cuda:(local_rank % cuda_device_count()), made the current CUDA device. Ranks of one node
+//             share a GPU when local_world_size > device count; with backend "nccl" that is refused
+//             (NCCL runs one rank per GPU), as is a local_rank beyond the visible devices.
+// `backend` is the collective backend ("gloo" | "nccl"). Throws std::invalid_argument naming the
+// problem and the fix: an unknown name; "cuda" without CUDA support or without a visible device;
+// "nccl" with "cpu"; local_rank or local_world_size out of range for nccl.
+BOOSTER_API c10::Device select_device(const std::string& name, int local_rank, int local_world_size,
+                                      const std::string& backend);
+
+// Device memory of `device` from LibTorch's caching allocator (bytes): allocated and reserved now,
+// their peaks since the process started (or reset_device_peak), and the device's free and total
+// memory from the driver. All zero for a CPU device.
+struct DeviceMemory {
+  int64_t allocated = 0;
+  int64_t reserved = 0;
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  int64_t free = 0;
+  int64_t total = 0;
+};
+BOOSTER_API DeviceMemory device_memory(const c10::Device& device);
+BOOSTER_API void reset_device_peak(const c10::Device& device);
+
+}  // namespace booster

@@ -1,0 +1,263 @@
+// gpu_test.cpp — booster_gpu_tests: the CUDA device, the NCCL backend and the data-parallel plugins on
+// one GPU. Every test skips, with the reason, on a machine where this process sees no CUDA device;
+// scripts/gpu_check.sh packs this binary (with dist_worker beside it) for a GPU machine.
+//
+// What runs on one GPU:
+//   - every adapter collective on NCCL at world size 1 (NCCL runs one rank per GPU);
+//   - every adapter collective with 2 ranks (threads) sharing the GPU over Gloo: CUDA tensors are
+//     staged through host memory (process_group_device.cpp);
+//   - torch_ddp and low_level_zero (stages 1, 2) training on the GPU, 1 rank on NCCL and 2 ranks
+//     sharing the GPU over Gloo, against single-process LibTorch trained on the same GPU;
+//   - the device errors a user can meet there.
+// Tolerance of the training comparisons: dist_test_util.h's (1e-5 absolute + 1e-4 relative per
+// element after 4 steps, fp32): the ranks differ from the reference only in the order of the
+// gradient sums.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <string>
+
+namespace booster::testing {
+// dist_worker beside this executable (the GPU bundle keeps them together); BOOSTER_DIST_WORKER_PATH
+// names this function for dist_test_util.h.
+std::string worker_beside_exe();
+}  // namespace booster::testing
+
+#include "booster/booster.h"
+#include "booster/core/device.h"
+#include "booster/dist/process_group.h"
+#include "common/thread_ranks.h"
+#include "dist/dist_common.h"
+#include "dist/dist_test_util.h"
+
+using namespace booster::testing;
+using booster::dist::ProcessGroup;
+using booster::dist::ReduceOp;
+using booster::dist::RendezvousOptions;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+namespace booster::testing {
+// dist_worker beside this executable (the bundle keeps them together).
+std::string worker_beside_exe() {
+  return (std::filesystem::canonical("/proc/self/exe").parent_path() / "dist_worker").string();
+}
+}  // namespace booster::testing
+
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                                                   \
+  do {                                                                                                       \
+    if (booster::cuda_device_count() == 0)                                                                   \
+      GTEST_SKIP() << "no CUDA device visible to this process (no GPU, no driver, or no CUDA support built)"; \
+  } while (0)
+
+at::Tensor cuda_arange(int64_t n, double start, at::ScalarType dtype = at::kFloat) {
+  return at::arange(start, start + static_cast<double>(n), at::TensorOptions().dtype(at::kDouble))
+      .to(at::TensorOptions().dtype(dtype).device(at::kCUDA));
+}
+
+void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  EXPECT_TRUE(got.is_cuda()) << what << ": the result left the GPU";
+  EXPECT_TRUE(at::equal(got.to(at::kCPU).to(at::kDouble), want.to(at::kCPU).to(at::kDouble)))
+      << what << ": got " << got.to(at::kCPU) << " want " << want.to(at::kCPU);
+}
+
+// Every collective of the adapter on CUDA tensors of `g`; rank r contributes r + 1 (and arange
+// shifted by r), so each result is known in closed form.
+void check_collectives(ProcessGroup& g) {
+  const int n = g.size(), r = g.rank();
+  const double tri = n * (n + 1) / 2.0;  // 1 + ... + n
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  {
+    at::Tensor t = at::full({1000}, r + 1.0, cuda);
+    g.allreduce(t).wait();
+    expect_equal(t, at::full({1000}, tri), "allreduce SUM");
+    at::Tensor a = at::full({7}, r + 1.0, cuda);
+    g.allreduce(a, ReduceOp::AVG).wait();
+    expect_equal(a, at::full({7}, tri / n), "allreduce AVG");
+    at::Tensor m = at::full({5}, r + 1.0, cuda);
+    g.allreduce(m, ReduceOp::MAX).wait();
+    expect_equal(m, at::full({5}, static_cast<double>(n)), "allreduce MAX");
+    at::Tensor b = at::full({513}, r + 1.0, cuda.dtype(at::kBFloat16));
+    g.allreduce(b).wait();
+    EXPECT_EQ(b.scalar_type(), at::kBFloat16);
+    expect_equal(b, at::full({513}, tri), "allreduce bf16");
+    std::vector<at::Tensor> several{at::full({3}, r + 1.0, cuda), at::full({2, 2}, 2.0 * (r + 1), cuda)};
+    g.allreduce(several).wait();
+    expect_equal(several[0], at::full({3}, tri), "allreduce of a list (0)");
+    expect_equal(several[1], at::full({2, 2}, 2 * tri), "allreduce of a list (1)");
+  }
+  {
+    at::Tensor t = r == 0 ? cuda_arange(10, 5) : at::zeros({10}, cuda);
+    g.broadcast(t, 0).wait();
+    expect_equal(t, at::arange(5.0, 15.0), "broadcast");
+    at::Tensor red = at::full({4}, r + 1.0, cuda);
+    g.reduce(red, 0, ReduceOp::SUM).wait();
+    if (r == 0) expect_equal(red, at::full({4}, tri), "reduce");
+  }
+  {
+    std::vector<at::Tensor> outs;
+    for (int i = 0; i < n; ++i) outs.push_back(at::empty({3}, cuda));
+    g.allgather(outs, cuda_arange(3, 10.0 * r)).wait();
+    for (int i = 0; i < n; ++i) expect_equal(outs[i], at::arange(10.0 * i, 10.0 * i + 3), "allgather " + std::to_string(i));
+    at::Tensor out = at::empty({n * 4}, cuda);
+    g.all_gather_into_tensor(out, cuda_arange(4, 100.0 * r)).wait();
+    for (int i = 0; i < n; ++i)
+      expect_equal(out.narrow(0, 4 * i, 4), at::arange(100.0 * i, 100.0 * i + 4), "all_gather_into_tensor");
+    at::Tensor in_place = at::zeros({n * 4}, cuda);
+    in_place.narrow(0, 4 * r, 4).copy_(cuda_arange(4, 100.0 * r));
+    at::Tensor mine = in_place.narrow(0, 4 * r, 4);
+    g.all_gather_into_tensor(in_place, mine).wait();
+    expect_equal(in_place, out, "all_gather_into_tensor in place");
+  }
+  {
+    at::Tensor in = cuda_arange(n * 6, 0) + r;
+    at::Tensor out = at::empty({6}, cuda);
+    g.reduce_scatter_tensor(out, in).wait();
+    expect_equal(out, at::arange(6.0 * r, 6.0 * r + 6) * n + (tri - n), "reduce_scatter_tensor");
+    at::Tensor avg = at::empty({6}, cuda);
+    g.reduce_scatter_tensor(avg, in, ReduceOp::AVG).wait();
+    expect_equal(avg, at::arange(6.0 * r, 6.0 * r + 6) + (tri - n) / n, "reduce_scatter_tensor AVG");
+  }
+  {
+    // Uneven ranges: rank i owns i + 2 elements.
+    std::vector<int64_t> counts;
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) counts.push_back(i + 2), total += i + 2;
+    at::Tensor buffer = at::full({total}, r + 1.0, cuda);
+    g.reduce_scatter_in_place(buffer, counts).wait();
+    int64_t offset = 0;
+    for (int i = 0; i < r; ++i) offset += counts[i];
+    expect_equal(buffer.narrow(0, offset, counts[r]), at::full({counts[r]}, tri), "reduce_scatter_in_place");
+    at::Tensor gathered = at::zeros({total}, cuda);
+    gathered.narrow(0, offset, counts[r]).fill_(r + 1.0);
+    g.all_gather_in_place(gathered, counts).wait();
+    int64_t o = 0;
+    for (int i = 0; i < n; ++i) {
+      expect_equal(gathered.narrow(0, o, counts[i]), at::full({counts[i]}, i + 1.0), "all_gather_in_place");
+      o += counts[i];
+    }
+  }
+  g.barrier();
+  EXPECT_DOUBLE_EQ(g.allreduce_scalar(r + 1.0, ReduceOp::SUM), tri);  // CPU tensors stay on Gloo
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The NCCL backend
+
+TEST(Nccl, EveryCollectiveAtWorldSizeOne) {
+  SKIP_WITHOUT_GPU();
+  const c10::Device device = booster::select_device("cuda", 0, 1, "nccl");
+  EXPECT_EQ(device, c10::Device(c10::kCUDA, 0));
+  RendezvousOptions o;
+  o.backend = "nccl";
+  o.timeout_s = 60;
+  auto world = ProcessGroup::rendezvous(o);
+  EXPECT_EQ(world->backend(), "nccl");
+  check_collectives(*world);
+  // A sub-group of the world (a group of one rank has no backend: local copies).
+  auto sub = world->new_group({0});
+  ASSERT_TRUE(sub);
+  check_collectives(*sub);
+}
+
+TEST(Nccl, TwoRanksOnOneGpuAreRefusedWithTheFix) {
+  SKIP_WITHOUT_GPU();
+  const int count = booster::cuda_device_count();
+  EXPECT_THAT([&] { booster::select_device("cuda", count, count + 1, "nccl"); },
+              ThrowsMessage<std::invalid_argument>(AllOf(HasSubstr("LOCAL_RANK " + std::to_string(count)),
+                                                         HasSubstr("one rank per GPU"), HasSubstr("\"gloo\""))));
+  EXPECT_THAT([&] { booster::select_device("cuda", 0, count + 1, "nccl"); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr(std::to_string(count + 1) + " ranks on this node")));
+  // Gloo shares the GPUs: rank `count` takes cuda:0 again.
+  EXPECT_EQ(booster::select_device("cuda", count, count + 1, "gloo"), c10::Device(c10::kCUDA, 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gloo with CUDA tensors: 2 ranks sharing the GPU
+
+TEST(GlooOnGpu, EveryCollectiveWithTwoRanksSharingTheGpu) {
+  SKIP_WITHOUT_GPU();
+  auto errors = run_thread_ranks(2, [](const std::shared_ptr<ProcessGroup>& g) {
+    booster::select_device("cuda", g->rank(), 2, "gloo");
+    check_collectives(*g);
+    // Point-to-point of a CUDA tensor (Gloo cannot send device memory: staged through the host).
+    at::Tensor t = g->rank() == 0 ? cuda_arange(9, 3) : at::zeros({9}, at::TensorOptions().device(at::kCUDA));
+    if (g->rank() == 0) g->send(t, 1, 5);
+    else g->recv(t, 0, 5);
+    expect_equal(t, at::arange(3.0, 12.0), "send/recv");
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training on the GPU against single-process LibTorch on the same GPU
+
+namespace {
+const c10::Device kGpu(c10::kCUDA, 0);
+const std::string kCuda = "booster.device=\"cuda\"";
+const std::string kGloo = "distributed.backend=\"gloo\"";
+// low_level_zero's own precision option defaults to fp16 (ColossalAI's); these compare in fp32.
+const std::string kZero = "booster.plugin=\"low_level_zero\"";
+const std::string kZeroFp32 = "plugin.precision=\"fp32\"";
+
+// A check_train case whose reference trains on the GPU.
+TrainCase gpu_case(int world, const std::string& optimizer, std::vector<std::string> sets, int64_t accum = 1) {
+  TrainCase c{};
+  c.world = world;
+  c.optimizer = optimizer;
+  c.sets = std::move(sets);
+  c.accum = accum;
+  c.device = kGpu;
+  return c;
+}
+}  // namespace
+
+TEST(GpuTraining, TorchDdpOneRankOnNccl) {
+  SKIP_WITHOUT_GPU();
+  TrainCase c = gpu_case(1, "adamw", {kCuda});
+  c.rank0_output_has = "device cuda:0, world size 1 (nccl)";
+  check_train(c);
+}
+
+TEST(GpuTraining, TorchDdpTwoRanksSharingTheGpuOverGloo) {
+  SKIP_WITHOUT_GPU();
+  TrainCase c = gpu_case(2, "adamw", {kCuda, kGloo, "plugin.bucket_cap_mb=0.000001", "plugin.first_bucket_mb=0.000001"});
+  c.rank0_output_has = "device cuda:0, world size 2 (gloo)";
+  EXPECT_EQ(check_train(c)["buckets"], 8);
+}
+
+TEST(GpuTraining, TorchDdpClippingAndAccumulationOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  TrainCase c = gpu_case(2, "sgd", {kCuda, kGloo, "booster.max_norm=0.05"}, 2);
+  c.max_norm = 0.05;
+  check_train(c);
+}
+
+TEST(GpuTraining, LowLevelZeroStagesOneAndTwo) {
+  SKIP_WITHOUT_GPU();
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    check_train(gpu_case(1, "adamw", {kCuda, kZero, kZeroFp32, "plugin.stage=" + std::to_string(stage)}));
+    check_train(gpu_case(2, "adamw", {kCuda, kGloo, kZero, kZeroFp32, "plugin.stage=" + std::to_string(stage)}));
+  }
+}
+
+TEST(GpuTraining, PluginsWithoutCudaAreRefusedByName) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string plugin : {"torch_fsdp", "gemini", "hybrid_parallel"}) {
+    auto config = booster::Config::from_string("[booster]\nplugin = \"" + plugin + "\"\ndevice = \"cuda\"\n", "gpu.toml");
+    EXPECT_THAT([&] { booster::Booster b(config); },
+                ThrowsMessage<booster::PluginError>(AllOf(HasSubstr("plugin " + plugin), HasSubstr("\"cuda\""),
+                                                          HasSubstr("supports: cpu"))));
+  }
+}
