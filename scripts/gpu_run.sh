@@ -17,9 +17,13 @@
 #   fashion_mnist  the main job, 1 epoch, one GPU, booster.device="cuda" (epoch line: samples/s, accuracy)
 #   gpt         the GPT example for a bounded number of steps on the GPU (tokens/s, val_bpb)
 #               (both with distributed.backend = GPU_CHECK_BACKEND, default "nccl", world size 1)
+#   gpt_peer    peer/gpu_peer_gpt.py: the same GPT, data, AdamW, clipping and bf16 autocast in PyTorch
+#               eager on cuda; its tokens/s over the same steps as gpt's last eval window, and
+#               ours/PyTorch (see step_gpt_peer for what is measured)
 #   torch_peer  peer/gpu_peer_fashion_mnist.py: the same CNN in PyTorch eager, 1 epoch on cuda
 # With no GPU visible, env fails and the GPU-only steps are SKIPs. GPU_CHECK_SMOKE=1 (a test of this
-# script on a machine without GPU) runs fashion_mnist, gpt and torch_peer on the CPU for a few steps.
+# script on a machine without GPU) runs fashion_mnist, gpt, gpt_peer and torch_peer on the CPU for a
+# few steps.
 # Outputs in DIR (nothing else): gpu_check.txt (every measurement and test result, and the summary
 # table) and gpu_check.log (the full output of every step). Prints the summary (step | status |
 # seconds | key numbers); exit status 1 when a step failed, else 0.
@@ -176,13 +180,19 @@ step_fashion_mnist() {
   [[ -n "$line" ]] || { step_status=FAIL; note "no epoch line"; return; }
   lead "samples/s $fm_sps test_accuracy $(sed -n 's/.*test_accuracy \([0-9.]*\).*/\1/p' <<<"$line")"
 }
+# The gpt step's steps and eval window (smoke: 6 and 3). Its eval lines report tokens/s over each
+# window of gpt_eval steps (the summed step times of those steps, evaluation excluded); the last
+# window (steps 201-300 when all 300 ran) is the steady-state rate gpt_peer is compared with.
+gpt_steps=300 gpt_eval=100
+((smoke)) && gpt_steps=6 gpt_eval=3
+gpt_win_tok="" gpt_win_last=""
 step_gpt() {
   need bin/gpt || return
   no_gpu smoke_ok && return
-  local args=(--set 'booster.device="cuda"' --set "distributed.backend=\"$backend\"" --set train.max_steps=300 --set train.eval_interval=100
-              --set train.eval_windows=64 --set train.final_eval_windows=256 --set train.sample_length=100)
-  ((smoke)) && args=(--set train.max_steps=10 --set train.eval_interval=5 --set train.eval_windows=4
-                     --set train.final_eval_windows=8 --set train.sample_length=10)
+  local args=(--set 'booster.device="cuda"' --set "distributed.backend=\"$backend\"" --set train.eval_windows=64
+              --set train.final_eval_windows=256 --set train.sample_length=100)
+  ((smoke)) && args=(--set train.eval_windows=4 --set train.final_eval_windows=8 --set train.sample_length=10)
+  args+=(--set "train.max_steps=$gpt_steps" --set "train.eval_interval=$gpt_eval")
   tmb "$here/bin/gpt" --config "$here/configs/gpt_ddp.toml" --output_dir "$work/gpt" \
     --set "train.corpus=\"$here/data/gpt/kjv.txt\"" --set 'train.val_books="Ruth"' --set train.max_minutes=0.75 \
     --set train.log_interval=50 --set train.save_model=false "${args[@]}"
@@ -193,6 +203,48 @@ step_gpt() {
   bpb=$(sed -n 's/.*final val_loss.* val_bpb \([0-9.]*\).*/\1/p' "$step_out" | tail -n 1)
   [[ -n "$tok" ]] || { step_status=FAIL; note "no 'training tokens/s' line"; return; }
   lead "tokens/s $tok final val_bpb ${bpb:-?}"
+  local win
+  win=$(sed -n 's/.*eval step \([0-9]*\) .* tokens\/s \([0-9.]*\) .*/\1 \2/p' "$step_out" | tail -n 1)
+  if [[ -n "$win" ]]; then
+    read -r gpt_win_last gpt_win_tok <<<"$win"
+    note "steps $((gpt_win_last - gpt_eval + 1))-$gpt_win_last tokens/s $gpt_win_tok"
+  fi
+}
+# gpt_peer: what is measured. Both sides sum the wall time of each training step (host sampling of
+# the random windows, the blocking copies to the device, forward, loss, backward, loss.item(),
+# clipping, AdamW, zero_grad, LR step; no extra synchronize) over the same step numbers: gpt's last
+# eval window (steps 201-300 when gpt ran all 300), the peer running those steps after as many
+# warm-up steps; tokens/s = 16 x 128 tokens x steps / that time. When gpt logged no eval window the
+# peer runs gpt's step count and its all-steps rate (first step included, as gpt's "training
+# tokens/s") is compared with gpt's. ours/PyTorch > 1: ours is faster.
+step_gpt_peer() {
+  [[ -f "$here/peer/gpu_peer_gpt.py" ]] || { step_key="peer/gpu_peer_gpt.py is not in the bundle"; return; }
+  no_gpu smoke_ok && return
+  local warm=$((gpt_steps - gpt_eval)) n=$gpt_eval ours=$gpt_win_tok stopped
+  if [[ -n "$gpt_win_last" ]]; then
+    warm=$((gpt_win_last - gpt_eval))
+  else  # gpt stopped before its first eval window: all of its steps, first one included
+    stopped=$(sed -n 's/.*training stopped after \([0-9]*\) steps.*(\([0-9.]*\) training tokens\/s).*/\1 \2/p' \
+      "$work/gpt.out" 2>/dev/null | tail -n 1)
+    [[ -n "$stopped" ]] && { read -r n ours <<<"$stopped"; warm=0; }
+    ((n > 0)) || n=$gpt_eval
+  fi
+  local args=(--device cuda)
+  ((smoke)) && args=(--device cpu)
+  tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/gpt_ddp.toml" --corpus "$here/data/gpt/kjv.txt" \
+    --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" "${args[@]}"
+  check_rc $? gpu_peer_gpt.py
+  local line tok
+  line=$(grep -E '^peer: gpt steps [0-9]+-[0-9]+: [0-9.]+ training tokens/s' "$step_out" | tail -n 1)
+  grep -E '^peer: ' "$step_out" >>"$txt"
+  tok=$(sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' <<<"$line")
+  [[ -n "$tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
+  lead "tokens/s $tok (steps $((warm + 1))-$((warm + n)))"
+  if [[ -n "$ours" && "$tok" != 0 ]]; then
+    note "ours/PyTorch $(awk -v a="$ours" -v b="$tok" 'BEGIN {printf "%.2f", a / b}') (gpt $ours tokens/s)"
+  else
+    note "no gpt tokens/s to compare with"
+  fi
 }
 peer_sps=""
 step_torch_peer() {
@@ -219,6 +271,7 @@ run_step bench_cuda_kernels 90 step_bench
 run_step gpu_tests 150 step_gpu_tests
 run_step fashion_mnist 90 step_fashion_mnist
 run_step gpt 75 step_gpt
+run_step gpt_peer 75 step_gpt_peer
 run_step torch_peer 75 step_torch_peer
 
 failed=0

@@ -9,11 +9,12 @@
 #     are listed as missing): size <= 60 MiB, MANIFEST, run.sh, data, only $ORIGIN RUNPATHs, no
 #     LibTorch/CUDA/glibc library packed;
 #  3. run.sh --out DIR: finishes, writes exactly gpu_check.txt and gpu_check.log, prints a summary row
-#     (PASS/FAIL/SKIP) for each of its 7 steps, a program missing from the bundle is a FAIL naming it,
+#     (PASS/FAIL/SKIP) for each of its 8 steps, a program missing from the bundle is a FAIL naming it,
 #     without a GPU env FAILs and the GPU steps SKIP, and the exit status is non-zero;
 #  4. OUT=DIR run.sh (no --out) writes into $OUT;
-#  5. GPU_CHECK_SMOKE=1 run.sh: fashion_mnist, gpt and the PyTorch peer run a few CPU steps and their
-#     numbers (samples/s, tokens/s, the ours/PyTorch ratio) reach the summary.
+#  5. GPU_CHECK_SMOKE=1 run.sh: fashion_mnist, gpt and the PyTorch peers (gpt_peer, torch_peer) run a
+#     few CPU steps and their numbers (samples/s, tokens/s, the ours/PyTorch ratios) reach the
+#     summary; gpt_peer measures the same steps as gpt's last eval window.
 # Needs what gpu_check.sh needs, and the venv's python3 (~/.cache/booster/venv) as BOOSTER_PYTHON.
 # Exit status: the number of failed checks (0 = all passed).
 set -uo pipefail
@@ -47,7 +48,7 @@ b="$work/bundle"
 check "gpu_check.sh --bundle exits 0 (log: $work/bundle.log)" test "$rc" -eq 0
 check "bundle at most 60 MiB ($(du -sb "$b" 2>/dev/null | cut -f1) bytes)" test "$(du -sb "$b" | cut -f1)" -le $((60 * 1024 * 1024))
 for f in run.sh MANIFEST lib/libbooster.so.0 data/gpt/kjv.txt data/fashion-mnist/train-images-idx3-ubyte.gz \
-         configs/ddp.toml configs/gpt_ddp.toml peer/gpu_peer_fashion_mnist.py; do
+         configs/ddp.toml configs/gpt_ddp.toml peer/gpu_peer_fashion_mnist.py peer/gpu_peer_gpt.py; do
   check "bundle has $f" test -s "$b/$f"
 done
 check "bundle lib/ has no LibTorch, CUDA, NCCL, glibc or GCC runtime" \
@@ -66,7 +67,7 @@ check "run.sh finishes in under 8 minutes" test $((SECONDS - start)) -lt 480
 check "run.sh prints the summary" grep -q "===== summary" "$work/run.stdout"
 check "run.sh writes exactly gpu_check.txt and gpu_check.log" \
   test "$(find "$work/out" -mindepth 1 -printf '%P ' | tr ' ' '\n' | sort | tr '\n' ' ')" = "gpu_check.log gpu_check.txt "
-for s in env cuda_kernel_tests bench_cuda_kernels gpu_tests fashion_mnist gpt torch_peer; do
+for s in env cuda_kernel_tests bench_cuda_kernels gpu_tests fashion_mnist gpt gpt_peer torch_peer; do
   check "summary row for $s with PASS/FAIL/SKIP" bash -c "grep -qE '^$s +\\| (PASS|FAIL|SKIP) +\\| +[0-9]+ \\|' '$work/out/gpu_check.txt'"
 done
 for t in "${missing[@]}"; do  # the steps that run a program of the bundle
@@ -79,7 +80,7 @@ for t in "${missing[@]}"; do  # the steps that run a program of the bundle
 done
 if ((!have_gpu)); then
   check "no GPU: env FAILs saying so" bash -c "grep -qE '^env +\\| FAIL .*no CUDA GPU visible' '$work/out/gpu_check.txt'"
-  for s in fashion_mnist gpt torch_peer; do
+  for s in fashion_mnist gpt gpt_peer torch_peer; do
     check "no GPU: $s is a SKIP with the reason" bash -c "grep -qE '^$s +\\| SKIP .*no CUDA GPU visible' '$work/out/gpu_check.txt'"
   done
   check "run.sh exits non-zero when a step failed" test "$rc" -ne 0
@@ -98,7 +99,15 @@ if [[ " ${known[*]} " == *" fashion_mnist "* ]]; then
 fi
 if [[ " ${known[*]} " == *" gpt "* ]]; then
   check "smoke: gpt PASS with tokens/s and val_bpb" bash -c "grep -qE '^gpt +\\| PASS .*tokens/s [0-9]+ final val_bpb [0-9.]+' '$sm'"
+  # gpt's last eval window (steps 4-6 when its 6 steps ran within max_minutes on a busy machine;
+  # without one, its steps from 1) is the window gpt_peer measures.
+  win=$(sed -n 's/^gpt .*| PASS .*steps \([0-9]*-[0-9]*\) tokens\/s [0-9].*/\1/p' "$sm")
+  [[ -n "$win" ]] || win="1-[0-9]+"
+  echo "gpt's measured window in the smoke run: steps $win"
+  check "smoke: gpt_peer PASS with tokens/s over gpt's steps $win and the ours/PyTorch ratio" \
+    bash -c "grep -qE '^gpt_peer +\\| PASS .*tokens/s [0-9]+ \\(steps $win\\).*ours/PyTorch [0-9.]+' '$sm'"
 fi
+check "smoke: gpt_peer's line in gpu_check.txt" bash -c "grep -qE '^peer: gpt steps [0-9]+-[0-9]+: [0-9]+ training tokens/s' '$sm'"
 check "smoke: torch_peer PASS with samples/s and the ours/PyTorch ratio" \
   bash -c "grep -qE '^torch_peer +\\| PASS .*samples/s [0-9]+ .*ours/PyTorch [0-9.]+' '$sm'"
 

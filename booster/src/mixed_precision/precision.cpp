@@ -148,6 +148,14 @@ class FP16 : public MixedPrecision {
   std::shared_ptr<ModelHooks> wrap_hooks(std::shared_ptr<ModelHooks> inner) const override {
     return std::make_shared<AutocastHooks>(std::move(inner), at::kHalf, /*cuda=*/true);
   }
+  // The loss in fp32 (as autocast's fp32 list runs losses): an fp16 output is cast up before the
+  // user's criterion, so a float target meets a float input.
+  Criterion wrap_criterion(Criterion criterion) const override {
+    if (!criterion) return criterion;
+    return [criterion](const torch::Tensor& out, const torch::Tensor& target) {
+      return criterion(out.is_floating_point() ? out.to(at::kFloat) : out, target);
+    };
+  }
   OptimizerWrapperOptions optimizer_options() const override {
     OptimizerWrapperOptions o;
     o.scaler = std::make_shared<DynamicGradScaler>(scaler_options_);
