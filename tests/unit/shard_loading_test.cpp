@@ -47,7 +47,7 @@ using booster::checkpoint::SaveOptions;
 using booster::checkpoint::save_state_dict;
 using booster::checkpoint::StateDict;
 
-struct Layer {
+struct LayerShape {
   std::string name;
   int64_t in, out;
   at::ScalarType dtype = at::kFloat;
@@ -55,7 +55,7 @@ struct Layer {
 
 // Linear layers registered under the given names.
 struct LayerNet : torch::nn::Module {
-  explicit LayerNet(const std::vector<Layer>& layers) {
+  explicit LayerNet(const std::vector<LayerShape>& layers) {
     for (const auto& l : layers) {
       auto lin = register_module(l.name, torch::nn::Linear(l.in, l.out));
       if (l.dtype != at::kFloat) lin->to(l.dtype);
@@ -64,8 +64,8 @@ struct LayerNet : torch::nn::Module {
 };
 
 // l0..l{n-1}: Linear(768, 512): weight 1.5 MiB, bias 2 KiB.
-std::vector<Layer> layers(int n, int64_t in = 768, int64_t out = 512) {
-  std::vector<Layer> v;
+std::vector<LayerShape> layers(int n, int64_t in = 768, int64_t out = 512) {
+  std::vector<LayerShape> v;
   for (int i = 0; i < n; ++i) v.push_back({"l" + std::to_string(i), in, out});
   return v;
 }

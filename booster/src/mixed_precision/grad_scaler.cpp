@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "booster/config.h"
+#include "booster/optim/device_kernels.h"
 
 namespace booster::mixed_precision {
 
@@ -193,7 +194,10 @@ void ConstantGradScaler::load_state_dict(const ScalerState& state) {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-bool has_inf_or_nan(const std::vector<at::Tensor>& grads) {
+namespace {
+
+// The ATen check (grad_scaler.h): one aminmax per tensor, summed per device, one sync per device.
+bool aten_has_inf_or_nan(const std::vector<at::Tensor>& grads) {
   // One 0-dim accumulator per device: 0 while everything seen there is finite, nan otherwise.
   std::vector<std::pair<c10::Device, at::Tensor>> per_device;
   for (const at::Tensor& g : grads) {
@@ -230,15 +234,36 @@ bool has_inf_or_nan(const std::vector<at::Tensor>& grads) {
   return false;
 }
 
+}  // namespace
+
+bool has_inf_or_nan(const std::vector<at::Tensor>& grads) {
+  // Per device (optim::group_by_device_kernels): the tensors the device's registered kernels take
+  // (CUDA float32 / bfloat16) first get one multi-tensor L2 norm, read with one sync: a finite norm
+  // proves them finite (an Inf or NaN element makes it Inf or NaN); a non-finite one may also be the
+  // float overflow of a sum of squares of large finite values, so those tensors are then checked
+  // exactly, by the ATen reductions that check everything else (every CPU tensor: nothing is
+  // registered for the CPU).
+  std::vector<at::Tensor> exact;
+  for (optim::DeviceTensorGroup& group : optim::group_by_device_kernels(grads)) {
+    exact.insert(exact.end(), group.other.begin(), group.other.end());
+    if (group.kernel_tensors.empty()) continue;
+    const float norm = group.kernels->l2norm(group.kernel_tensors, /*per_tensor=*/false).total.item<float>();
+    if (!std::isfinite(norm)) exact.insert(exact.end(), group.kernel_tensors.begin(), group.kernel_tensors.end());
+  }
+  return aten_has_inf_or_nan(exact);
+}
+
 void unscale_grads(const std::vector<at::Tensor>& grads, double inv_scale) {
   if (!std::isfinite(inv_scale)) {
     throw std::invalid_argument("unscale_grads: inv_scale must be finite, got " + num(inv_scale));
   }
   if (inv_scale == 1.0) return;
-  for (const at::Tensor& g : grads) {
-    if (!g.defined()) continue;
-    at::Tensor t = g;  // shares storage: mul_ writes into the caller's tensor
-    t.mul_(inv_scale);
+  // Per device: the registered kernels' one multi-tensor scale, in place, for the tensors they take
+  // (bit-identical to mul_); t.mul_ for the rest (every CPU tensor).
+  for (optim::DeviceTensorGroup& group : optim::group_by_device_kernels(grads)) {
+    if (!group.kernel_tensors.empty())
+      group.kernels->scale(group.kernel_tensors, group.kernel_tensors, inv_scale, at::Tensor());
+    for (at::Tensor& t : group.other) t.mul_(inv_scale);  // shares storage: writes the caller's tensor
   }
 }
 

@@ -1,5 +1,6 @@
-// cpu_adam.cpp — CPUAdam / HybridAdam over the CPU Adam kernel, and the kernel step of LibTorch's
-// Adam / AdamW (see booster/optim/cpu_adam.h).
+// cpu_adam.cpp — CPUAdam / HybridAdam over the CPU Adam kernel (HybridAdam's device parameters over the
+// registered device kernels, booster/optim/device_kernels.h), and the kernel step of LibTorch's Adam /
+// AdamW (see booster/optim/cpu_adam.h).
 #include "booster/optim/cpu_adam.h"
 
 #include <torch/optim/adam.h>
@@ -9,8 +10,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "booster/optim/device_kernels.h"
 #include "booster/wrappers/optimizer_state.h"
 // The kernel's double-precision entry point (private to libbooster): LibTorch's options are doubles,
 // and a scheduled lr rounded to float first would move lr / bc1 by one float rounding.
@@ -228,14 +233,48 @@ void CPUAdam::load(torch::serialize::InputArchive& archive) {
 // HybridAdam
 
 torch::Tensor HybridAdam::step(LossClosure closure) {
-  for (const auto& group : param_groups_)
-    for (const auto& p : group.params())
-      if (p.grad().defined() && !p.device().is_cpu())
-        throw std::invalid_argument("booster: HybridAdam: a parameter is on " + p.device().str() +
-                                    ", but this build has no CUDA Adam path (only the CPU kernel); keep the "
-                                    "parameters HybridAdam steps on the CPU (e.g. ZeRO cpu_offload) or use "
-                                    "torch::optim::AdamW for device parameters");
-  return CPUAdam::step(std::move(closure));
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const CPUAdamOptions&>(group.options());
+    // Device parameters first: their one multi-tensor launch per device is queued (asynchronous), and
+    // the CPU kernel then runs while the device works. New states join the optimizer only once the
+    // device step went through.
+    std::vector<DeviceAdamParam> device;
+    std::vector<std::pair<OptimizerStateKey, std::unique_ptr<CPUAdamParamState>>> fresh;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined() || p.device().is_cpu()) continue;
+      CPUAdamParamState* st = nullptr;
+      auto it = state_.find(optimizer_state_key(p));
+      if (it != state_.end()) {
+        st = static_cast<CPUAdamParamState*>(it->second.get());
+      } else {
+        fresh.emplace_back(optimizer_state_key(p), std::make_unique<CPUAdamParamState>());
+        st = fresh.back().second.get();
+      }
+      device.push_back(DeviceAdamParam{p, p.grad(), &st->step(), &st->exp_avg(), &st->exp_avg_sq()});
+    }
+    if (!device.empty()) {
+      check_options(o, "HybridAdam");
+      DeviceAdamConfig c;
+      c.lr = o.lr();
+      c.beta1 = std::get<0>(o.betas());
+      c.beta2 = std::get<1>(o.betas());
+      c.eps = o.eps();
+      c.weight_decay = o.weight_decay();
+      c.adamw_mode = o.adamw_mode();
+      c.bias_correction = o.bias_correction();
+      device_adam_step(c, device, "HybridAdam");
+      for (auto& [key, st] : fresh) state_[key] = std::move(st);
+    }
+    for (auto& p : group.params())
+      if (p.grad().defined() && p.device().is_cpu()) step_with_options(p, p.grad(), o, 1.0, {});
+  }
+  return loss;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include "booster/core/flat_layout.h"
 #include "booster/dist/process_group.h"
+#include "booster/optim/device_kernels.h"
 #include "booster/plugin.h"
 #include "booster/wrappers/optimizer_registry.h"
 
@@ -105,19 +106,38 @@ std::vector<torch::Tensor> OptimizerWrapper::local_gradients() const {
 }
 
 double OptimizerWrapper::global_grad_norm(double norm_type) {
-  // One norm per gradient (in its dtype, as torch.nn.utils.clip_grad_norm_), combined in float64
-  // with a single host sync per step instead of one per parameter.
+  // Per device (optim::group_by_device_kernels), one host sync each: for norm_type 2, the tensors the
+  // device's registered kernels take (CUDA float32 / bfloat16) get one multi-tensor L2 norm; every
+  // other tensor (all of them on the CPU, where nothing is registered) one norm each in its dtype, as
+  // torch.nn.utils.clip_grad_norm_, combined in float64.
   at::NoGradGuard no_grad;
   auto grads = norm_gradients();
   dist::ProcessGroup* group = norm_group();
   bool inf = std::isinf(norm_type);
+  bool two = norm_type == 2.0;
   double local = 0;
-  if (!grads.empty()) {
-    std::vector<at::Tensor> per;
-    per.reserve(grads.size());
-    for (const auto& g : grads) per.push_back(inf ? g.abs().max() : g.norm(norm_type));
-    at::Tensor all = at::stack(per).to(at::kDouble);
-    local = (inf ? all.max() : all.pow(norm_type).sum()).item<double>();
+  bool first = true;
+  for (optim::DeviceTensorGroup& g : optim::group_by_device_kernels(grads)) {
+    std::vector<at::Tensor> aten = g.other;
+    if (!two) aten.insert(aten.end(), g.kernel_tensors.begin(), g.kernel_tensors.end());
+    at::Tensor acc;  // this device's max (inf) or sum of norm^norm_type, a 0-dim float64 tensor
+    if (!aten.empty()) {
+      std::vector<at::Tensor> per;
+      per.reserve(aten.size());
+      for (const auto& t : aten) per.push_back(inf ? t.abs().max() : t.norm(norm_type));
+      at::Tensor all = at::stack(per).to(at::kDouble);
+      acc = inf ? all.max() : all.pow(norm_type).sum();
+    }
+    if (two && !g.kernel_tensors.empty()) {
+      at::Tensor total = g.kernels->l2norm(g.kernel_tensors, /*per_tensor=*/false).total.to(at::kDouble);
+      total = total * total;
+      acc = acc.defined() ? acc + total : total;
+    }
+    const double v = acc.item<double>();
+    if (first) local = v;
+    else if (inf) local = (std::isnan(v) || v > local) ? v : local;
+    else local += v;
+    first = false;
   }
   if (inf) return group ? group->allreduce_scalar(local, dist::ReduceOp::MAX) : local;
   if (group) local = group->allreduce_scalar(local, dist::ReduceOp::SUM);
@@ -125,7 +145,9 @@ double OptimizerWrapper::global_grad_norm(double norm_type) {
 }
 
 // Multiplies every gradient by inv_scale (if not yet unscaled) and by the clip coefficient, in one
-// pass (ColossalAI fuses unscale and clip the same way). Returns the unscaled total norm.
+// pass (ColossalAI fuses unscale and clip the same way). Returns the unscaled total norm. Per device,
+// the registered kernels' multi-tensor scale for the tensors they take (bit-identical to mul_), mul_
+// for the rest (every CPU tensor).
 static double fused_unscale_clip(const std::vector<torch::Tensor>& grads, double scaled_norm, double inv_scale,
                                  double max_norm) {
   double total = scaled_norm * inv_scale;
@@ -136,7 +158,10 @@ static double fused_unscale_clip(const std::vector<torch::Tensor>& grads, double
   }
   if (coef != 1.0) {
     at::NoGradGuard no_grad;
-    for (const auto& g : grads) g.mul_(coef);
+    for (optim::DeviceTensorGroup& g : optim::group_by_device_kernels(grads)) {
+      if (!g.kernel_tensors.empty()) g.kernels->scale(g.kernel_tensors, g.kernel_tensors, coef, at::Tensor());
+      for (const auto& t : g.other) t.mul_(coef);
+    }
   }
   return total;
 }

@@ -19,7 +19,8 @@
 //
 // Parameters: float32, on the CPU, contiguous (a flat master slice or any dense tensor); gradients
 // float32 or bfloat16 of the same number of elements. Anything else is a std::invalid_argument
-// naming the parameter's dtype/device and what to do.
+// naming the parameter's dtype/device and what to do. HybridAdam also steps device (CUDA) parameters
+// (below); FusedAdam (booster/optim/fused_adam.h) is the optimizer for device parameters only.
 //
 // ISA: the kernel path is cpu_adam_isa(): $BOOSTER_CPU_ADAM_ISA (scalar | avx2 | avx512) if set,
 // else the best the CPU has. Threads: the kernel's OpenMP threads (at::set_num_threads).
@@ -97,11 +98,21 @@ class BOOSTER_API CPUAdam : public torch::optim::Optimizer {
                          double div_scale, const torch::Tensor& param_bf16_out);
 };
 
-// ColossalAI's HybridAdam: CPU float32 parameters step through the CPU kernel (as CPUAdam). A CUDA
-// parameter is refused with std::invalid_argument: this build has no CUDA Adam path.
+// ColossalAI's HybridAdam: CPU float32 parameters step through the CPU kernel (as CPUAdam); device
+// (CUDA) float32 parameters through the registered device kernels (booster/optim/device_kernels.h:
+// CUDA's are libbooster_cuda.so's multi-tensor Adam, loaded on demand), one multi-tensor launch per
+// parameter group and device, queued on the device's current stream before the group's CPU parameters
+// step (so both run at once). The state of a device parameter lives on its device; the arithmetic is
+// the CPU kernel's, bit for bit when the options are round decimals (the CUDA kernel takes the options
+// rounded to float, see DeviceAdamConfig). step_parameter and step_parameter_with_cpu_adam_kernel stay
+// CPU only.
 class BOOSTER_API HybridAdam : public CPUAdam {
  public:
   using CPUAdam::CPUAdam;
+  // Device parameters first, then CPU ones, per group. Throws as CPUAdam::step for a CPU parameter,
+  // std::invalid_argument for a device parameter or gradient that does not fit (float32 contiguous
+  // parameter; float32 / bfloat16 gradient of its size on its device), std::runtime_error when the
+  // device has no kernels (CUDA support not built or not loadable; the message names the fix).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
  protected:
