@@ -1,4 +1,5 @@
 // booster.cpp — Booster: config -> plugin, boost(), backward(), no_sync(), prepare_dataloader().
+// The memory report, the estimate mode and plugin = "auto" are in booster_memory.cpp.
 #include "booster/booster.h"
 
 #include <ATen/autocast_mode.h>
@@ -19,6 +20,7 @@
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin_loader.h"
+#include "booster_impl.h"
 #include "mixed_precision/bf16_speed.h"
 
 namespace booster {
@@ -90,38 +92,6 @@ static void check_shadowed_settings(const Config& config, const Plugin& plugin,
                       " instead and remove " + s.key);
   }
 }
-
-struct Booster::Impl {
-  Config config;
-  std::shared_ptr<Plugin> plugin;
-  std::string mixed_precision;
-  std::shared_ptr<mixed_precision::MixedPrecision> precision;
-  double max_norm = 0.0;
-  double norm_type = 2.0;
-  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
-  std::vector<std::weak_ptr<OptimizerWrapper>> optimizers;  // boosted here (for after_model_load)
-  std::shared_ptr<int> context_token;  // identifies the tensor-parallel context this Booster published
-  bool estimate = false;               // [booster] estimate
-  std::pair<torch::Tensor, torch::Tensor> estimate_batch;  // set_estimate_batch
-  int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)
-  std::shared_ptr<dist::ProcessGroup> world;
-  std::string device_name = "cpu";     // [booster] device
-  c10::Device device{c10::kCPU};       // this rank's device (select_device)
-  std::string malloc_mode;             // [booster] malloc ("" = the plugin's default)
-  std::string host_allocator;          // the mode in effect (set at attach_plugin)
-  double malloc_cache_mb = -1;         // [booster] malloc_cache_mb (-1: default_host_cache_limit at boost())
-  int64_t boosted_model_state_bytes = 0;  // model states of every boosted model, per rank
-  int64_t cache_limit_bytes(int64_t fallback) const {
-    return malloc_cache_mb >= 0 ? static_cast<int64_t>(malloc_cache_mb * (1 << 20)) : fallback;
-  }
-  // plugin = "auto": [auto] options; the plugin is loaded at the first boost().
-  bool auto_pending = false;
-  bool world_sharded_before_boost = false;  // auto: prepare_dataloader / data_parallel_group() before boost()
-  double auto_budget_mb = 0;           // 0: MemAvailable / local ranks (min over ranks)
-  double auto_activation_mb = 0;
-  double auto_runtime_mb = -1;         // < 0: measured at boost()
-  std::string auto_offload_dir;
-};
 
 namespace {
 // The Booster whose tensor-parallel context is current on this thread (weak: a destroyed Booster
@@ -255,87 +225,6 @@ Booster::~Booster() {
 Booster::Booster(Booster&&) noexcept = default;
 Booster& Booster::operator=(Booster&&) noexcept = default;
 
-namespace {
-// A TOML float for an override: "1.0", "0.5", "inf".
-std::string toml_float(double v) {
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string t = buf;
-  if (t.find_first_of(".e") == std::string::npos) t += ".0";
-  return t;
-}
-}  // namespace
-
-void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
-  dist::ProcessGroup& w = *impl_->world;
-  constexpr double kMiB = 1024.0 * 1024.0;
-  EstimateRequest request = describe_model(model, optimizer);
-  request.world_size = w.size();
-  request.precision = impl_->mixed_precision;
-  request.activation_bytes = static_cast<int64_t>(impl_->auto_activation_mb * kMiB);
-  int64_t model_bytes = request.buffer_bytes;
-  for (const auto& p : model.parameters()) model_bytes += static_cast<int64_t>(p.nbytes());
-  // Every rank must choose the same: the most any rank holds besides the model, the least any has.
-  const bool runtime_given = impl_->auto_runtime_mb >= 0;
-  const int64_t runtime = static_cast<int64_t>(
-      runtime_given ? impl_->auto_runtime_mb * kMiB
-                    : w.allreduce_scalar(static_cast<double>(std::max<int64_t>(0, resident_memory_bytes() - model_bytes)),
-                                         dist::ReduceOp::MAX));
-  int local = w.size();
-  if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(l));
-  const bool budget_given = impl_->auto_budget_mb > 0;
-  const int64_t budget = static_cast<int64_t>(
-      budget_given ? impl_->auto_budget_mb * kMiB
-                   : w.allreduce_scalar(static_cast<double>(available_memory_bytes() / local), dist::ReduceOp::MIN));
-  EstimateTable table = estimate_installed_plugins(request, impl_->world);
-  AutoSelection selection = select_auto_configuration(table.rows, runtime, budget, impl_->auto_offload_dir,
-                                                      !impl_->world_sharded_before_boost);
-  const MemoryEstimate& chosen = selection.chosen;
-  if (w.rank() == 0) {
-    char head[256];
-    std::snprintf(head, sizeof head, "booster: auto: %lld parameters, %d ranks, %s; budget %.1f MiB per rank (%s), "
-                  "runtime %.1f MiB (%s), activations %.1f MiB (%s)",
-                  static_cast<long long>(request.parameters), request.world_size, request.precision.c_str(),
-                  static_cast<double>(budget) / kMiB,
-                  budget_given ? "auto.memory_budget_mb" : "MemAvailable / ranks on this node",
-                  static_cast<double>(runtime) / kMiB, runtime_given ? "auto.runtime_mb" : "measured",
-                  impl_->auto_activation_mb, impl_->auto_activation_mb > 0 ? "auto.activation_mb" : "not counted: set auto.activation_mb");
-    log::info(head);
-    for (const auto& line : selection.reasons) log::info("booster: auto:   " + line);
-    for (const auto& f : table.failed) log::info("booster: auto:   not estimated: " + f);
-    log::info("booster: auto: chose " + chosen.plugin + " (" + chosen.configuration +
-              (chosen.pipeline ? "): no data-parallel configuration fits; a pipeline mesh, trained with "
-                                 "booster.execute_pipeline"
-                               : "): the least communication per step among the configurations that fit"));
-  }
-  Config config = impl_->config;
-  config.apply_override("booster.plugin=\"" + chosen.plugin + "\"");
-  for (const auto& o : chosen.options) config.apply_override("plugin." + o);
-  PluginContext ctx;
-  ctx.name = chosen.plugin;
-  ctx.options = config.section("plugin");
-  ctx.world = impl_->world;
-  std::shared_ptr<Plugin> plugin = load_plugin(ctx);
-  // Booster settings the chosen plugin replaces (max_norm, norm_type) move to its own options.
-  Options b = config.section("booster");
-  std::vector<std::string> moved;
-  for (const ShadowedSetting& s : plugin->shadowed_settings()) {
-    if (s.replacement.rfind("plugin.", 0) != 0 || s.replacement.find(' ') != std::string::npos) continue;
-    if (s.key == "booster.max_norm" && b.has("max_norm")) moved.push_back(s.replacement + "=" + toml_float(impl_->max_norm));
-    if (s.key == "booster.norm_type" && b.has("norm_type"))
-      moved.push_back(s.replacement + "=" + toml_float(impl_->norm_type));
-  }
-  if (!moved.empty()) {
-    config.apply_overrides(moved);
-    ctx.options = config.section("plugin");
-    plugin = load_plugin(ctx);
-  }
-  impl_->config = config;
-  impl_->auto_pending = false;
-  attach_plugin(std::move(plugin));
-}
-
 Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
                               std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!model) throw std::invalid_argument("booster: boost() needs a model (got null)");
@@ -414,67 +303,6 @@ const std::pair<torch::Tensor, torch::Tensor>& Booster::estimate_batch() const {
 std::string Booster::auto_not_chosen(const std::string& what) const {
   return "booster: plugin = \"auto\" chooses the plugin at the first boost(); " + what +
          " is available after it (call boost() first)";
-}
-
-void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                           const std::function<torch::Tensor()>& loss, const std::string& source) {
-  dist::ProcessGroup& w = *impl_->world;
-  if (w.size() != 1)
-    throw ConfigError("booster: [booster] estimate = true measures one micro-batch in one process, but this job has " +
-                      std::to_string(w.size()) + " ranks; run the trainer as a single process and set "
-                      "booster.estimate_world_size to the world size to estimate");
-  std::string note;
-  EstimateRequest request = describe_model(model, optimizer, &note);
-  int64_t model_bytes = request.buffer_bytes;
-  for (const auto& p : model.parameters()) model_bytes += static_cast<int64_t>(p.nbytes());
-  const int64_t runtime = std::max<int64_t>(0, resident_memory_bytes() - model_bytes);
-  request.world_size = impl_->estimate_world_size > 0 ? impl_->estimate_world_size : w.size();
-  Options plugin_options = impl_->config.section("plugin");
-  request.precision = plugin_options.has("precision") ? plugin_options.get_string("precision", "fp32")
-                                                       : impl_->mixed_precision;
-  std::string measured = "activations not measured (boost() got no criterion, or neither a data loader nor "
-                         "set_estimate_batch(), or the model's forward does not take one tensor)";
-  if (loss) {
-    const bool autocast = request.precision == "bf16";
-    if (autocast) {
-      at::autocast::set_autocast_enabled(at::kCPU, true);
-      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    }
-    MeasuredIteration m = measure_iteration(model, optimizer, loss);
-    if (autocast) {
-      at::autocast::set_autocast_enabled(at::kCPU, false);
-      at::autocast::clear_cache();
-    }
-    request.activation_bytes = m.activation_bytes;
-    if (m.optimizer_state_bytes_per_parameter >= 0) {
-      request.optimizer_state_bytes_per_parameter = m.optimizer_state_bytes_per_parameter;
-      note.clear();  // measured, not guessed
-    }
-    measured = "activations measured on " + source +
-               std::string(autocast ? " under bf16 autocast" : "") + ", optimizer state measured from one step";
-  }
-  const int64_t available = available_memory_bytes();
-  const int64_t budget = available / std::max(1, request.world_size);
-  EstimateTable table = estimate_installed_plugins(request, impl_->world);
-  std::cout << format_estimate_table(request, table, runtime, budget) << "  " << measured << "\n"
-            << "  runtime: this process's resident memory besides the model (LibTorch, Gloo, data)\n"
-            << "  fits: total <= MemAvailable / world size (all ranks on this machine: "
-            << available / (1024 * 1024) << " MiB / " << request.world_size << ")\n";
-  if (!note.empty()) std::cout << "  " << note << "\n";
-  std::cout.flush();
-  std::fflush(nullptr);
-  std::_Exit(0);
-}
-
-MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer) {
-  MemoryReport r;
-  if (optimizer) r = optimizer->memory_report();
-  std::set<const void*> seen;
-  for (const auto& p : module.parameters())
-    if (seen.insert(p.storage().unsafeGetStorageImpl()).second) r.parameters += static_cast<int64_t>(p.storage().nbytes());
-  r.communication_buffers += hooks.communication_buffer_bytes();
-  r.host_cache_held = host_cache_stats().held_bytes;
-  return r;
 }
 
 void Booster::after_model_load(torch::nn::Module& module) {

@@ -126,6 +126,11 @@ EstimateTable estimate_installed_plugins(const EstimateRequest& request,
           throw std::runtime_error(reason);  // the defaults' reason, not the retry's
         }
       }
+      if (!request.device.empty() && request.device != "cpu") {
+        const auto devices = plugin->supported_devices();
+        if (std::find(devices.begin(), devices.end(), request.device) == devices.end())
+          throw std::runtime_error("does not support booster.device = \"" + request.device + "\"");
+      }
       std::vector<MemoryEstimate> rows = plugin->estimate_memory(request);
       if (rows.empty()) table.without_estimate.push_back(file.name);
       for (auto& row : rows) {
@@ -162,7 +167,8 @@ int64_t available_memory_bytes() { return kib_field("/proc/meminfo", "MemAvailab
 int64_t resident_memory_bytes() { return kib_field("/proc/self/status", "VmRSS:"); }
 
 std::string format_estimate_table(const EstimateRequest& request, const EstimateTable& table, int64_t runtime_bytes,
-                                  int64_t budget_bytes) {
+                                  int64_t budget_bytes, int64_t device_budget_bytes) {
+  const bool accelerator = !request.device.empty() && request.device != "cpu";
   std::ostringstream s;
   char head[256];
   std::snprintf(head, sizeof head, "memory per rank (MiB) for %lld parameters, %d ranks, %s, %.0f bytes of optimizer state "
@@ -172,7 +178,9 @@ std::string format_estimate_table(const EstimateRequest& request, const Estimate
   s << head;
   std::vector<std::string> header{"plugin", "configuration", "params", "grads", "master", "optim", "comm",
                                   "transient", "activations", "runtime", "total"};
-  if (budget_bytes > 0) header.push_back("fits in " + mib(budget_bytes));
+  if (accelerator) header.push_back("on " + request.device);
+  if (accelerator && device_budget_bytes > 0) header.push_back("fits on " + request.device + " in " + mib(device_budget_bytes));
+  if (budget_bytes > 0) header.push_back(accelerator ? "host fits in " + mib(budget_bytes) : "fits in " + mib(budget_bytes));
   header.push_back("comm volume");
   std::vector<std::vector<std::string>> cells{header};
   for (const auto& r : table.rows) {
@@ -182,7 +190,9 @@ std::string format_estimate_table(const EstimateRequest& request, const Estimate
                                  mib(r.states.master_weights), mib(r.states.optimizer_states),
                                  mib(r.states.communication_buffers), mib(r.transient), mib(r.activations),
                                  mib(runtime_bytes), mib(r.total() + runtime_bytes)};
-    if (budget_bytes > 0) row.push_back(r.total() + runtime_bytes <= budget_bytes ? "yes" : "no");
+    if (accelerator) row.push_back(mib(r.device_bytes));
+    if (accelerator && device_budget_bytes > 0) row.push_back(r.device_bytes <= device_budget_bytes ? "yes" : "no");
+    if (budget_bytes > 0) row.push_back(r.host_total() + runtime_bytes <= budget_bytes ? "yes" : "no");
     row.push_back(vol);
     cells.push_back(std::move(row));
   }

@@ -72,6 +72,14 @@ class ZeroModelHooks : public ModelHooks {
     if (!z) return {{"buckets", 0}};
     auto stats = z->reducer().stats();
     stats["stage"] = z->stage();
+    if (z->zero_options().cpu_offload) {
+      // Where the offloaded master slices and optimizer states are: host bytes, and how many of them
+      // are pinned (all of them with the model on an accelerator; none on the CPU).
+      const MemoryReport r = z->memory_report();
+      stats["offload_host_bytes"] = (r.master_weights - r.master_weights_on_device) +
+                                    (r.optimizer_states - r.optimizer_states_on_device);
+      stats["offload_pinned_bytes"] = r.pinned_host_bytes;
+    }
     return stats;
   }
   void attach(const std::shared_ptr<ZeroOptimizer>& z) { zero_ = z; }

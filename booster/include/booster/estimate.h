@@ -54,7 +54,8 @@ BOOSTER_API MeasuredIteration measure_iteration(torch::nn::Module& model, torch:
 // Every installed plugin's estimates for `request` (plugin_loader.h's search path; each plugin is
 // created with empty options on `world`, which may be a single process: the estimate is for
 // request.world_size). Plugins whose estimate_memory returns nothing are listed in
-// without_estimate; a plugin that cannot be loaded or throws is listed in failed with the reason.
+// without_estimate; a plugin that cannot be loaded or throws, or whose supported_devices() lacks
+// request.device, is listed in failed with the reason.
 struct EstimateTable {
   std::vector<MemoryEstimate> rows;
   std::vector<std::string> without_estimate;
@@ -71,7 +72,12 @@ BOOSTER_API int64_t resident_memory_bytes();
 // The table: one row per configuration (MiB, one decimal): params, grads, master, optim, comm,
 // transient, activations, runtime, total, and "yes"/"no" against budget_bytes per rank (0: no
 // column), then the request, the plugins without an estimate and the failures.
+// A request on an accelerator (request.device "cuda") adds, after total, the part of it in device
+// memory ("on cuda": MemoryEstimate::device_bytes) and, when device_budget_bytes > 0, "yes"/"no" for
+// it against device_budget_bytes per rank; the host "fits" column then compares the host part
+// (runtime + host_total()). A CPU request gives the table as before.
 BOOSTER_API std::string format_estimate_table(const EstimateRequest& request, const EstimateTable& table,
-                                              int64_t runtime_bytes, int64_t budget_bytes);
+                                              int64_t runtime_bytes, int64_t budget_bytes,
+                                              int64_t device_budget_bytes = 0);
 
 }  // namespace booster

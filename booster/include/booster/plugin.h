@@ -47,7 +47,10 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
 // layout or meaning. A plugin built against another value is refused at load time.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 11;  // 11: Plugin::supported_devices
+// 11: Plugin::supported_devices; MemoryReport's device split (*_on_device, pinned_host_bytes,
+// located, device and its allocator figures) and EstimateRequest::device / MemoryEstimate::device_bytes,
+// which plugins fill in and return by value.
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 11;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {

@@ -1,4 +1,4 @@
-// memory.cpp — MemoryReport formatting.
+// memory.cpp — MemoryReport formatting and process_memory().
 #include "booster/core/memory.h"
 
 #include <sys/resource.h>
@@ -10,7 +10,7 @@ namespace booster {
 
 std::string MemoryReport::to_string() const {
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
-  char buf[256];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
                 "params %.1f MiB, grads %.1f MiB, master weights %.1f MiB, optimizer states %.1f MiB, "
                 "communication buffers %.1f MiB; model states %.1f MiB",
@@ -21,6 +21,20 @@ std::string MemoryReport::to_string() const {
     std::snprintf(buf, sizeof buf, "; host cache holds %.1f MiB free", mib(host_cache_held));
     out += buf;
   }
+  if (!on_accelerator()) return out;
+  std::snprintf(buf, sizeof buf,
+                "; on %s: params %.1f MiB, grads %.1f MiB, master weights %.1f MiB, optimizer states %.1f MiB, "
+                "communication buffers %.1f MiB; model states %.1f MiB",
+                device.c_str(), mib(parameters_on_device), mib(gradients_on_device), mib(master_weights_on_device),
+                mib(optimizer_states_on_device), mib(communication_buffers_on_device), mib(model_states_on_device()));
+  out += buf;
+  std::snprintf(buf, sizeof buf, "; on the host: model states %.1f MiB (%.1f MiB pinned)", mib(model_states_on_host()),
+                mib(pinned_host_bytes));
+  out += buf;
+  std::snprintf(buf, sizeof buf, "; %s allocator: allocated %.1f MiB (peak %.1f), reserved %.1f MiB (peak %.1f)",
+                device.c_str(), mib(device_allocated), mib(device_peak_allocated), mib(device_reserved),
+                mib(device_peak_reserved));
+  out += buf;
   return out;
 }
 

@@ -10,6 +10,18 @@ int64_t MemoryEstimate::total() const {
   return states.model_states() + states.communication_buffers + transient + activations;
 }
 
+void place_on_device(const EstimateRequest& request, MemoryEstimate& e) {
+  if (request.device.empty() || request.device == "cpu") return;
+  e.states.device = request.device;
+  e.states.parameters_on_device = e.states.parameters;
+  e.states.gradients_on_device = e.states.gradients;
+  e.states.master_weights_on_device = e.states.master_weights;
+  e.states.optimizer_states_on_device = e.states.optimizer_states;
+  e.states.communication_buffers_on_device = e.states.communication_buffers;
+  e.states.located = true;
+  e.device_bytes = e.total();
+}
+
 int64_t optimizer_step_temporaries(double state_bytes_per_parameter, int64_t elements) {
   if (state_bytes_per_parameter >= 8) return 2 * 4 * elements;
   if (state_bytes_per_parameter > 0) return 4 * elements;
@@ -40,6 +52,7 @@ MemoryEstimate replicated_estimate(const EstimateRequest& request, int64_t param
   e.transient = optimizer_step_temporaries(request.optimizer_state_bytes_per_parameter, largest_parameter);
   e.activations = request.activation_bytes;
   e.communication_volume = 2;
+  place_on_device(request, e);
   return e;
 }
 
@@ -61,6 +74,7 @@ MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t 
   e.transient = std::max(backward, step);
   e.activations = request.activation_bytes;
   e.communication_volume = 2;
+  place_on_device(request, e);
   return e;
 }
 

@@ -16,6 +16,7 @@
 #include "booster/logging.h"
 #include "booster/optim/cpu_adam.h"
 #include "booster/wrappers/optimizer_registry.h"
+#include "device_offload.h"
 
 namespace booster {
 
@@ -177,7 +178,13 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
     g->shard = g->flat.narrow(0, g->layout.shard_begin(rank), g->layout.shard_numel);
     at::ScalarType dtype = g->flat.scalar_type();
     bool fp32_master = options_.master_weights && at::isFloatingType(dtype) && dtype != at::kFloat;
-    if (fp32_master || zero_.cpu_offload) {
+    if (zero_.cpu_offload && !g->params.empty() && !g->flat.device().is_cpu()) {
+      // On an accelerator: the master slice in pinned host memory.
+      if (!offload_) offload_ = std::make_unique<detail::DeviceOffload>(g->flat.device());
+      g->master = detail::pinned_empty(g->layout.shard_numel, fp32_master ? at::kFloat : dtype);
+      g->master.copy_(g->shard);
+      g->master_is_shard = false;
+    } else if (fp32_master || zero_.cpu_offload) {
       g->master = g->shard.to(zero_.cpu_offload ? at::Device(at::kCPU) : g->shard.device(),
                               fp32_master ? at::kFloat : dtype, false, /*copy=*/true);
       g->master_is_shard = false;
@@ -219,6 +226,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   reducer_ = std::make_unique<GradientReducer>(trainable, world, ro);
   if (has_state) load_param_states(existing);
   if (zero_.cpu_offload) log_offload_step(*optimizer_);
+  if (offload_)
+    log::info("ZeRO cpu_offload: the model is on " + offload_->device().str() + "; the master slices and optimizer "
+              "states are in pinned host memory, gradient slices copied device -> host on a side stream");
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -244,10 +254,13 @@ void ZeroOptimizer::prepare_slice_grads() {
   if (grads_prepared_) return;
   at::NoGradGuard no_grad;
   const int rank = options_.group->rank();
+  std::vector<at::Tensor> on_device;  // offload_: each group's gradient slice where the model is
+  std::vector<at::ScalarType> host_dtypes;
   for (auto& g : groups_) {
     at::Tensor grad;
     if (zero_.stage == 1) {
-      grad = at::zeros({g->layout.shard_numel}, g->master.options());
+      // offload_: gathered on the device, then one copy to the host.
+      grad = at::zeros({g->layout.shard_numel}, offload_ ? g->flat.options() : g->master.options());
       for (size_t j = 0; j < g->params.size(); ++j) {
         FlatLayout::Piece piece = g->layout.piece(j, rank);
         const at::Tensor& pg = g->params[j].grad();
@@ -255,14 +268,33 @@ void ZeroOptimizer::prepare_slice_grads() {
         grad.narrow(0, piece.shard_offset, piece.length)
             .copy_(pg.reshape({-1}).narrow(0, piece.tensor_offset, piece.length));
       }
+    } else if (offload_) {
+      grad = g->grad_shard;
     } else {
       bool same = g->grad_shard.scalar_type() == g->master.scalar_type() &&
                   g->grad_shard.device() == g->master.device();
       grad = same ? g->grad_shard : g->grad_shard.to(g->master.options(), false, true);
     }
-    g->master.mutable_grad() = grad;
+    if (offload_) {
+      on_device.push_back(grad);
+      host_dtypes.push_back(g->master.scalar_type());
+    } else {
+      g->master.mutable_grad() = grad;
+    }
+  }
+  if (offload_) {
+    // Device -> pinned host on the side stream; returns once every slice has arrived (so the last
+    // step's uploads of the master slices, queued before, are done too).
+    std::vector<at::Tensor> host = offload_->download(on_device, host_dtypes);
+    offload_->wait_uploads();
+    for (size_t i = 0; i < groups_.size(); ++i) groups_[i]->master.mutable_grad() = host[i];
   }
   grads_prepared_ = true;
+}
+
+void ZeroOptimizer::pin_offloaded_states() {
+  if (!offload_) return;
+  for (auto& g : groups_) detail::pin_optimizer_state(*optimizer_, g->master);
 }
 
 std::vector<torch::Tensor> ZeroOptimizer::local_gradients() const {
@@ -297,9 +329,15 @@ bool ZeroOptimizer::step() {
                                      })
                                    : OptimizerWrapper::step();
   if (stepped) {
+    if (offload_) {
+      pin_offloaded_states();  // the step that created them made them in ordinary host memory
+      std::vector<std::pair<at::Tensor, at::Tensor>> uploads;
+      for (auto& g : groups_) uploads.emplace_back(g->shard, g->master);  // rounded to the model dtype
+      offload_->upload(uploads);  // non-blocking, ahead of the all-gathers on the same stream
+    }
     std::vector<dist::Work> works;
     for (auto& g : groups_) {
-      if (!g->master_is_shard) g->shard.copy_(g->master);  // rounded to the model dtype
+      if (!offload_ && !g->master_is_shard) g->shard.copy_(g->master);  // rounded to the model dtype
       works.push_back(options_.group->all_gather_into_tensor(g->flat, g->shard));
     }
     for (auto& w : works) w.wait();
@@ -375,33 +413,52 @@ void ZeroOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sourc
   }
   optimizer_->state().clear();
   for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);
+  pin_offloaded_states();
 }
 
 void ZeroOptimizer::sync_master_from_model() {
   at::NoGradGuard no_grad;
+  if (offload_) offload_->wait_uploads();
   for (auto& g : groups_)
     if (!g->master_is_shard) g->master.copy_(g->shard);
 }
 
 MemoryReport ZeroOptimizer::memory_report() const {
   MemoryReport r;
-  int64_t buckets = reducer_->resident_bucket_bytes();
+  r.located = true;
+  const bool pinned = offload_ != nullptr;  // pinned host memory exists only beside an accelerator
+  // Gradients and buckets live where the model's parameters are.
+  bool model_on_device = false;
+  for (const auto& g : groups_)
+    if (!g->params.empty()) model_on_device = model_on_device || !g->flat.device().is_cpu();
+  const int64_t buckets = reducer_->resident_bucket_bytes();
+  detail::PlacedBytes master, grads;
   for (const auto& g : groups_) {
-    if (!g->master_is_shard) r.master_weights += bytes_of(g->master);
-    if (zero_.stage == 2) r.gradients += bytes_of(g->grad_shard);
+    if (!g->master_is_shard) master.add(g->master, pinned);
+    if (zero_.stage == 2) grads.add(g->grad_shard, pinned);
   }
+  r.master_weights = master.total;
+  r.master_weights_on_device = master.on_device;
+  r.gradients = grads.total;
+  r.gradients_on_device = grads.on_device;
   if (zero_.stage == 1) {
     if (grads_are_buckets_) {
       r.gradients = buckets;  // the buckets are the gradients
+      r.gradients_on_device = model_on_device ? buckets : 0;
     } else {
       for (const auto& g : groups_)
         for (const auto& p : g->params) r.gradients += bytes_of(p);
+      r.gradients_on_device = model_on_device ? r.gradients : 0;
       r.communication_buffers = buckets;
     }
   } else {
     r.communication_buffers = buckets;
   }
+  r.communication_buffers_on_device = model_on_device ? r.communication_buffers : 0;
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  const detail::PlacedBytes states = detail::optimizer_state_places(*optimizer_, pinned, pinned);
+  r.optimizer_states_on_device = states.on_device;
+  r.pinned_host_bytes = master.pinned + states.pinned;
   return r;
 }
 

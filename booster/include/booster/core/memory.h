@@ -7,6 +7,14 @@
 // (Adam's moments are created lazily by LibTorch), so the report made at the end of boost() already
 // shows what training will hold. With Ψ parameters, N ranks, fp32 and Adam:
 //   DDP 16Ψ, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N bytes (communication buffers excluded).
+//
+// Where it lives ([booster] device = "cuda"): each figure is split into the part in the device's
+// memory (CUDA tensors, the *_on_device fields) and the rest, in host memory. ZeRO's cpu_offload, for
+// instance, keeps parameters and gradients on the GPU and the master weights and optimizer states in
+// pinned host memory. On a CPU device everything is host memory: the *_on_device fields stay 0 and
+// the line (to_string) is the CPU one. Booster::memory_report also fills in the device's caching
+// allocator figures (core/device.h's device_memory), which count every live tensor of the process on
+// that device, not only the model states.
 #pragma once
 
 #include <cstdint>
@@ -26,10 +34,45 @@ struct BOOSTER_API MemoryReport {
   // process-wide, filled in by Booster::memory_report; resident where they were touched.
   int64_t host_cache_held = 0;
 
+  // ---- Where the figures above live (bytes of each in device memory; the rest is host memory).
+  int64_t parameters_on_device = 0;
+  int64_t gradients_on_device = 0;
+  int64_t master_weights_on_device = 0;
+  int64_t optimizer_states_on_device = 0;
+  int64_t communication_buffers_on_device = 0;
+  // Of the model states in host memory, the bytes in page-locked (pinned) memory: what copies to and
+  // from the device asynchronously (ZeRO cpu_offload on a GPU: the master slices and their states).
+  int64_t pinned_host_bytes = 0;
+  // true when the producer (an optimizer wrapper's memory_report) filled the *_on_device split of
+  // gradients, master weights, optimizer states and its communication buffers itself; otherwise
+  // Booster::memory_report places them where the optimizer's tensors are (gradients and buffers
+  // with the model's parameters, master weights and states with what the optimizer updates).
+  bool located = false;
+
+  // ---- The device (filled in by Booster::memory_report for the Booster's device).
+  std::string device = "cpu";         // "cpu", "cuda:0", ...
+  // LibTorch's caching allocator on that device (bytes; 0 on a CPU device): live tensors, memory held
+  // from the driver, and their peaks since the process started (or reset_device_peak).
+  int64_t device_allocated = 0;
+  int64_t device_reserved = 0;
+  int64_t device_peak_allocated = 0;
+  int64_t device_peak_reserved = 0;
+
   // parameters + gradients + master_weights + optimizer_states (bytes).
   int64_t model_states() const { return parameters + gradients + master_weights + optimizer_states; }
+  // Their parts in device memory and in host memory (on_device + on_host = model_states()).
+  int64_t model_states_on_device() const {
+    return parameters_on_device + gradients_on_device + master_weights_on_device + optimizer_states_on_device;
+  }
+  int64_t model_states_on_host() const { return model_states() - model_states_on_device(); }
+  // Whether `device` names an accelerator (anything but "cpu" or "").
+  bool on_accelerator() const { return !device.empty() && device != "cpu"; }
   // One line, MiB with one decimal: "params 12.3 MiB, grads ..., master ..., optim ..., comm ...,
-  // model states ... MiB", and "; host cache holds ... MiB free" when host_cache_held > 0.
+  // model states ... MiB", and "; host cache holds ... MiB free" when host_cache_held > 0. On an
+  // accelerator it goes on with where the model states are and the device's allocator:
+  // "; on cuda:0: params ..., grads ..., master weights ..., optimizer states ..., communication
+  // buffers ...; model states ... MiB; on the host: model states ... MiB (... MiB pinned); cuda:0
+  // allocator: allocated ... MiB (peak ...), reserved ... MiB (peak ...)".
   std::string to_string() const;
 };
 

@@ -37,6 +37,9 @@ struct EstimateRequest {
                                    // the model states (0: not measured)
   int world_size = 1;              // N
   std::string precision = "fp32";  // "fp32" | "bf16" | "fp16": the training precision
+  std::string device = "cpu";      // [booster] device: "cpu" | "cuda". On "cuda" the formulas below place
+                                   // the model states, buffers, transient and activations in device
+                                   // memory (MemoryReport's *_on_device, MemoryEstimate::device_bytes)
 };
 
 // One configuration of one plugin for a request. Bytes per rank.
@@ -56,10 +59,19 @@ struct BOOSTER_API MemoryEstimate {
                                      // stages at boost(), but trained with booster.execute_pipeline;
                                      // plugin = "auto" picks it only when no data_parallel row fits
   std::string note;                  // what the figure leaves out or assumes ("" when nothing)
+  int64_t device_bytes = 0;          // of total(), the bytes in device memory (request.device "cuda"); the
+                                     // rest is host memory. 0 for a CPU request
 
   // states.model_states() + states.communication_buffers + transient + activations (bytes).
   int64_t total() const;
+  // total() - device_bytes: what the configuration holds in host memory (bytes).
+  int64_t host_total() const { return total() - device_bytes; }
 };
+
+// For a request on an accelerator (request.device != "cpu"): places everything `e` counts in device
+// memory (states.*_on_device = the figures, device_bytes = total()), as data-parallel training on the
+// GPU holds it. No-op for a CPU request. replicated_estimate and zero_estimate call it.
+BOOSTER_API void place_on_device(const EstimateRequest& request, MemoryEstimate& e);
 
 // fp32 temporaries of one optimizer step on a tensor of `elements`: LibTorch's Adam/AdamW allocate
 // two tensors of its size (the sqrt of exp_avg_sq and the denominator), SGD one (the decayed

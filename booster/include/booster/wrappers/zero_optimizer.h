@@ -43,6 +43,9 @@
 
 namespace booster {
 class GradientReducer;
+namespace detail {
+class DeviceOffload;
+}
 
 struct ZeroOptions {
   int stage = 1;                                  // 1: shard optimizer states; 2: and gradients
@@ -53,7 +56,12 @@ struct ZeroOptions {
   // Master slice, optimizer states and the step live in host memory. The step of an Adam, AdamW
   // (amsgrad off), CPUAdam or HybridAdam runs through the CPU Adam kernel (optim/cpu_adam.h,
   // step_with_cpu_adam_kernel) on the optimizer's own options and state; other optimizers use their
-  // own step.
+  // own step. With the model on an accelerator (CUDA) the master slices and the optimizer states are
+  // in pinned host memory (the states are moved there after the step that creates them, and after a
+  // load); step() copies the gradient slices device -> host with non-blocking copies on a side stream
+  // of the device and one synchronize before the CPU step, and the updated slices host -> device
+  // with non-blocking copies ahead of the all-gather (src/wrappers/device_offload.h). On the CPU
+  // nothing is pinned and nothing is copied (the slices are host tensors already).
   bool cpu_offload = false;
 };
 
@@ -89,6 +97,9 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   bool state_is_sharded() const override;  // the group has more than one rank
   void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) override;
   void sync_master_from_model() override;
+  // Located (core/memory.h): the parameters' gradients, buckets and (without cpu_offload) the master
+  // slices and states where the model is; with cpu_offload the master slices and states in host
+  // memory, counted as pinned on an accelerator (planned states too: they are pinned once created).
   MemoryReport memory_report() const override;
 
   // Stage 1 only: false inside no_sync (gradients accumulate locally). Throws std::logic_error in
@@ -107,6 +118,8 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   // parameters()[layout_parameters(group)[j]]; frozen parameters are in no layout).
   const std::vector<size_t>& layout_parameters(size_t group) const;
   const GradientReducer& reducer() const { return *reducer_; }
+  // cpu_offload with the model on an accelerator: the master slices and states are in pinned host memory.
+  bool offloads_from_device() const { return offload_ != nullptr; }
 
   struct Group;
 
@@ -116,12 +129,14 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
 
  private:
   void prepare_slice_grads();
+  void pin_offloaded_states();  // offload_: the optimizer's states of the master slices into pinned memory
 
   ZeroOptions zero_;
   std::vector<std::shared_ptr<Group>> groups_;
   std::vector<int64_t> param_group_;  // per parameters() index: its group, -1 when frozen
   std::vector<int64_t> param_local_;  // per parameters() index: index inside its group's layout
   std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<detail::DeviceOffload> offload_;  // cpu_offload with the model on an accelerator
   bool grads_prepared_ = false;
   bool grads_are_buckets_ = false;  // stage 1 with the parameters' dtype on the wire: .grad() are bucket views
 };
