@@ -146,6 +146,7 @@ TEST(GpuMemoryReport, ZeroCpuOffloadSplitsTheModelStatesBetweenGpuAndPinnedHostM
   auto b = gpu_booster("plugin = \"low_level_zero\"\n[plugin]\nprecision = \"fp32\"\nstage = 2\ncpu_offload = true\n");
   warm_up_the_gpu();
   const int64_t before = allocated_now();
+  booster::reset_device_peak(kGpu);
   auto net = wide_mlp();
   auto adam = std::make_shared<booster::optim::HybridAdam>(net->parameters(),
                                                            booster::optim::CPUAdamOptions(1e-3).weight_decay(0.01));
@@ -163,7 +164,11 @@ TEST(GpuMemoryReport, ZeroCpuOffloadSplitsTheModelStatesBetweenGpuAndPinnedHostM
 
   one_step(b, boosted);
   one_step(b, boosted);  // a second step: the pinned states are used in place
+  // What stays allocated after the steps: the model states on the device. ZeRO's reduce buckets are
+  // transient (allocated in backward, freed after it; the report counts those resident at once in
+  // backward), so they are compared with the allocator's peak separately below.
   const int64_t gained = allocated_now() - before;
+  const int64_t peak_gained = booster::device_memory(kGpu).peak_allocated - before;
   expect_pinned_host_states(zero->optimizer());
   // The host master equals the model (the non-blocking upload has landed).
   EXPECT_TRUE(at::equal(zero->master_slice(0), zero->flat_parameters(0).to(at::kCPU)));
@@ -179,9 +184,12 @@ TEST(GpuMemoryReport, ZeroCpuOffloadSplitsTheModelStatesBetweenGpuAndPinnedHostM
   EXPECT_EQ(r.model_states_on_device(), r.parameters + r.gradients);
   EXPECT_EQ(r.model_states_on_host(), r.master_weights + r.optimizer_states);
   EXPECT_EQ(r.pinned_host_bytes, r.model_states_on_host());
-  const int64_t on_device = r.model_states_on_device() + r.communication_buffers_on_device;
-  EXPECT_NEAR(static_cast<double>(gained), static_cast<double>(on_device), static_cast<double>(kAllocatorSlack))
+  EXPECT_NEAR(static_cast<double>(gained), static_cast<double>(r.model_states_on_device()),
+              static_cast<double>(kAllocatorSlack))
       << r.to_string();
+  // At its peak the device held the states and the buckets (and, at boost(), the model's own
+  // parameters once more while they were flattened).
+  EXPECT_GE(peak_gained + kAllocatorSlack, r.model_states_on_device() + r.communication_buffers_on_device) << r.to_string();
   EXPECT_THAT(r.to_string(), HasSubstr("pinned)"));
   auto stats = boosted.model.hooks().stats();
   EXPECT_EQ(stats["offload_host_bytes"], r.model_states_on_host());

@@ -5,9 +5,12 @@
 //     torch_ddp and low_level_zero stages 1 and 2, against PyTorch 2.11 on the same GPU: the same MLP,
 //     data and SGD, trained with torch.autocast("cuda", float16) and torch.amp.GradScaler. The run
 //     starts at a loss scale of 2^30, so its first steps overflow and are skipped. Expected: the
-//     same loss scale and the same skip decision at every step (exact), and parameters within
-//     1e-3 relative + 1e-5 absolute (both compute the same fp16 forward and backward; the fp32
-//     update is the same IEEE arithmetic; the bound leaves room for a different cuBLAS algorithm).
+//     same loss scale and the same skip decision at every step (exact), and the parameters the
+//     Booster saves (its fp16 parameters: the round-to-nearest of its fp32 masters) equal to
+//     PyTorch's fp32 parameters rounded to fp16 within 2 fp16 ulps of each tensor's largest weight
+//     (2^-9 x max |w|) + 1e-5. Both run the same fp16 forward and backward and the same fp32 update;
+//     measured on an H100: 1.2e-4 at most after 24 steps (weights up to ~0.5). A wrong loss scale,
+//     unscale or master update moves weights by lr x gradient, ~1e-2.
 //   - bf16 autocast under torch_ddp on one rank against single-process LibTorch under CUDA bf16
 //     autocast on the same GPU: the same kernels on the same data, so equal to 1e-6.
 #include <gmock/gmock.h>
@@ -142,7 +145,7 @@ Fp16Run run_booster(const std::string& toml) {
     run.scales.push_back(scale);
     run.skipped.push_back(boosted.optimizer->skipped_steps() > skipped_before ? 1.0 : 0.0);
   }
-  // The fp32 master weights, through a model save (the fp16 parameters are their rounding).
+  // The parameters through a model save: the model's fp16 parameters, read back as fp32.
   TempDir dir;
   booster.save_model(boosted.model, dir.file("model"));
   for (auto& [name, t] : booster::checkpoint::load_state_dict(dir.file("model"))) run.params[name] = t.to(at::kFloat);
@@ -160,8 +163,11 @@ void expect_same_training(const Fp16Run& ours, const Fp16Run& torch_run, const s
   for (const auto& [name, want] : torch_run.params) {
     ASSERT_TRUE(ours.params.count(name)) << what << ": no " << name;
     const at::Tensor got = ours.params.at(name);
-    EXPECT_TRUE(at::allclose(got, want, 1e-3, 1e-5)) << what << " " << name;
-    max_diff = std::max(max_diff, (got - want).abs().max().item<double>());
+    const at::Tensor want16 = want.to(at::kHalf).to(at::kFloat);
+    const double diff = (got - want16).abs().max().item<double>();
+    const double bound = want16.abs().max().item<double>() / 512 + 1e-5;
+    EXPECT_LE(diff, bound) << what << " " << name;
+    max_diff = std::max(max_diff, diff);
   }
   std::cout << "[ compare  ] " << what << ": max |booster - PyTorch| = " << max_diff << std::endl;
 }

@@ -9,15 +9,53 @@
 // Work::wait() makes the current stream wait for them without blocking the host.
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
 #include "booster/dist/device_backend.h"
 
 namespace booster::cuda_support {
 namespace {
 
+// Every NCCL backend made in this process (weak: a group's owner frees it). At exit, before the CUDA
+// runtime unloads, the live ones are shut down (c10d's destroy_process_group) and then kept alive
+// for good: ProcessGroupNCCL's destructor switches CUDA devices, and run from a static destructor
+// after the runtime unloaded it throws ("driver shutting down") and aborts the process.
+std::mutex backends_mutex;
+std::vector<c10::weak_intrusive_ptr<c10d::ProcessGroupNCCL>>& backends() {
+  static auto* list = new std::vector<c10::weak_intrusive_ptr<c10d::ProcessGroupNCCL>>();  // never destroyed
+  return *list;
+}
+
+void shut_down_backends() {
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroupNCCL>> live;
+  {
+    std::lock_guard<std::mutex> lock(backends_mutex);
+    for (auto& w : backends())
+      if (auto p = w.lock()) live.push_back(std::move(p));
+    backends().clear();
+  }
+  for (auto& pg : live) {
+    try {
+      pg->shutdown();
+    } catch (const std::exception&) {
+      // exiting anyway: a communicator that cannot be shut down is left to the driver
+    }
+    (void)pg.release();  // one reference never dropped: the destructor never runs
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const dist::DeviceBackendRequest& r) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = r.timeout;
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(r.store, r.rank, r.size, options);
+  std::lock_guard<std::mutex> lock(backends_mutex);
+  // Registered after the CUDA runtime started (the backend's constructor initialised it), so it runs
+  // before the runtime's own exit handlers.
+  static const bool registered = (std::atexit(&shut_down_backends), true);
+  (void)registered;
+  backends().emplace_back(pg);
   return pg;
 }
 

@@ -53,9 +53,9 @@ void ProcessGroup::check_p2p(const char* op, const at::Tensor* tensor, int peer,
                                 std::string(c10::toString(tensor->layout())));
   if (!tensor->is_contiguous())
     throw std::invalid_argument(call + ": tensor must be contiguous (call .contiguous(); for recv, copy the result back)");
-  if (!tensor->device().is_cpu())
-    throw std::invalid_argument(call + ": backend " + impl_->backend + " needs a CPU tensor, got " +
-                                tensor->device().str());
+  // A CUDA tensor goes to the group's NCCL backend, or through a host copy on a Gloo-only group.
+  if (!tensor->device().is_cpu() && !tensor->device().is_cuda())
+    throw std::invalid_argument(call + ": needs a CPU or CUDA tensor, got " + tensor->device().str());
 }
 
 Work detail::post_p2p(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool send, const at::Tensor& tensor, int peer,
