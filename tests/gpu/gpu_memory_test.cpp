@@ -23,12 +23,7 @@
 #include <string>
 #include <vector>
 
-namespace booster::testing {
-// dist_worker beside this executable (defined in gpu_test.cpp); BOOSTER_DIST_WORKER_PATH names it
-// for dist_test_util.h.
-std::string worker_beside_exe();
-}  // namespace booster::testing
-
+#include "gpu/gpu_test_util.h"
 #include "booster/booster.h"
 #include "booster/core/device.h"
 #include "booster/optim/cpu_adam.h"
@@ -42,12 +37,6 @@ using namespace booster::testing;
 using ::testing::HasSubstr;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                                   \
-  do {                                                                                                       \
-    if (booster::cuda_device_count() == 0)                                                                   \
-      GTEST_SKIP() << "no CUDA device visible to this process (no GPU, no driver, or no CUDA support built)"; \
-  } while (0)
 
 const c10::Device kGpu(c10::kCUDA, 0);
 constexpr int64_t kMiB = 1 << 20;

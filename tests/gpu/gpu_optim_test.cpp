@@ -34,6 +34,7 @@
 #include <sstream>
 #include <vector>
 
+#include "gpu/gpu_test_util.h"
 #include "booster/core/device.h"
 #include "booster/kernels/cpu_adam.h"
 #include "booster/mixed_precision/grad_scaler.h"
@@ -44,12 +45,6 @@
 #include "common/adam_ulps.h"
 
 namespace gpu_optim_test {
-
-#define SKIP_WITHOUT_GPU()                                                                                   \
-  do {                                                                                                       \
-    if (booster::cuda_device_count() == 0)                                                                   \
-      GTEST_SKIP() << "no CUDA device visible to this process (no GPU, no driver, or no CUDA support built)"; \
-  } while (0)
 
 using booster::optim::FusedAdam;
 using booster::optim::FusedAdamOptions;

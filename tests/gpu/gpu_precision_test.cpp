@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/gpu_test_util.h"
 #include "booster/booster.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/core/device.h"
@@ -32,12 +33,6 @@
 using namespace booster::testing;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                                   \
-  do {                                                                                                       \
-    if (booster::cuda_device_count() == 0)                                                                   \
-      GTEST_SKIP() << "no CUDA device visible to this process (no GPU, no driver, or no CUDA support built)"; \
-  } while (0)
 
 constexpr int64_t kSteps = 24, kBatch = 8;
 

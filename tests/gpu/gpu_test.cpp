@@ -20,14 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <string>
-
-namespace booster::testing {
-// dist_worker beside this executable (the GPU bundle keeps them together); BOOSTER_DIST_WORKER_PATH
-// names this function for dist_test_util.h.
-std::string worker_beside_exe();
-}  // namespace booster::testing
-
+#include "gpu/gpu_test_util.h"
 #include "booster/booster.h"
 #include "booster/core/device.h"
 #include "booster/dist/process_group.h"
@@ -51,12 +44,6 @@ std::string worker_beside_exe() {
 }  // namespace booster::testing
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                                   \
-  do {                                                                                                       \
-    if (booster::cuda_device_count() == 0)                                                                   \
-      GTEST_SKIP() << "no CUDA device visible to this process (no GPU, no driver, or no CUDA support built)"; \
-  } while (0)
 
 at::Tensor cuda_arange(int64_t n, double start, at::ScalarType dtype = at::kFloat) {
   return at::arange(start, start + static_cast<double>(n), at::TensorOptions().dtype(at::kDouble))
