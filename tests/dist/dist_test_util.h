@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <iostream>
@@ -36,12 +37,12 @@ inline std::map<std::string, int64_t> load_stats(const std::string& path) {
 
 // Max over tensors of max |a - b| - (atol + rtol |b|) (<= 0 means within tolerance), and max |a-b|.
 inline void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
-                  const std::string& what) {
+                  const std::string& what, double rtol = kRtol, double atol = kAtol) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double max_diff = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].sizes(), want[i].sizes()) << what << " tensor " << i;
-    EXPECT_TRUE(torch::allclose(got[i], want[i], kRtol, kAtol))
+    EXPECT_TRUE(torch::allclose(got[i], want[i], rtol, atol))
         << what << " tensor " << i << " max |diff| " << (got[i] - want[i]).abs().max().item<double>();
     max_diff = std::max(max_diff, (got[i] - want[i]).abs().max().item<double>());
   }
@@ -68,9 +69,11 @@ inline void expect_all_ok(const std::vector<ProcessResult>& results) {
 // With max_norm > 0 the gradients are clipped with torch::nn::utils::clip_grad_norm_ and its
 // returned norms collected in *norms.
 // `device`: where the reference trains (the GPU tests train it on the GPU); the result is on the CPU.
+// `autocast_bf16`: its forward runs under bf16 autocast of that device (the loss in fp32).
 inline std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_batch, const std::string& optimizer,
                                          double max_norm = 0, double norm_type = 2.0,
-                                         std::vector<double>* norms = nullptr, const c10::Device& device = c10::kCPU) {
+                                         std::vector<double>* norms = nullptr, const c10::Device& device = c10::kCPU,
+                                         bool autocast_bf16 = false) {
   torch::manual_seed(7);
   MLP net;
   net->to(device);
@@ -79,7 +82,21 @@ inline std::vector<torch::Tensor> reference_mlp(int64_t steps, int64_t global_ba
                                               : make_optimizer(optimizer, net->parameters());
   auto batches = make_batches(steps, global_batch, 11);
   for (int64_t s = 0; s < steps; ++s) {
-    auto loss = torch::mse_loss(net->forward(batches.inputs[s].to(device)), batches.targets[s].to(device));
+    at::Tensor out;
+    if (autocast_bf16) {
+      const bool was = at::autocast::is_autocast_enabled(device.type());
+      const at::ScalarType was_dtype = at::autocast::get_autocast_dtype(device.type());
+      at::autocast::set_autocast_enabled(device.type(), true);
+      at::autocast::set_autocast_dtype(device.type(), at::kBFloat16);
+      at::autocast::increment_nesting();
+      out = net->forward(batches.inputs[s].to(device));
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      at::autocast::set_autocast_enabled(device.type(), was);
+      at::autocast::set_autocast_dtype(device.type(), was_dtype);
+    } else {
+      out = net->forward(batches.inputs[s].to(device));
+    }
+    auto loss = torch::mse_loss(out.to(torch::kFloat), batches.targets[s].to(device));
     loss.backward();
     if (max_norm > 0) {
       double n = torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm, norm_type);
@@ -103,6 +120,8 @@ struct TrainCase {
   std::string rank0_output_has;  // non-empty: rank 0's output must contain it (e.g. a log line)
   bool accum_sync = false;  // every micro-batch's backward synchronises (no no_sync)
   c10::Device device = c10::kCPU;  // where the reference trains (set booster.device in sets to match)
+  bool autocast_bf16 = false;      // the reference's forward under bf16 autocast (booster.mixed_precision = "bf16")
+  double rtol = kRtol, atol = kAtol;  // per element, against the reference
 };
 
 // Runs the "train" scenario and checks every rank against the reference; returns rank 0's stats.
@@ -121,10 +140,12 @@ inline std::map<std::string, int64_t> check_train(const TrainCase& c) {
         << "rank 0's output lacks \"" << c.rank0_output_has << "\":\n" << results[0].output;
   }
   std::vector<double> norms;
-  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer, c.max_norm, c.norm_type, &norms, c.device);
+  auto want = reference_mlp(steps, batch * c.world * c.accum, c.optimizer, c.max_norm, c.norm_type, &norms, c.device,
+                            c.autocast_bf16);
   for (int r = 0; r < c.world; ++r) {
     std::string rs = std::to_string(r);
-    expect_close(load_tensors(dir.file("rank" + rs + ".pt")), want, std::to_string(c.world) + " ranks, rank " + rs);
+    expect_close(load_tensors(dir.file("rank" + rs + ".pt")), want, std::to_string(c.world) + " ranks, rank " + rs,
+                 c.rtol, c.atol);
     if (c.max_norm > 0) {
       // The reported global norm equals clip_grad_norm_'s on the full batch (float32 there, float64 here).
       auto got = load_tensors(dir.file("rank" + rs + "_norms.pt"))[0];

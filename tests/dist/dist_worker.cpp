@@ -123,7 +123,8 @@ int run() {
           auto x = batches.inputs[s].narrow(0, row, b).to(booster.device());
           auto y = batches.targets[s].narrow(0, row, b).to(booster.device());
           auto step_loss = [&] {
-            auto loss = torch::mse_loss(boosted.model.forward(x), y) / static_cast<double>(accum);
+            // The loss in fp32 (a bf16 autocast output is cast up, as the precision's criterion does).
+            auto loss = torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y) / static_cast<double>(accum);
             booster.backward(loss, *boosted.optimizer);
           };
           if (m + 1 < accum && arg("accum_sync", "false") != "true") {  // accum_sync: every pass synchronises

@@ -230,6 +230,25 @@ TEST(GpuTraining, TorchDdpClippingAndAccumulationOnTheGpu) {
   check_train(c);
 }
 
+// bf16 autocast with 1 rank (NCCL) and 2 ranks sharing the GPU (Gloo), against LibTorch under CUDA
+// bf16 autocast on the same GPU. One rank runs the reference's kernels on the same batch (AdamW,
+// equal up to the fp32 tolerance). Two ranks run each bf16 matrix product on half the batch and sum
+// fp32 gradients in another order; bf16 rounds activations to 2^-8 relative, so the parameters
+// differ by the learning rate times that rounding: SGD (lr 0.1, momentum 0.9), 4 steps, within 2e-2
+// relative + 1e-3 absolute. (With AdamW, whose step is about lr for any gradient, a near-zero
+// gradient that changes sign moves a weight by 2 lr: measured 1.0e-2 on an H200.)
+TEST(GpuTraining, TorchDdpBf16AutocastOneAndTwoRanks) {
+  SKIP_WITHOUT_GPU();
+  TrainCase one = gpu_case(1, "adamw", {kCuda, "booster.mixed_precision=\"bf16\""});
+  one.autocast_bf16 = true;
+  check_train(one);
+  TrainCase two = gpu_case(2, "sgd", {kCuda, kGloo, "booster.mixed_precision=\"bf16\""});
+  two.autocast_bf16 = true;
+  two.rtol = 2e-2;
+  two.atol = 1e-3;
+  check_train(two);
+}
+
 TEST(GpuTraining, LowLevelZeroStagesOneAndTwo) {
   SKIP_WITHOUT_GPU();
   for (int stage : {1, 2}) {
