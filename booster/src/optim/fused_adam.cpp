@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "booster/optim/device_kernels.h"
-#include "booster/wrappers/optimizer_registry.h"
 #include "booster/wrappers/optimizer_state.h"
 
 namespace booster::optim {
@@ -86,52 +85,6 @@ void refuse_cpu_parameter(const torch::Tensor& p) {
         "CUDA parameters) or booster::optim::CPUAdam (CPU parameters) for parameters on the CPU (e.g. ZeRO "
         "cpu_offload), or move the model to the GPU first");
 }
-
-OptimizerTypeInfo fused_adam_type_info() {
-  using json = nlohmann::json;
-  OptimizerSpec<FusedAdamOptions, FusedAdamParamState> s;
-  s.name = "FusedAdam";
-  s.tensor_keys = {"exp_avg", "exp_avg_sq"};
-  s.scalar_keys = {"step"};
-  s.get_state = [](const FusedAdamParamState& st, ParamOptimState& out) {
-    out.scalars["step"] = st.step();
-    out.tensors["exp_avg"] = st.exp_avg();
-    out.tensors["exp_avg_sq"] = st.exp_avg_sq();
-  };
-  s.set_state = [](const ParamOptimState& in, FusedAdamParamState& st) {
-    st.step(in.scalar("step"));
-    st.exp_avg(in.tensor("exp_avg"));
-    st.exp_avg_sq(in.tensor("exp_avg_sq"));
-  };
-  s.options_to_json = [](const FusedAdamOptions& o) {
-    return json{{"lr", o.lr()},
-                {"betas", {std::get<0>(o.betas()), std::get<1>(o.betas())}},
-                {"eps", o.eps()},
-                {"weight_decay", o.weight_decay()},
-                {"bias_correction", o.bias_correction()},
-                {"adamw_mode", o.adamw_mode()}};
-  };
-  s.options_from_json = [](const json& j, FusedAdamOptions& o) {
-    if (j.contains("amsgrad") && j.at("amsgrad").get<bool>())
-      throw std::invalid_argument("booster: FusedAdam cannot take a parameter group with amsgrad = true (the fused "
-                                  "Adam kernel has no amsgrad); load it into torch::optim::AdamW");
-    o.lr(j.at("lr").get<double>())
-        .betas({j.at("betas").at(0).get<double>(), j.at("betas").at(1).get<double>()})
-        .eps(j.at("eps").get<double>())
-        .weight_decay(j.at("weight_decay").get<double>());
-    if (j.contains("bias_correction")) o.bias_correction(j.at("bias_correction").get<bool>());
-    if (j.contains("adamw_mode")) o.adamw_mode(j.at("adamw_mode").get<bool>());
-  };
-  s.state_tensors_per_element = [](const FusedAdamOptions&) -> int64_t { return 2; };
-  return make_optimizer_type_info<FusedAdam>(std::move(s));
-}
-
-// Registered when libbooster is loaded (the registry is built on first use, so the order of static
-// initialization does not matter).
-struct FusedAdamRegistration {
-  FusedAdamRegistration() { register_optimizer_type(fused_adam_type_info()); }
-};
-const FusedAdamRegistration fused_adam_registration;
 
 }  // namespace fused_adam_detail
 

@@ -1,5 +1,5 @@
 // optimizer_registry.cpp — the optimizer type table, LibTorch's five elementwise optimizers and
-// Booster's CPUAdam / HybridAdam (booster/optim/cpu_adam.h).
+// Booster's CPUAdam / HybridAdam (booster/optim/cpu_adam.h) and FusedAdam (booster/optim/fused_adam.h).
 #include "booster/wrappers/optimizer_registry.h"
 
 #include <c10/util/Type.h>
@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "booster/optim/cpu_adam.h"
+#include "booster/optim/fused_adam.h"
 
 namespace booster {
 
@@ -244,13 +245,12 @@ OptimizerTypeInfo adagrad() {
   return make_optimizer_type_info<Adagrad>(std::move(s));
 }
 
-// CPUAdam and HybridAdam: AdamW's state keys without max_exp_avg_sq (no amsgrad), ColossalAI's option
-// names. bias_correction and adamw_mode are optional on load (an Adam/AdamW group has neither); an
-// "amsgrad": true (from an Adam/AdamW group) is refused, as the optimizers refuse it.
-template <class Opt>
-OptimizerTypeInfo cpu_adam_like(const char* name) {
-  using optim::CPUAdamOptions;
-  using optim::CPUAdamParamState;
+// CPUAdam, HybridAdam and FusedAdam: AdamW's state keys without max_exp_avg_sq (no amsgrad),
+// ColossalAI's option names. bias_correction and adamw_mode are optional on load (an Adam/AdamW group
+// has neither); an "amsgrad": true (from an Adam/AdamW group) is refused, as the optimizers refuse it.
+// `kernel` names the kernel in that error.
+template <class Opt, class CPUAdamOptions, class CPUAdamParamState>
+OptimizerTypeInfo fused_adam_like(const char* name, const char* kernel) {
   OptimizerSpec<CPUAdamOptions, CPUAdamParamState> s;
   s.name = name;
   s.tensor_keys = {"exp_avg", "exp_avg_sq"};
@@ -269,10 +269,10 @@ OptimizerTypeInfo cpu_adam_like(const char* name) {
     return json{{"lr", o.lr()}, {"betas", betas_json(o.betas())}, {"eps", o.eps()}, {"weight_decay", o.weight_decay()},
                 {"bias_correction", o.bias_correction()}, {"adamw_mode", o.adamw_mode()}};
   };
-  s.options_from_json = [name](const json& j, CPUAdamOptions& o) {
+  s.options_from_json = [name, kernel](const json& j, CPUAdamOptions& o) {
     if (j.contains("amsgrad") && j.at("amsgrad").get<bool>())
       throw std::invalid_argument(std::string("booster: ") + name + " cannot take a parameter group with amsgrad = true "
-                                  "(the CPU Adam kernel has no amsgrad); load it into torch::optim::AdamW");
+                                  "(the " + kernel + " has no amsgrad); load it into torch::optim::AdamW");
     o.lr(j.at("lr").get<double>())
         .betas({j.at("betas").at(0).get<double>(), j.at("betas").at(1).get<double>()})
         .eps(j.at("eps").get<double>())
@@ -296,8 +296,12 @@ class Registry {
     add(adam_like<AdamW, AdamWOptions, AdamWParamState>("AdamW"));
     add(rmsprop());
     add(adagrad());
-    add(cpu_adam_like<optim::CPUAdam>("CPUAdam"));
-    add(cpu_adam_like<optim::HybridAdam>("HybridAdam"));
+    using optim::CPUAdamOptions;
+    using optim::CPUAdamParamState;
+    add(fused_adam_like<optim::CPUAdam, CPUAdamOptions, CPUAdamParamState>("CPUAdam", "CPU Adam kernel"));
+    add(fused_adam_like<optim::HybridAdam, CPUAdamOptions, CPUAdamParamState>("HybridAdam", "CPU Adam kernel"));
+    add(fused_adam_like<optim::FusedAdam, optim::FusedAdamOptions, optim::FusedAdamParamState>("FusedAdam",
+                                                                                               "fused Adam kernel"));
   }
 
   void add(OptimizerTypeInfo info) {

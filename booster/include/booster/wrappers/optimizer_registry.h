@@ -9,8 +9,7 @@
 //   - the conversion between its per-group Options class and JSON, both ways;
 //   - the number of state tensors per parameter element it allocates once it has stepped.
 // SGD, Adam, AdamW, RMSprop and Adagrad (LibTorch's C++ API), CPUAdam and HybridAdam (booster/optim/
-// cpu_adam.h) are registered built in; FusedAdam (booster/optim/fused_adam.h) registers itself when
-// libbooster is loaded. Anyone can register another type, once, typically at
+// cpu_adam.h) and FusedAdam (booster/optim/fused_adam.h) are registered built in. Anyone can register another type, once, typically at
 // start-up before boost() (in every rank's process):
 //
 //   booster::OptimizerSpec<MyOptions, MyParamState> spec;
