@@ -56,3 +56,11 @@ else
   found="$("$VENV/bin/python3" -c "$probe")"
 fi
 echo "install_deps: LibTorch $found"
+# transformers: the reference of the HuggingFace interop tests (tests/hf), pinned.
+TRANSFORMERS_VERSION=5.24.0
+if [ "$("$VENV/bin/python3" -c 'import transformers; print(transformers.__version__)' 2>/dev/null)" = "$TRANSFORMERS_VERSION" ]; then
+  echo "install_deps: transformers $TRANSFORMERS_VERSION already in $VENV"
+else
+  echo "install_deps: installing transformers==$TRANSFORMERS_VERSION into $VENV"
+  "$VENV/bin/python3" -m pip install --disable-pip-version-check -q "transformers==$TRANSFORMERS_VERSION"
+fi

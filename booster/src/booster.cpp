@@ -305,6 +305,24 @@ std::string Booster::auto_not_chosen(const std::string& what) const {
          " is available after it (call boost() first)";
 }
 
+void Booster::register_state_dict_adapter(torch::nn::Module& module,
+                                          std::shared_ptr<const checkpoint::StateDictAdapter> adapter) {
+  if (!adapter) {
+    impl_->adapters.erase(&module);
+    return;
+  }
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters(true)) names.push_back(item.key());
+  for (const auto& item : module.named_buffers(true)) names.push_back(item.key());
+  adapter->check_covers(names);
+  impl_->adapters[&module] = std::move(adapter);
+}
+
+std::shared_ptr<const checkpoint::StateDictAdapter> Booster::state_dict_adapter_of(const torch::nn::Module& module) const {
+  auto it = impl_->adapters.find(&module);
+  return it == impl_->adapters.end() ? nullptr : it->second;
+}
+
 void Booster::after_model_load(torch::nn::Module& module) {
   std::set<const void*> mine;
   for (const auto& p : module.parameters()) mine.insert(p.unsafeGetTensorImpl());

@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,8 @@ namespace booster {
 
 struct Booster::Impl {
   Config config;
+  // set_state_dict_adapter's registrations, by the boosted module.
+  std::map<const torch::nn::Module*, std::shared_ptr<const checkpoint::StateDictAdapter>> adapters;
   std::shared_ptr<Plugin> plugin;
   std::string mixed_precision;
   std::shared_ptr<mixed_precision::MixedPrecision> precision;

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/io/atomic_write.h"
 #include "hybrid_checkpoint_io_detail.h"
@@ -188,6 +189,18 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
       of_stage.at(std::max(owner, 0)).push_back(items.size());
       items.push_back({name, t.detach(), geometry_of(*state, name, t)});
     }
+  // What is written: each item's tensor, or through an adapter the HuggingFace tensors it becomes.
+  std::vector<checkpoint::TensorSpec> model_specs;
+  for (const Item& item : items) model_specs.push_back({options.prefix + item.name, item.tensor.scalar_type(), item.g.full});
+  checkpoint::AdaptedModel adapted;
+  if (options.adapter) adapted = checkpoint::adapt_model(*options.adapter, model_specs, options.prefix);
+  std::vector<std::vector<checkpoint::TensorSpec>> out_of_stage(topo_.pp);  // per stage, in write order
+  for (int st = 0; st < topo_.pp; ++st)
+    for (size_t i : of_stage[st]) {
+      if (!options.adapter) out_of_stage[st].push_back(model_specs[i]);
+      else
+        for (const auto& h : adapted.plan[i].hf) out_of_stage[st].push_back(h);
+    }
   checkpoint::SaveOptions so;
   so.shard = options.shard;
   so.size_per_shard_mb = options.size_per_shard_mb;
@@ -197,18 +210,21 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
                           std::to_string(so.size_per_shard_mb));
   const int64_t max_mb = std::numeric_limits<int64_t>::max() >> 20;
   const int64_t limit = so.size_per_shard_mb > max_mb ? std::numeric_limits<int64_t>::max() : so.size_per_shard_mb << 20;
-  auto bytes_of = [&](size_t i) {
-    return items[i].g.full_numel() * static_cast<int64_t>(c10::elementSize(items[i].tensor.scalar_type()));
+  auto bytes_of = [](const checkpoint::TensorSpec& t) {
+    int64_t n = static_cast<int64_t>(c10::elementSize(t.dtype));
+    for (int64_t d : t.shape) n *= d;
+    return n;
   };
   std::vector<size_t> files_of_stage(topo_.pp, 0), first_file(topo_.pp, 0);
-  std::vector<size_t> file_of_item(items.size(), 0);
+  std::vector<std::vector<size_t>> file_of_out(topo_.pp);
   size_t total_files = 0;
   int64_t total_bytes = 0;
   for (int s = 0; s < topo_.pp; ++s) {
     first_file[s] = total_files;
+    file_of_out[s].assign(out_of_stage[s].size(), 0);
     if (of_stage[s].empty() && !(s == 0 && items.empty())) continue;
     std::vector<int64_t> bytes;
-    for (size_t i : of_stage[s]) bytes.push_back(bytes_of(i));
+    for (const auto& t : out_of_stage[s]) bytes.push_back(bytes_of(t));
     for (int64_t b : bytes) total_bytes += b;
     std::vector<std::vector<size_t>> shards;
     if (so.shard) shards = checkpoint::split_into_shards(bytes, limit);
@@ -217,7 +233,7 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
       for (size_t k = 0; k < bytes.size(); ++k) shards[0].push_back(k);
     }
     for (size_t f = 0; f < shards.size(); ++f)
-      for (size_t k : shards[f]) file_of_item[of_stage[s][k]] = total_files + f;
+      for (size_t k : shards[f]) file_of_out[s][k] = total_files + f;
     files_of_stage[s] = shards.size();
     total_files += shards.size();
   }
@@ -229,7 +245,9 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
     nlohmann::json index;
     index["metadata"] = nlohmann::json::object({{"total_size", total_bytes}});
     index["weight_map"] = nlohmann::json::object();
-    for (size_t i = 0; i < items.size(); ++i) index["weight_map"][options.prefix + items[i].name] = global_name(file_of_item[i]);
+    for (int st = 0; st < topo_.pp; ++st)
+      for (size_t k = 0; k < out_of_stage[st].size(); ++k)
+        index["weight_map"][out_of_stage[st][k].name] = global_name(file_of_out[st][k]);
     try {
       index_text = index.dump(2, ' ', true) + "\n";  // as transformers writes it
     } catch (const nlohmann::json::exception& e) {
@@ -262,13 +280,19 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
         if (rank != 0 && (::stat(tmp.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
           throw CheckpointError("the temporary directory '" + tmp + "' that rank 0 created is not visible here (the "
                                 "checkpoint directory must be on a file system every rank shares)");
-        std::vector<checkpoint::TensorSpec> specs;
-        for (size_t i : mine) specs.push_back({options.prefix + items[i].name, items[i].tensor.scalar_type(), items[i].g.full});
         const std::string sub = tmp + "/.stage-" + std::to_string(s);
-        checkpoint::save_state_dict_streamed(sub, specs, so, [&](size_t k) -> at::Tensor {
+        std::function<at::Tensor(size_t)> fetch = [&](size_t k) -> at::Tensor {
           at::Tensor full = gather_until(k);
           return so.use_safetensors || !items[mine[k]].g.spec ? full : full.clone();
-        });
+        };
+        if (!options.adapter) {
+          checkpoint::save_state_dict_streamed(sub, out_of_stage[s], so, fetch);
+        } else {
+          std::vector<checkpoint::AdaptedTensor> stage_plan;
+          for (size_t i : mine) stage_plan.push_back(adapted.plan[i]);
+          checkpoint::AdaptedSave save = checkpoint::adapt_save(stage_plan, fetch);
+          checkpoint::save_state_dict_streamed(sub, save.specs, so, save.fetch);
+        }
         std::vector<std::string> names;
         for (const auto& e : fs::directory_iterator(sub)) {
           const std::string n = e.path().filename().string();
@@ -285,9 +309,10 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
       }
     }
     gather_until(mine.empty() ? 0 : mine.size() - 1);  // the gathers the writer did not reach (all, on its peers)
-    if (rank == 0 && error.empty() && !index_text.empty()) {
+    if (rank == 0 && error.empty()) {
       try {
-        io::write_new_file(tmp + "/" + stem + "." + ext + ".index.json", index_text);
+        if (!index_text.empty()) io::write_new_file(tmp + "/" + stem + "." + ext + ".index.json", index_text);
+        for (const auto& [name, text] : adapted.extra_files) io::write_new_file(tmp + "/" + name, text);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -350,7 +375,8 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
 // ---------------------------------------------------------------------------------------------
 // load_model
 
-void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string& path, bool strict) {
+void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
+                                    const checkpoint::ModelLoadOptions& options) {
   std::shared_ptr<ModelState> state = state_of(model);
   std::vector<LoadTarget> targets;
   std::set<const void*> seen;
@@ -374,7 +400,7 @@ void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string&
       }
       targets.push_back(std::move(target));
     }
-  load_targets(path, targets, strict);
+  load_targets(path, targets, options);
 }
 
 }  // namespace booster::hybrid

@@ -57,7 +57,8 @@ class HybridCheckpointIO : public checkpoint::CheckpointIO {
   HybridCheckpointIO(std::shared_ptr<dist::ProcessGroup> world, Topology topo, std::shared_ptr<Registry> registry);
 
   void save_model(torch::nn::Module& model, const std::string& path, const checkpoint::ModelSaveOptions& options) override;
-  void load_model(torch::nn::Module& model, const std::string& path, bool strict = true) override;
+  using CheckpointIO::load_model;
+  void load_model(torch::nn::Module& model, const std::string& path, const checkpoint::ModelLoadOptions& options) override;
   void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
                       const checkpoint::OptimizerSaveOptions& options) override;
   void load_optimizer(OptimizerWrapper& optimizer, const std::string& path) override;

@@ -5,11 +5,13 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
 
 #include "booster/checkpoint/sharded_state.h"
+#include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
 
 namespace fs = std::filesystem;
@@ -155,6 +157,55 @@ int inspect(const std::string& path, bool all, size_t max_rows) {
   return 0;
 }
 
+// `convert --adapter`: the whole checkpoint is read (an offline tool), then written one tensor at a
+// time through the adapter.
+int convert_with_adapter(const std::string& path, const std::string& out, const std::string& to, int64_t shard_mb,
+                         const std::string& name, const std::string& direction, const std::string& config_path) {
+  nlohmann::json config;
+  if (config_path.empty()) {
+    config = read_config_json(path);
+    if (config.empty())
+      throw std::invalid_argument("booster ckpt convert: " + path + " has no config.json; give the model's "
+                                  "HuggingFace config with --hf_config FILE");
+  } else {
+    std::ifstream in(config_path);
+    if (!in) throw std::invalid_argument("booster ckpt convert: cannot read --hf_config " + config_path);
+    try {
+      config = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument("booster ckpt convert: --hf_config " + config_path + " is not JSON: " + e.what());
+    }
+  }
+  std::shared_ptr<StateDictAdapter> adapter = make_state_dict_adapter(name, config);
+  StateDict state = load_state_dict(path, "model");
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  std::vector<TensorSpec> specs;
+  for (const auto& [n, t] : state) specs.push_back({n, t.scalar_type(), t.sizes().vec()});
+  SaveOptions o;
+  o.use_safetensors = to == "safetensors";
+  o.shard = shard_mb > 0;
+  if (shard_mb > 0) o.size_per_shard_mb = shard_mb;
+  if (direction == "to_hf") {
+    AdaptedModel adapted = adapt_model(*adapter, specs, "");
+    AdaptedSave save = adapt_save(adapted.plan, [&](size_t j) { return by_name.at(adapted.plan[j].ours); });
+    save_state_dict_streamed(out, save.specs, o, save.fetch, "model", adapted.extra_files);
+    std::cout << "booster ckpt: wrote " << save.specs.size() << " tensors to " << out << " as "
+              << adapter->architecture() << " (" << to << ", with config.json)\n";
+    return 0;
+  }
+  std::vector<AdaptedTensor> plan = adapter->plan_from_hf(specs);
+  std::vector<TensorSpec> ours;
+  for (const auto& a : plan) ours.push_back({a.ours, a.hf.at(0).dtype, a.shape});
+  save_state_dict_streamed(out, ours, o, [&](size_t j) {
+    std::vector<at::Tensor> parts;
+    for (const auto& h : plan[j].hf) parts.push_back(by_name.at(h.name));
+    return from_hf(plan[j], parts).contiguous();
+  });
+  std::cout << "booster ckpt: wrote " << ours.size() << " tensors to " << out << " in the model's own layout (from "
+            << adapter->architecture() << ")\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +225,15 @@ int main(int argc, char** argv) {
   conv->add_option("--to", to, "safetensors | bin")->check(CLI::IsMember({"safetensors", "bin"}))->required();
   conv->add_option("--size-per-shard-mb", shard_mb, "shard size in MiB (0 = one file)")->check(CLI::NonNegativeNumber);
   conv->add_option("--base", base, "file base name: model (default) or optimizer");
+  std::string adapter_name, direction = "to_hf", hf_config_path;
+  conv->add_option("--adapter", adapter_name,
+                   "state-dict adapter (gpt2, llama, or one registered): rewrite the model tensors as that "
+                   "HuggingFace architecture (--direction to_hf, default; writes config.json) or back "
+                   "(from_hf)");
+  conv->add_option("--direction", direction, "to_hf | from_hf (with --adapter)")
+      ->check(CLI::IsMember({"to_hf", "from_hf"}));
+  conv->add_option("--hf_config", hf_config_path,
+                   "the HuggingFace config.json describing the model (default: <path>/config.json)");
   std::string sharded_base = "optimizer";
   auto* cons = app.add_subcommand("consolidate",
                                   "Rewrite a sharded state checkpoint (booster-sharded-v1) in the gathered format");
@@ -192,6 +252,9 @@ int main(int argc, char** argv) {
       std::cout << "booster ckpt: wrote " << n << " tensors to " << out << " in the gathered format\n";
       return 0;
     }
+    if (!adapter_name.empty()) return convert_with_adapter(path, out, to, shard_mb, adapter_name, direction, hf_config_path);
+    if (!hf_config_path.empty() || direction != "to_hf")
+      throw std::invalid_argument("booster ckpt convert: --direction and --hf_config need --adapter NAME");
     StateDict state = load_state_dict(path, base);
     SaveOptions o;
     o.use_safetensors = to == "safetensors";

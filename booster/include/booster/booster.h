@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "booster/checkpoint/checkpoint_io.h"
+#include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/config.h"
 #include "booster/data/dataloader.h"
 #include "booster/dist/environment.h"
@@ -199,17 +200,40 @@ class BOOSTER_API Booster {
   // ---- Checkpoints (collective: every rank calls; see checkpoint/checkpoint_io.h for the format).
   // HuggingFace layout in directory `path`: model.safetensors, or shards + index when
   // options.shard and the model exceeds size_per_shard_mb (MiB), or pytorch_model*.bin.
+  // With a state-dict adapter (options.adapter, or the one set_state_dict_adapter registered for
+  // this model) the directory is that HuggingFace architecture's, config.json included
+  // (checkpoint/state_dict_adapter.h).
   template <class M>
   void save_model(ModelWrapper<M>& model, const std::string& path, const checkpoint::ModelSaveOptions& options = {}) {
-    checkpoint_io().save_model(*model.module(), path, options);
+    checkpoint::ModelSaveOptions o = options;
+    if (!o.adapter) o.adapter = state_dict_adapter_of(*model.module());
+    checkpoint_io().save_model(*model.module(), path, o);
   }
   // strict: every key must match (all problems reported together, model untouched on error).
   // Optimizers boosted by this Booster that hold fp32 master copies of the model's weights are
-  // refreshed from the loaded weights.
+  // refreshed from the loaded weights. The registered adapter, if any, applies.
   template <class M>
   void load_model(ModelWrapper<M>& model, const std::string& path, bool strict = true) {
-    checkpoint_io().load_model(*model.module(), path, strict);
+    checkpoint::ModelLoadOptions o;
+    o.strict = strict;
+    load_model(model, path, o);
+  }
+  // The same with options (strict, and a state-dict adapter that replaces the registered one).
+  template <class M>
+  void load_model(ModelWrapper<M>& model, const std::string& path, const checkpoint::ModelLoadOptions& options) {
+    checkpoint::ModelLoadOptions o = options;
+    if (!o.adapter) o.adapter = state_dict_adapter_of(*model.module());
+    checkpoint_io().load_model(*model.module(), path, o);
     after_model_load(*model.module());
+  }
+  // Declares how this model's state maps to a HuggingFace architecture: save_model / load_model
+  // use `adapter` for it from now on (nullptr removes it). Checks at once that the adapter has a
+  // rule for every parameter and buffer name of the model; throws checkpoint::CheckpointError
+  // naming the tensors it does not cover (shapes are checked at each save and load, on the full
+  // tensors). Local.
+  template <class M>
+  void set_state_dict_adapter(ModelWrapper<M>& model, std::shared_ptr<const checkpoint::StateDictAdapter> adapter) {
+    register_state_dict_adapter(*model.module(), std::move(adapter));
   }
   // Optimizer state by parameter name in directory `path`. options.format (default kAuto): sharded
   // (every rank writes its own file, nothing is gathered) for plugins that shard the state
@@ -262,6 +286,8 @@ class BOOSTER_API Booster {
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
   MemoryReport memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer);
   void after_model_load(torch::nn::Module& module);
+  void register_state_dict_adapter(torch::nn::Module& module, std::shared_ptr<const checkpoint::StateDictAdapter> adapter);
+  std::shared_ptr<const checkpoint::StateDictAdapter> state_dict_adapter_of(const torch::nn::Module& module) const;
   Criterion wrap_criterion(Criterion criterion) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;

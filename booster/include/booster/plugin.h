@@ -50,7 +50,8 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // 11: Plugin::supported_devices; MemoryReport's device split (*_on_device, pinned_host_bytes,
 // located, device and its allocator figures) and EstimateRequest::device / MemoryEstimate::device_bytes,
 // which plugins fill in and return by value.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 11;
+// 12: CheckpointIO::load_model takes ModelLoadOptions; ModelSaveOptions has a state-dict adapter.
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 12;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {

@@ -2,6 +2,8 @@
 // optimizer part (optimizer_checkpoint.cpp) shares (checkpoint_io_detail.h).
 #include "booster/checkpoint/checkpoint_io.h"
 
+#include "booster/checkpoint/state_dict_adapter.h"
+
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -111,21 +113,76 @@ void CheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
   so.shard = options.shard;
   so.size_per_shard_mb = options.size_per_shard_mb;
   so.use_safetensors = options.use_safetensors;
-  write_on_rank0(world_, [&] { save_state_dict(path, state, so, "model"); });
+  if (!options.adapter) {
+    write_on_rank0(world_, [&] { save_state_dict(path, state, so, "model"); });
+    return;
+  }
+  // Ties (the same tensor under two names) are written once, under the first name, as HF does.
+  StateDict distinct;
+  std::set<const void*> seen;
+  for (auto& [name, t] : state)
+    if (seen.insert(t.unsafeGetTensorImpl()).second) distinct.emplace_back(name, t);
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : distinct) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  AdaptedModel adapted = adapt_model(*options.adapter, specs, options.prefix);
+  write_on_rank0(world_, [&] {
+    AdaptedSave save = adapt_save(adapted.plan, [&](size_t j) { return distinct[j].second; });
+    save_state_dict_streamed(path, save.specs, so, save.fetch, "model", adapted.extra_files);
+  });
 }
 
-void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path, bool strict) {
+void CheckpointIO::load_model(torch::nn::Module& model, const std::string& path, const ModelLoadOptions& options) {
   std::vector<LoadTarget> targets;
+  std::set<const void*> seen;
   auto add = [&](const std::string& name, at::Tensor t) {
+    if (options.adapter && !seen.insert(t.unsafeGetTensorImpl()).second) return;  // a tie: loaded once
     targets.push_back({name, t.sizes().vec(), t.scalar_type(), t.storage().unsafeGetStorageImpl(),
                        [t](const at::Tensor& from_file) mutable { t.copy_(from_file); }});
   };
   for (const auto& item : model.named_parameters(true)) add(item.key(), item.value());
   for (const auto& item : model.named_buffers(true)) add(item.key(), item.value());
-  load_targets(path, targets, strict);
+  load_targets(path, targets, options);
 }
 
-void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadTarget>& expected, bool strict) {
+std::vector<CheckpointIO::LoadTarget> CheckpointIO::adapted_targets(const StateDictAdapter& adapter,
+                                                                   const std::vector<LoadTarget>& model_targets) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : model_targets) specs.push_back({t.name, t.dtype, t.shape});
+  auto plan = std::make_shared<std::vector<AdaptedTensor>>(adapter.plan(specs));
+  std::vector<LoadTarget> out;
+  for (size_t j = 0; j < plan->size(); ++j) {
+    const AdaptedTensor& a = (*plan)[j];
+    const LoadTarget& model = model_targets[j];
+    if (a.hf.size() == 1) {
+      out.push_back({a.hf[0].name, a.hf[0].shape, model.dtype, model.storage_key,
+                     [plan, j, copy = model.copy](const at::Tensor& from_file) { copy(from_hf((*plan)[j], {from_file})); }});
+      continue;
+    }
+    // Stored split: the parts are kept until the last one is read, then assembled and copied.
+    auto parts = std::make_shared<std::vector<at::Tensor>>(a.hf.size());
+    for (size_t k = 0; k < a.hf.size(); ++k)
+      out.push_back({a.hf[k].name, a.hf[k].shape, model.dtype, &(*parts)[k],
+                     [plan, j, k, parts, copy = model.copy](const at::Tensor& from_file) {
+                       (*parts)[k] = from_file;
+                       for (const auto& p : *parts)
+                         if (!p.defined()) return;
+                       copy(from_hf((*plan)[j], *parts));
+                       for (auto& p : *parts) p = at::Tensor();
+                     }});
+  }
+  return out;
+}
+
+void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadTarget>& model_targets,
+                                const ModelLoadOptions& options) {
+  const bool strict = options.strict;
+  // Through an adapter: the targets become the HuggingFace tensors (adapted_targets).
+  std::vector<LoadTarget> hf_targets;
+  if (options.adapter) {
+    options.adapter->check_config(read_config_json(path), path);
+    hf_targets = adapted_targets(*options.adapter, model_targets);
+  }
+  const std::vector<LoadTarget>& expected = options.adapter ? hf_targets : model_targets;
   // Validate against the files' headers (no tensor data for safetensors), then copy shard by shard:
   // peak memory is about one shard on top of the model.
   const std::vector<CheckpointTensorInfo> infos = list_checkpoint_tensors(path, "model");
@@ -168,7 +225,8 @@ void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadT
   }
   std::vector<std::string> unexpected;
   for (const auto& info : infos)
-    if (!used.count(info.name)) unexpected.push_back(info.name);
+    if (!used.count(info.name) && !(options.adapter && options.adapter->ignored_on_load(info.name)))
+      unexpected.push_back(info.name);
 
   std::string report;
   auto add = [&](const char* what, const std::vector<std::string>& names) {

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/dist/process_group.h"
 
@@ -49,7 +50,7 @@ void FlatCheckpointIO::save_model(torch::nn::Module& model, const std::string& p
   std::string error;
   if (world_->rank() == 0) {
     try {
-      save_state_dict_streamed(path, specs, so, [&](size_t i) -> at::Tensor {
+      std::function<at::Tensor(size_t)> fetch = [&](size_t i) -> at::Tensor {
         const Item& item = items[i];
         if (item.source == sources.size()) return item.buffer;
         gather_until(item.source);
@@ -58,7 +59,14 @@ void FlatCheckpointIO::save_model(torch::nn::Module& model, const std::string& p
         // safetensors writes each tensor as it arrives; .bin keeps a shard file's tensors until the
         // file is complete, and a view would keep its whole gathered FlatParameter alive until then.
         return so.use_safetensors ? view : view.clone();
-      });
+      };
+      if (!options.adapter) {
+        save_state_dict_streamed(path, specs, so, fetch, "model");
+      } else {
+        AdaptedModel adapted = adapt_model(*options.adapter, specs, options.prefix);
+        AdaptedSave save = adapt_save(adapted.plan, fetch);
+        save_state_dict_streamed(path, save.specs, so, save.fetch, "model", adapted.extra_files);
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -69,7 +77,7 @@ void FlatCheckpointIO::save_model(torch::nn::Module& model, const std::string& p
   if (!error.empty()) throw CheckpointError(error);
 }
 
-void FlatCheckpointIO::load_model(torch::nn::Module& model, const std::string& path, bool strict) {
+void FlatCheckpointIO::load_model(torch::nn::Module& model, const std::string& path, const ModelLoadOptions& options) {
   std::vector<FlatSource> sources = flat_sources(model);
   std::vector<LoadTarget> targets;
   for (const FlatSource& source : sources) {
@@ -92,7 +100,7 @@ void FlatCheckpointIO::load_model(torch::nn::Module& model, const std::string& p
     targets.push_back({item.key(), t.sizes().vec(), t.scalar_type(), t.storage().unsafeGetStorageImpl(),
                        [t](const at::Tensor& from_file) mutable { t.copy_(from_file); }});
   }
-  load_targets(path, targets, strict);
+  load_targets(path, targets, options);
   after_load(model);
 }
 

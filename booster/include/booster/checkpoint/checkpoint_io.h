@@ -62,11 +62,31 @@ struct OptimizerSaveOptions : SaveOptions {
       : SaveOptions(options), format(format) {}
 };
 
+class StateDictAdapter;
+
 struct ModelSaveOptions {
   bool shard = false;
   int64_t size_per_shard_mb = 1024;  // MiB
   bool use_safetensors = true;
   std::string prefix;                // prepended to every name ("model." -> "model.fc1.weight")
+  // Writes the model as this HuggingFace architecture (state_dict_adapter.h): every tensor goes
+  // through its rule as it is written (one full tensor at a time: a tp shard is gathered, a
+  // FlatParameter's view taken, first), and the directory gets the adapter's config.json. The
+  // adapter must cover every parameter and buffer (CheckpointError naming the others, before
+  // anything is written). With an adapter, prefix must be empty. nullptr: the module's own names
+  // and layouts, no config.json.
+  std::shared_ptr<const StateDictAdapter> adapter;
+};
+
+struct ModelLoadOptions {
+  bool strict = true;
+  // Reads a checkpoint of this HuggingFace architecture (the inverse of ModelSaveOptions::adapter):
+  // the directory's config.json, when there is one, must match the adapter's (StateDictAdapter::
+  // check_config), the file's tensors are named, shaped and checked as the adapter's HuggingFace
+  // tensors, and each is turned into the model's layout as it is copied (a tensor stored split is
+  // assembled once all its parts were read: peak one tensor). HuggingFace names the adapter ignores
+  // on load (a tied lm_head.weight) are not unexpected keys.
+  std::shared_ptr<const StateDictAdapter> adapter;
 };
 
 class BOOSTER_API CheckpointIO {
@@ -98,7 +118,12 @@ class BOOSTER_API CheckpointIO {
   // A refused tensor is named in the error with both dtypes. Conversion happens per tensor while
   // copying (no second copy of a shard). Rank 0 logs one line per load when tensors were converted:
   // "converted 8 tensors BFloat16 -> Float (the model's dtype)".
-  virtual void load_model(torch::nn::Module& model, const std::string& path, bool strict = true);
+  virtual void load_model(torch::nn::Module& model, const std::string& path, const ModelLoadOptions& options);
+  void load_model(torch::nn::Module& model, const std::string& path, bool strict = true) {
+    ModelLoadOptions options;
+    options.strict = strict;
+    load_model(model, path, options);
+  }
 
   // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper) into
   // directory `path` (replaced atomically; a failure on any rank leaves it unchanged and makes every
@@ -150,7 +175,15 @@ class BOOSTER_API CheckpointIO {
   // whole checkpoint against `targets` (shapes, the dtype rule, missing / unexpected names when
   // strict) and throws one CheckpointError listing every problem before any `copy` runs; then reads
   // the checkpoint one file at a time and calls each target's copy once; rank 0 logs conversions.
-  void load_targets(const std::string& path, const std::vector<LoadTarget>& targets, bool strict);
+  // With options.adapter the targets are the model's tensors (full shapes) and the file's are
+  // matched through the adapter (ModelLoadOptions::adapter).
+  void load_targets(const std::string& path, const std::vector<LoadTarget>& targets, const ModelLoadOptions& options);
+
+  // The HuggingFace tensors `adapter` stores the model's `model_targets` as (state_dict_adapter.h),
+  // each copying through from_hf into its model target (a tensor stored split: once every part
+  // was read). Throws CheckpointError when the adapter does not cover every target.
+  static std::vector<LoadTarget> adapted_targets(const StateDictAdapter& adapter,
+                                                 const std::vector<LoadTarget>& model_targets);
 
   // The wrapper state ("wrapper": skipped_steps, loss_scaler) of an optimizer checkpoint's
   // optimizer_groups.json document `doc` (read from directory `path`), checked against `wrapper`'s

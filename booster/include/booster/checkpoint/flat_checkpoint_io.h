@@ -28,7 +28,8 @@ class BOOSTER_API FlatCheckpointIO : public CheckpointIO {
  public:
   using CheckpointIO::CheckpointIO;
   void save_model(torch::nn::Module& model, const std::string& path, const ModelSaveOptions& options) override;
-  void load_model(torch::nn::Module& model, const std::string& path, bool strict = true) override;
+  using CheckpointIO::load_model;
+  void load_model(torch::nn::Module& model, const std::string& path, const ModelLoadOptions& options) override;
 
  protected:
   // One FlatParameter as the checkpoint sees it.
