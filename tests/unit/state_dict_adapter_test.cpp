@@ -22,11 +22,21 @@ using json = nlohmann::json;
 using ::testing::HasSubstr;
 
 // Two "layers", each with a fused qkv [6, 4] (rows q|k|v, 2 each) and a norm weight [4].
+struct FusedLayer : torch::nn::Module {
+  FusedLayer() {
+    qkv = register_parameter("qkv", torch::randn({6, 4}));
+    norm = register_parameter("norm", torch::randn({4}));
+  }
+  torch::Tensor qkv, norm;
+};
 struct FusedNet : torch::nn::Module {
   FusedNet() {
+    auto layers = register_module("layers", torch::nn::ModuleList());
     for (int i = 0; i < 2; ++i) {
-      qkv.push_back(register_parameter("layers." + std::to_string(i) + ".qkv", torch::randn({6, 4})));
-      norm.push_back(register_parameter("layers." + std::to_string(i) + ".norm", torch::randn({4})));
+      auto layer = std::make_shared<FusedLayer>();
+      layers->push_back(layer);
+      qkv.push_back(layer->qkv);
+      norm.push_back(layer->norm);
     }
   }
   std::vector<torch::Tensor> qkv, norm;

@@ -48,7 +48,7 @@ namespace booster::checkpoint {
 //  from_hf: the inverse: the HuggingFace tensors, in `hf` order -> the model's full tensor.
 // Dtypes pass through unchanged; devices are whatever the caller's tensor is on (CPU in the
 // checkpoint paths).
-struct AdapterRule {
+struct BOOSTER_API AdapterRule {
   std::string ours;
   std::vector<std::string> hf;
   std::function<std::vector<at::Tensor>(const at::Tensor&)> to_hf;
