@@ -246,15 +246,14 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
   auto& optimizer = boosted.optimizer;
   auto& criterion = boosted.criterion;
 
-  // The adapter of this model size: its config.json is what save_model writes and what a load is
-  // checked against.
+  // The adapter of this model size, registered for the model (its rules are checked against the
+  // model's tensors here): save_model writes its config.json and layout, load_model checks and
+  // converts through it.
   std::shared_ptr<const booster::checkpoint::StateDictAdapter> adapter =
       booster::checkpoint::make_state_dict_adapter(spec.adapter, spec.to_hf(cfg));
+  booster.set_state_dict_adapter(model, adapter);
   if (!cli.init_from.empty()) {
-    booster::checkpoint::ModelLoadOptions load;
-    load.strict = true;
-    load.adapter = adapter;
-    booster.load_model(model, cli.init_from, load);
+    booster.load_model(model, cli.init_from, /*strict=*/true);
     booster::log::info(spec.name + ": loaded the weights of " + cli.init_from + " (" + adapter->architecture() + ")");
   }
 
@@ -276,11 +275,7 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
   };
   run.no_sync = [&booster, &model, &optimizer] { return booster.no_sync(model, optimizer.get()); };
   run.set_training = [&model](bool on) { model->train(on); };
-  run.save_model = [&booster, &model, adapter](const std::string& dir) {
-    booster::checkpoint::ModelSaveOptions save;
-    save.adapter = adapter;
-    booster.save_model(model, dir, save);
-  };
+  run.save_model = [&booster, &model](const std::string& dir) { booster.save_model(model, dir); };
 
   if (!training) {
     if (cli.score) {

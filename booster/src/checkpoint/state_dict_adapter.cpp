@@ -245,6 +245,13 @@ std::vector<AdaptedTensor> StateDictAdapter::plan(const std::vector<TensorSpec>&
   throw CheckpointError(msg);
 }
 
+std::string StateDictAdapter::size_summary() const {
+  std::string out;
+  for (const auto& key : size_keys_)
+    if (config_.contains(key)) out += (out.empty() ? "" : ", ") + key + " = " + config_[key].dump();
+  return out;
+}
+
 void StateDictAdapter::check_config(const nlohmann::json& file, const std::string& path) const {
   if (file.is_null() || (file.is_object() && file.empty())) return;
   auto arch = [](const nlohmann::json& c) {

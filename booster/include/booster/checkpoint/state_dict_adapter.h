@@ -108,6 +108,9 @@ class BOOSTER_API StateDictAdapter {
   // Whether a load drops this HuggingFace name (ignore_on_load).
   bool ignored_on_load(const std::string& hf_name) const;
 
+  // "n_embd = 64, n_layer = 2, ..." over the size keys config() states (for error messages).
+  std::string size_summary() const;
+
   // Checks a checkpoint's config.json document (its directory `path` for the message) against
   // config(): the same model_type, and every size key that both state equal (a field one side
   // omits takes transformers' default there and is not compared). An empty document (no
