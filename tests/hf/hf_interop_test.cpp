@@ -83,13 +83,6 @@ torch::Tensor ids_of(const std::string& text) {
   return torch::tensor(ids, torch::kLong).unsqueeze(0);
 }
 
-template <class Net>
-torch::Tensor our_logits(Net& net, const std::string& text) {
-  torch::NoGradGuard no_grad;
-  net->eval();
-  return net->forward(ids_of(text)).squeeze(0).to(torch::kFloat);  // [T, V]
-}
-
 // max |ours - transformers| over the logits, printed for the record.
 double max_abs_diff(const torch::Tensor& ours, const torch::Tensor& theirs) {
   EXPECT_EQ(ours.sizes(), theirs.sizes());
@@ -144,16 +137,35 @@ void save(torch::nn::Module& model, const std::string& dir, std::shared_ptr<cons
   io.save_model(model, dir, o);
 }
 
+// One of the two models, built from a HuggingFace config.json: "gpt2" (gpt::GPT) or "llama"
+// (llama::Llama), type-erased for the tests below.
+struct AnyModel {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  torch::Tensor logits(const std::string& text) {
+    torch::NoGradGuard no_grad;
+    module->eval();
+    return forward(ids_of(text)).squeeze(0).to(torch::kFloat);  // [T, V]
+  }
+};
+AnyModel build(const std::string& arch, const json& config) {
+  if (arch == "gpt2") {
+    gpt::GPT net(gpt_config_of(config));
+    return {net.ptr(), [net](const torch::Tensor& x) mutable { return net->forward(x); }};
+  }
+  llama::Llama net(llama_config_of(config));
+  return {net.ptr(), [net](const torch::Tensor& x) mutable { return net->forward(x); }};
+}
+
 // A few AdamW steps of next-byte prediction on kText, so no tensor is at its initial value.
-template <class Net>
-void train_a_few_steps(Net& net, int steps) {
-  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(3e-3));
+void train_a_few_steps(AnyModel& net, int steps) {
+  torch::optim::AdamW opt(net.module->parameters(), torch::optim::AdamWOptions(3e-3));
   auto ids = ids_of(kText);
   auto x = ids.narrow(1, 0, ids.size(1) - 1), y = ids.narrow(1, 1, ids.size(1) - 1);
-  net->train();
+  net.module->train();
   for (int i = 0; i < steps; ++i) {
     opt.zero_grad();
-    auto logits = net->forward(x);
+    auto logits = net.forward(x);
     torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1})).backward();
     opt.step();
   }
@@ -161,76 +173,55 @@ void train_a_few_steps(Net& net, int steps) {
 
 // ---- transformers -> ours
 
-class FromTransformers : public ::testing::TestWithParam<bool> {};  // sharded
+class FromTransformers : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};  // arch, sharded
 
-TEST_P(FromTransformers, Gpt2LogitsEqualTransformers) {
+TEST_P(FromTransformers, LogitsEqualTransformers) {
+  const auto& [arch, sharded] = GetParam();
   TempDir tmp;
-  const std::string dir = tmp.file("gpt2");
-  std::vector<std::string> args{"make", "gpt2", dir, "--seed", "1"};
-  if (GetParam()) args.push_back("--sharded");
+  const std::string dir = tmp.file(arch);
+  std::vector<std::string> args{"make", arch, dir, "--seed", "1"};
+  if (sharded) args.push_back("--sharded");
   reference(args);
   const json config = booster::checkpoint::read_config_json(dir);
-  gpt::GPT net(gpt_config_of(config));
-  load(*net, dir, booster::checkpoint::make_state_dict_adapter("gpt2", config));
+  AnyModel net = build(arch, config);
+  load(*net.module, dir, booster::checkpoint::make_state_dict_adapter(arch, config));
   Reference ref = transformers_logits(dir, tmp);
   ASSERT_TRUE(ref.logits.defined());
-  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
+  EXPECT_LT(max_abs_diff(net.logits(kText), ref.logits), 1e-5);
 }
 
-TEST_P(FromTransformers, LlamaLogitsEqualTransformers) {
-  TempDir tmp;
-  const std::string dir = tmp.file("llama");
-  std::vector<std::string> args{"make", "llama", dir, "--seed", "2"};
-  if (GetParam()) args.push_back("--sharded");
-  reference(args);
-  const json config = booster::checkpoint::read_config_json(dir);
-  llama::Llama net(llama_config_of(config));
-  load(*net, dir, booster::checkpoint::make_state_dict_adapter("llama", config));
-  Reference ref = transformers_logits(dir, tmp);
-  ASSERT_TRUE(ref.logits.defined());
-  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
-}
-
-INSTANTIATE_TEST_SUITE_P(Files, FromTransformers, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Sharded" : "OneFile"; });
+INSTANTIATE_TEST_SUITE_P(Files, FromTransformers,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"), ::testing::Values(false, true)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_sharded" : "_one_file");
+                         });
 
 // ---- ours -> transformers
 
-TEST(ToTransformers, TrainedGpt2LoadsWithOurLogits) {
+class ToTransformers : public ::testing::TestWithParam<std::string> {};  // arch
+
+TEST_P(ToTransformers, TrainedModelLoadsWithOurLogits) {
+  const std::string& arch = GetParam();
   TempDir tmp;
   const std::string src = tmp.file("src");
-  reference({"make", "gpt2", src, "--seed", "3"});
+  reference({"make", arch, src, "--seed", "3"});
   const json config = booster::checkpoint::read_config_json(src);
   torch::manual_seed(0);
-  gpt::GPT net(gpt_config_of(config));
+  AnyModel net = build(arch, config);
   train_a_few_steps(net, 5);
-  auto adapter = booster::checkpoint::make_state_dict_adapter("gpt2", config);
-  save(*net, tmp.file("ours"), adapter);
+  // llama's save is sharded (several files + index), gpt2's one file.
+  save(*net.module, tmp.file("ours"), booster::checkpoint::make_state_dict_adapter(arch, config), arch == "llama");
   EXPECT_TRUE(std::filesystem::exists(tmp.file("ours/config.json")));
   Reference ref = transformers_logits(tmp.file("ours"), tmp);
-  EXPECT_EQ(ref.summary.value("architecture", ""), "GPT2LMHeadModel");
+  EXPECT_EQ(ref.summary.value("architecture", ""), arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM");
   EXPECT_EQ(ref.summary.value("missing", json::array()), json::array());
   EXPECT_EQ(ref.summary.value("unexpected", json::array()), json::array());
   ASSERT_TRUE(ref.logits.defined());
-  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
+  EXPECT_LT(max_abs_diff(net.logits(kText), ref.logits), 1e-5);
 }
 
-TEST(ToTransformers, TrainedLlamaLoadsWithOurLogits) {
-  TempDir tmp;
-  const std::string src = tmp.file("src");
-  reference({"make", "llama", src, "--seed", "4"});
-  const json config = booster::checkpoint::read_config_json(src);
-  torch::manual_seed(0);
-  llama::Llama net(llama_config_of(config));
-  train_a_few_steps(net, 5);
-  save(*net, tmp.file("ours"), booster::checkpoint::make_state_dict_adapter("llama", config), /*shard=*/true);
-  Reference ref = transformers_logits(tmp.file("ours"), tmp);
-  EXPECT_EQ(ref.summary.value("architecture", ""), "LlamaForCausalLM");
-  EXPECT_EQ(ref.summary.value("missing", json::array()), json::array());
-  EXPECT_EQ(ref.summary.value("unexpected", json::array()), json::array());
-  ASSERT_TRUE(ref.logits.defined());
-  EXPECT_LT(max_abs_diff(our_logits(net, kText), ref.logits), 1e-5);
-}
+INSTANTIATE_TEST_SUITE_P(Models, ToTransformers, ::testing::Values("gpt2", "llama"),
+                         [](const auto& info) { return info.param; });
 
 // ---- bad input
 
@@ -390,17 +381,9 @@ TEST_P(ThroughTp2Pp2, CheckpointLoadsInTransformersAndScoresAlike) {
   EXPECT_EQ(ref.summary.value("missing", json::array()), json::array());
   EXPECT_EQ(ref.summary.value("unexpected", json::array()), json::array());
   ASSERT_TRUE(ref.logits.defined());
-  torch::Tensor ours;
-  if (ex.adapter == "gpt2") {
-    gpt::GPT net(gpt_config_of(config));
-    load(*net, dir, booster::checkpoint::make_state_dict_adapter("gpt2", config));
-    ours = our_logits(net, kText);
-  } else {
-    llama::Llama net(llama_config_of(config));
-    load(*net, dir, booster::checkpoint::make_state_dict_adapter("llama", config));
-    ours = our_logits(net, kText);
-  }
-  EXPECT_LT(max_abs_diff(ours, ref.logits), 1e-5);
+  AnyModel net = build(ex.adapter, config);
+  load(*net.module, dir, booster::checkpoint::make_state_dict_adapter(ex.adapter, config));
+  EXPECT_LT(max_abs_diff(net.logits(kText), ref.logits), 1e-5);
   EXPECT_NEAR(score(ex.exe, dir), ref.summary.at("bits_per_byte").get<double>(), 1e-5);
 }
 
