@@ -18,6 +18,7 @@
 #include "booster/auto_select.h"
 #include "booster/estimate.h"
 #include "booster/logging.h"
+#include "booster/nn/unit.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin_loader.h"
 #include "booster_impl.h"
@@ -114,6 +115,12 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
                       "\"cache\", and malloc = \"" + malloc_mode + "\" has none; remove malloc_cache_mb or set "
                       "malloc = \"cache\"");
   impl_->device_name = b.get_choice("device", "cpu", {"cpu", "cuda"});
+  impl_->activation_checkpointing = b.get_choice("activation_checkpointing", "none", {"none", "full", "selective"});
+  impl_->selective_ac_every = b.get_int("selective_ac_every", 2, 1, 1 << 20);
+  if (b.has("selective_ac_every") && impl_->activation_checkpointing != "selective")
+    throw ConfigError(b.where("selective_ac_every") + ": booster.selective_ac_every applies to activation_checkpointing "
+                      "= \"selective\" only, and it is \"" + impl_->activation_checkpointing +
+                      "\"; remove selective_ac_every or set activation_checkpointing = \"selective\"");
   impl_->estimate = b.get_bool("estimate", false);
   impl_->estimate_world_size = static_cast<int>(b.get_int("estimate_world_size", 0, 0, 1 << 20));
   b.check_unknown();
@@ -228,6 +235,7 @@ Booster& Booster::operator=(Booster&&) noexcept = default;
 Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
                               std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!model) throw std::invalid_argument("booster: boost() needs a model (got null)");
+  apply_activation_checkpointing(*model);
   if (impl_->auto_pending) choose_auto(*model, optimizer.get());
   if (optimizer) {
     // Every optimizer parameter must belong to the model (the plugin syncs the model's gradients).
@@ -303,6 +311,28 @@ const std::pair<torch::Tensor, torch::Tensor>& Booster::estimate_batch() const {
 std::string Booster::auto_not_chosen(const std::string& what) const {
   return "booster: plugin = \"auto\" chooses the plugin at the first boost(); " + what +
          " is available after it (call boost() first)";
+}
+
+void Booster::apply_activation_checkpointing(torch::nn::Module& model) {
+  const std::string& mode = impl_->activation_checkpointing;
+  std::vector<nn::NamedUnit> units = nn::collect_named_units(model);
+  if (mode == "none") {
+    for (auto& u : units) u.unit->set_unit_checkpoint(false);
+    return;
+  }
+  if (units.empty())
+    throw ConfigError("booster: activation_checkpointing = \"" + mode + "\" recomputes booster::nn::Unit blocks, and "
+                      "this model has none; wrap its blocks in booster::nn::Unit (nn/unit.h) or set "
+                      "activation_checkpointing = \"none\"");
+  // full: every unit; selective: every selective_ac_every-th unit, from the first (torchtitan's ac_freq).
+  size_t on = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const bool c = mode == "full" || i % static_cast<size_t>(impl_->selective_ac_every) == 0;
+    units[i].unit->set_unit_checkpoint(c);
+    on += c;
+  }
+  log::info("booster: activation checkpointing (" + mode + "): " + std::to_string(on) + " of " +
+            std::to_string(units.size()) + " units recompute their forward in backward");
 }
 
 void Booster::register_state_dict_adapter(torch::nn::Module& module,

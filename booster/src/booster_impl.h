@@ -18,6 +18,8 @@ namespace booster {
 
 struct Booster::Impl {
   Config config;
+  std::string activation_checkpointing = "none";  // [booster] activation_checkpointing
+  int64_t selective_ac_every = 2;                 // [booster] selective_ac_every
   // set_state_dict_adapter's registrations, by the boosted module.
   std::map<const torch::nn::Module*, std::shared_ptr<const checkpoint::StateDictAdapter>> adapters;
   std::shared_ptr<Plugin> plugin;

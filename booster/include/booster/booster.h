@@ -286,6 +286,8 @@ class BOOSTER_API Booster {
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
   MemoryReport memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer);
   void after_model_load(torch::nn::Module& module);
+  // [booster] activation_checkpointing: sets each Unit's checkpoint flag (nn/unit.h).
+  void apply_activation_checkpointing(torch::nn::Module& model);
   void register_state_dict_adapter(torch::nn::Module& module, std::shared_ptr<const checkpoint::StateDictAdapter> adapter);
   std::shared_ptr<const checkpoint::StateDictAdapter> state_dict_adapter_of(const torch::nn::Module& module) const;
   Criterion wrap_criterion(Criterion criterion) const;

@@ -2,6 +2,8 @@
 // operators and the split/gather of the last dim (custom autograd Functions), the vocabulary-split
 // cross entropy, and the per-tp-rank dropout generator. The layers are in tensor_parallel.cpp.
 #include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
@@ -253,6 +255,22 @@ thread_local DropoutRng tls_dropout_rng;
 // Called by set_tensor_parallel_context: the tp rank may have changed, so the generator is re-seeded
 // on its next use.
 void reset_tensor_parallel_dropout_generator() { tls_dropout_rng.generator.reset(); }
+
+std::optional<at::Tensor> tensor_parallel_dropout_rng_state() {
+  if (!tls_dropout_rng.generator) return std::nullopt;
+  std::lock_guard<std::mutex> lock(tls_dropout_rng.generator->mutex());
+  return tls_dropout_rng.generator->get_state();
+}
+
+void set_tensor_parallel_dropout_rng_state(const std::optional<at::Tensor>& state) {
+  if (!state) {
+    tls_dropout_rng.generator.reset();  // re-created from the seed on its next use, as it was
+    return;
+  }
+  if (!tls_dropout_rng.generator) tls_dropout_rng.generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  std::lock_guard<std::mutex> lock(tls_dropout_rng.generator->mutex());
+  tls_dropout_rng.generator->set_state(*state);
+}
 
 void set_tensor_parallel_seed(uint64_t seed) {
   tls_dropout_rng.seed = seed;

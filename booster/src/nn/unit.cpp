@@ -2,6 +2,8 @@
 // outputs, and finding units in a model (collect_units, root_parameters, set_unit_hooks).
 #include "booster/nn/unit.h"
 
+#include "booster/nn/checkpoint.h"
+
 #include <torch/csrc/autograd/engine.h>
 
 #include <atomic>
@@ -13,6 +15,21 @@
 namespace booster::nn {
 
 UnitHooks::~UnitHooks() = default;
+
+torch::Tensor UnitBase::unit_run_checkpointed(const torch::Tensor& x,
+                                              const std::function<torch::Tensor(const torch::Tensor&)>& run) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : unit_module().parameters())
+    if (p.requires_grad()) params.push_back(p);
+  return checkpoint([run](const std::vector<torch::Tensor>& in) { return run(in.at(0)); }, {x}, params);
+}
+
+void UnitBase::unit_checkpoint_unsupported() const {
+  throw std::logic_error("booster::nn::Unit<" + unit_block_type() +
+                         ">: activation checkpointing needs a block forward that takes one tensor and returns one; "
+                         "turn it off for this unit (set_unit_checkpoint(false)) or checkpoint inside the block "
+                         "with booster::nn::checkpoint");
+}
 
 // ---------------------------------------------------------------------------------------------
 // The unit protocol

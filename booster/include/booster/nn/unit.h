@@ -77,6 +77,7 @@
 #include <c10/util/Type.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <stdexcept>
@@ -213,6 +214,18 @@ class BOOSTER_API UnitBase {
   void set_unit_hooks(std::shared_ptr<UnitHooks> hooks) { unit_hooks_ = std::move(hooks); }
   const std::shared_ptr<UnitHooks>& unit_hooks() const { return unit_hooks_; }
 
+  // Activation checkpointing (checkpoint.h) of this unit, off by default: with it on, a forward in
+  // grad mode runs the whole unit protocol (pre_forward, the block, post_forward) once under
+  // no-grad, keeps only its input, and runs it again in the backward pass (pre_forward, the block,
+  // post_forward, then pre_backward before the block's backward), so a sharding plugin gathers the
+  // unit again for the recomputation. The parameters' gradients reach their accumulators once, in
+  // the outer backward. Bit-identical gradients on CPU (dropout included). Supported for a block
+  // whose forward takes one tensor (`const torch::Tensor&` or `torch::Tensor`) and returns one;
+  // for any other signature a forward in grad mode with it on throws std::logic_error. Set by
+  // `[booster] activation_checkpointing` at boost(); takes effect from the next forward.
+  void set_unit_checkpoint(bool on) { unit_checkpoint_ = on; }
+  bool unit_checkpoint() const { return unit_checkpoint_; }
+
  protected:
   UnitBase();
 
@@ -230,10 +243,26 @@ class BOOSTER_API UnitBase {
   void unit_post_forward_after_throw(UnitHooks& hooks) noexcept;
   // Registers the pre-backward trigger on the outputs that require grad (none: nothing to do).
   void unit_arm_pre_backward(const std::shared_ptr<UnitHooks>& hooks, const std::vector<torch::Tensor>& outputs);
+  // run(x) (the protocol around the block) under booster::nn::checkpoint with the unit's parameters.
+  torch::Tensor unit_run_checkpointed(const torch::Tensor& x, const std::function<torch::Tensor(const torch::Tensor&)>& run);
+  // Throws std::logic_error: checkpointing is on and the block's forward is not Tensor(Tensor).
+  [[noreturn]] void unit_checkpoint_unsupported() const;
 
   std::shared_ptr<UnitHooks> unit_hooks_;
   std::shared_ptr<BackwardState> unit_backward_state_;  // shared with the output hooks; never null
+  bool unit_checkpoint_ = false;
 };
+
+// Whether a block forward R(A...) can be checkpointed by a Unit: one tensor in, one tensor out.
+template <class R, class... A>
+constexpr bool unit_checkpointable() {
+  if constexpr (sizeof...(A) != 1) {
+    return false;
+  } else {
+    return std::is_same_v<std::decay_t<R>, torch::Tensor> &&
+           ((std::is_same_v<A, const torch::Tensor&> || std::is_same_v<A, torch::Tensor>) && ...);
+  }
+}
 
 template <class R, class F>
 R UnitBase::unit_run_forward(F&& block_forward) {
@@ -338,6 +367,15 @@ class UnitImpl<BlockImpl, R(A...)> : public detail::UnitCore<UnitImpl<BlockImpl,
 
   // Hides BlockImpl::forward: every call goes through the unit protocol.
   R forward(A... args) {
+    if (this->unit_checkpoint() && torch::GradMode::is_enabled()) {
+      if constexpr (unit_checkpointable<R, A...>()) {
+        return this->unit_run_checkpointed(args..., [this](const torch::Tensor& x) -> torch::Tensor {
+          return this->template unit_run_forward<R>([&]() -> R { return BlockImpl::forward(x); });
+        });
+      } else {
+        this->unit_checkpoint_unsupported();
+      }
+    }
     return this->template unit_run_forward<R>([&]() -> R { return BlockImpl::forward(std::forward<A>(args)...); });
   }
 };
@@ -354,6 +392,7 @@ class UnitImpl<BlockImpl, UndeducibleForward>
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
+    if (this->unit_checkpoint() && torch::GradMode::is_enabled()) this->unit_checkpoint_unsupported();
     using R = decltype(std::declval<BlockImpl&>().forward(std::forward<Args>(args)...));
     return this->template unit_run_forward<R>([&]() -> R { return BlockImpl::forward(std::forward<Args>(args)...); });
   }
