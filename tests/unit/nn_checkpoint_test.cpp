@@ -1,7 +1,7 @@
 // nn_checkpoint_test.cpp — activation checkpointing (booster/nn/checkpoint.h) on one process: the
 // gradients of inputs and parameters bit-identical to the run without it (dropout included), the
-// function run twice, the generators left as without it, a Unit checkpointing itself with its hooks
-// called again for the recomputation, and the refusal of a block forward it cannot checkpoint.
+// function run twice, the generators left as without it, a Unit checkpointing itself (pre_backward
+// in the outer backward pass, before the recomputation), and the refusal of a block forward it cannot checkpoint.
 // (Every plugin with `[booster] activation_checkpointing`: tests/dist/gpt_example_test.cpp.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -126,14 +126,14 @@ TEST(ActivationCheckpoint, UnitCheckpointsItselfBitIdentically) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], ckpt[i])) << "gradient " << i;
 }
 
-TEST(ActivationCheckpoint, UnitHooksRunAgainForTheRecomputation) {
+TEST(ActivationCheckpoint, UnitPreBackwardRunsBeforeTheRecomputation) {
   auto hooks = std::make_shared<RecordingHooks>();
   auto ckpt = unit_grads(true, hooks);
   auto plain = unit_grads(false);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], ckpt[i])) << "gradient " << i;
-  // Forward (no grad: nothing armed), then in backward the recomputation's forward and its
-  // pre-backward before the block's own backward.
-  EXPECT_THAT(hooks->calls, ElementsAre("pre_forward", "post_forward", "pre_forward", "post_forward", "pre_backward"));
+  // The forward's protocol, then in backward pre_backward (in the outer pass, before the
+  // recomputation, which runs the bare block on the gathered unit).
+  EXPECT_THAT(hooks->calls, ElementsAre("pre_forward", "post_forward", "pre_backward"));
 }
 
 struct TwoInputsImpl : torch::nn::Module {

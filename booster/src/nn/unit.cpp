@@ -21,7 +21,12 @@ torch::Tensor UnitBase::unit_run_checkpointed(const torch::Tensor& x,
   std::vector<torch::Tensor> params;
   for (const auto& p : unit_module().parameters())
     if (p.requires_grad()) params.push_back(p);
-  return checkpoint([run](const std::vector<torch::Tensor>& in) { return run(in.at(0)); }, {x}, params);
+  std::shared_ptr<UnitHooks> hooks = unit_hooks_;
+  torch::Tensor out = checkpoint([run](const std::vector<torch::Tensor>& in) { return run(in.at(0)); }, {x}, params);
+  // pre_backward on the checkpointed output: it runs in the outer backward pass, before the
+  // recomputation (which then finds the unit gathered).
+  if (hooks) unit_arm_pre_backward(hooks, {out});
+  return out;
 }
 
 void UnitBase::unit_checkpoint_unsupported() const {

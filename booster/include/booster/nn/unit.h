@@ -215,11 +215,12 @@ class BOOSTER_API UnitBase {
   const std::shared_ptr<UnitHooks>& unit_hooks() const { return unit_hooks_; }
 
   // Activation checkpointing (checkpoint.h) of this unit, off by default: with it on, a forward in
-  // grad mode runs the whole unit protocol (pre_forward, the block, post_forward) once under
-  // no-grad, keeps only its input, and runs it again in the backward pass (pre_forward, the block,
-  // post_forward, then pre_backward before the block's backward), so a sharding plugin gathers the
-  // unit again for the recomputation. The parameters' gradients reach their accumulators once, in
-  // the outer backward. Bit-identical gradients on CPU (dropout included). Supported for a block
+  // grad mode runs the unit protocol's forward (pre_forward, the block, post_forward) under
+  // no-grad and keeps only its input; in the backward pass pre_backward runs when the output's
+  // gradient arrives (in the outer backward pass, as without checkpointing: a sharding plugin
+  // gathers the unit there), then the block's forward runs again, with no hooks, on the gathered
+  // parameters, and its backward follows. The parameters' gradients reach their accumulators once,
+  // in the outer backward, so the plugin's post-backward hooks see what they see without it. Bit-identical gradients on CPU (dropout included). Supported for a block
   // whose forward takes one tensor (`const torch::Tensor&` or `torch::Tensor`) and returns one;
   // for any other signature a forward in grad mode with it on throws std::logic_error. Set by
   // `[booster] activation_checkpointing` at boost(); takes effect from the next forward.
@@ -369,7 +370,10 @@ class UnitImpl<BlockImpl, R(A...)> : public detail::UnitCore<UnitImpl<BlockImpl,
   R forward(A... args) {
     if (this->unit_checkpoint() && torch::GradMode::is_enabled()) {
       if constexpr (unit_checkpointable<R, A...>()) {
+        // Under no-grad (the checkpointed forward): the protocol; in grad mode (the recomputation
+        // in backward, after pre_backward gathered the unit): the bare block.
         return this->unit_run_checkpointed(args..., [this](const torch::Tensor& x) -> torch::Tensor {
+          if (torch::GradMode::is_enabled()) return BlockImpl::forward(x);
           return this->template unit_run_forward<R>([&]() -> R { return BlockImpl::forward(x); });
         });
       } else {
