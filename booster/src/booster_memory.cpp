@@ -122,6 +122,9 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
                                                        : impl_->mixed_precision;
   std::string measured = "activations not measured (boost() got no criterion, or neither a data loader nor "
                          "set_estimate_batch(), or the model's forward does not take one tensor)";
+  // The micro-batch runs with the configured activation checkpointing, so the measured activations
+  // are what the checkpointed units keep (their recomputation's peak included).
+  apply_activation_checkpointing(model);
   if (loss) {
     const bool autocast = request.precision == "bf16";
     if (autocast) {
@@ -138,8 +141,11 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
       request.optimizer_state_bytes_per_parameter = m.optimizer_state_bytes_per_parameter;
       note.clear();  // measured, not guessed
     }
-    measured = "activations measured on " + source +
-               std::string(autocast ? " under bf16 autocast" : "") + ", optimizer state measured from one step";
+    measured = "activations measured on " + source + std::string(autocast ? " under bf16 autocast" : "") +
+               (impl_->activation_checkpointing != "none"
+                    ? " with activation checkpointing (" + impl_->activation_checkpointing + ")"
+                    : std::string()) +
+               ", optimizer state measured from one step";
   }
   const int64_t available = available_memory_bytes();
   const int64_t budget = available / std::max(1, request.world_size);

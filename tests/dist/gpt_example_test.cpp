@@ -251,6 +251,23 @@ TEST(GptExample, EstimateMeasuresTheActivationsOfTheTrainersOwnBatch) {
   for (const char* plugin : {"torch_ddp", "low_level_zero", "torch_fsdp", "gemini", "hybrid_parallel"})
     EXPECT_THAT(out, HasSubstr(std::string("[rank 0]: ") + plugin + " ")) << plugin;  // a table row
   EXPECT_FALSE(std::filesystem::exists(dir.file("run/metrics.csv")));
+  // With activation checkpointing the micro-batch is measured as it will run: the blocks keep their
+  // inputs only, so the activations shrink (at n_ctx 256 by more than a third on this model).
+  const std::vector<std::string> longer{"booster.estimate=true", "booster.estimate_world_size=2", "train.n_ctx=256",
+                                        "booster.mixed_precision=\"fp32\""};
+  auto plain = run_gpt("gpt_ddp.toml", 1, dir.file("plain"), longer);
+  std::vector<std::string> with_ac = longer;
+  with_ac.push_back("booster.activation_checkpointing=\"full\"");
+  auto ckpt = run_gpt("gpt_ddp.toml", 1, dir.file("ckpt"), with_ac);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(ckpt.exit_code, 0) << ckpt.output;
+  EXPECT_THAT(ckpt.output, HasSubstr("with activation checkpointing (full)"));
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(plain.output, a, activations)) << plain.output;
+  ASSERT_TRUE(std::regex_search(ckpt.output, b, activations)) << ckpt.output;
+  std::cout << "[ gpt      ] estimate activations at n_ctx 256: " << a[1] << " MiB, with activation checkpointing "
+            << b[1] << " MiB" << std::endl;
+  EXPECT_LT(std::stod(b[1]), 0.67 * std::stod(a[1]));
 }
 
 // plugin = "auto" on the GPT example (2 ranks, gpt_ddp.toml without its [plugin] table, runtime_mb = 0
