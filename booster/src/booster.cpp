@@ -315,11 +315,8 @@ std::string Booster::auto_not_chosen(const std::string& what) const {
 
 void Booster::apply_activation_checkpointing(torch::nn::Module& model) {
   const std::string& mode = impl_->activation_checkpointing;
+  if (mode == "none") return;  // the units' flags stay as the model set them (default off)
   std::vector<nn::NamedUnit> units = nn::collect_named_units(model);
-  if (mode == "none") {
-    for (auto& u : units) u.unit->set_unit_checkpoint(false);
-    return;
-  }
   if (units.empty())
     throw ConfigError("booster: activation_checkpointing = \"" + mode + "\" recomputes booster::nn::Unit blocks, and "
                       "this model has none; wrap its blocks in booster::nn::Unit (nn/unit.h) or set "
