@@ -64,3 +64,4 @@ else
   echo "install_deps: installing transformers==$TRANSFORMERS_VERSION into $VENV"
   "$VENV/bin/python3" -m pip install --disable-pip-version-check -q "transformers==$TRANSFORMERS_VERSION"
 fi
+[ "$("$VENV/bin/python3" -c 'import peft; print(peft.__version__)' 2>/dev/null)" = 0.21.2 ] || "$VENV/bin/python3" -m pip install --disable-pip-version-check -q "peft==0.21.2"  # peft: the LoRA reference of tests/hf/peft_interop_test.cpp, pinned

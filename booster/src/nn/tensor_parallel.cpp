@@ -208,9 +208,14 @@ void ColumnParallelLinearImpl::reset() {
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  if (!group) return at::linear(x, weight, bias);
-  at::Tensor y = at::linear(copy_to_tensor_parallel_region(x, group), weight, bias);
-  return options.gather_output() ? gather_from_tensor_parallel_region(y, group) : y;
+  at::Tensor y;
+  if (!group) {
+    y = at::linear(x, weight, bias);
+  } else {
+    y = at::linear(copy_to_tensor_parallel_region(x, group), weight, bias);
+    if (options.gather_output()) y = gather_from_tensor_parallel_region(y, group);
+  }
+  return forward_hook ? forward_hook(*this, x, y) : y;
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(LinearParallelOptions options_)
@@ -229,10 +234,15 @@ void RowParallelLinearImpl::reset() {
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
-  if (!group) return at::linear(x, weight, bias);
-  at::Tensor in = options.input_is_parallel() ? x : scatter_to_tensor_parallel_region(x, group);
-  at::Tensor y = reduce_from_tensor_parallel_region(at::linear(in, weight), group);
-  return bias.defined() ? y + bias : y;
+  at::Tensor y;
+  if (!group) {
+    y = at::linear(x, weight, bias);
+  } else {
+    at::Tensor in = options.input_is_parallel() ? x : scatter_to_tensor_parallel_region(x, group);
+    y = reduce_from_tensor_parallel_region(at::linear(in, weight), group);
+    if (bias.defined()) y = y + bias;
+  }
+  return forward_hook ? forward_hook(*this, x, y) : y;
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions options_)

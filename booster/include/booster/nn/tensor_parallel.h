@@ -126,6 +126,13 @@ BOOSTER_API at::Tensor scatter_to_tensor_parallel_region(const at::Tensor& x, co
 
 using InitMethod = std::function<void(at::Tensor& full)>;
 
+// A forward hook of ColumnParallelLinear / RowParallelLinear (LibTorch modules have none, and a
+// parent's typed member cannot be swapped for a wrapper): when set, forward returns
+// hook(layer, x, y) instead of y, where layer is the module itself (so a clone() finds its own
+// sub-modules by name), x forward's input and y the layer's output. Used by LoRA
+// (booster/nn/lora.h) to add its low-rank term; copied by clone().
+using LinearForwardHook = std::function<at::Tensor(torch::nn::Module& layer, const at::Tensor& x, const at::Tensor& y)>;
+
 struct LinearParallelOptions {
   LinearParallelOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
   TORCH_ARG(int64_t, in_features);
@@ -156,6 +163,7 @@ class BOOSTER_API ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnP
   at::Tensor forward(const at::Tensor& x);
   LinearParallelOptions options;
   at::Tensor weight, bias;
+  LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
   std::shared_ptr<dist::ProcessGroup> group;  // resolved at construction (null: T = 1)
 };
 TORCH_MODULE(ColumnParallelLinear);
@@ -172,6 +180,7 @@ class BOOSTER_API RowParallelLinearImpl : public torch::nn::Cloneable<RowParalle
   at::Tensor forward(const at::Tensor& x);
   LinearParallelOptions options;
   at::Tensor weight, bias;
+  LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
   std::shared_ptr<dist::ProcessGroup> group;
 };
 TORCH_MODULE(RowParallelLinear);
