@@ -28,6 +28,7 @@
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/nn/tensor_parallel.h"
 #include "common/test_util.h"
+#include "hf/hf_test_util.h"
 #include "gpt/model.h"
 #include "llama/model.h"
 
@@ -35,33 +36,15 @@ using namespace booster::testing;
 using booster::checkpoint::CheckpointError;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
+using namespace booster::testing::hf;
 
 namespace {
 
-// The models' tensor-parallel layers at tp = 1: this process builds them without a Booster.
-const bool kTensorParallelSize1 = [] {
-  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
-  return true;
-}();
+// hf_reference.py (transformers' side).
+json reference(const std::vector<std::string>& args) { return run_script("hf_reference.py", args); }
 
 std::string kGptExe() { return std::string(BOOSTER_BINARY_DIR) + "/bin/gpt"; }
 
-const std::string kText = "In the beginning God created the heaven and the earth. And the earth was";  // 72 bytes
-const std::string kReference = std::string(BOOSTER_SOURCE_DIR) + "/tests/hf/hf_reference.py";
-
-// Runs hf_reference.py; returns its last output line parsed as JSON.
-json reference(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{BOOSTER_PYTHON, kReference};
-  argv.insert(argv.end(), args.begin(), args.end());
-  ProcessResult r = run_process(argv, {}, 300);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::string last;
-  std::istringstream in(r.output);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty() && line[0] == '{') last = line;
-  if (last.empty()) ADD_FAILURE() << "no JSON from hf_reference.py: " << r.output;
-  return last.empty() ? json::object() : json::parse(last);
-}
 
 // transformers' logits [T, V] on kText for the model in `dir`, and its loss summary.
 struct Reference {
@@ -72,16 +55,10 @@ Reference transformers_logits(const std::string& dir, const TempDir& tmp) {
   const std::string out = tmp.file("logits.safetensors");
   Reference ref;
   ref.summary = reference({"logits", dir, kText, out});
-  for (const auto& [name, t] : booster::checkpoint::load_state_dict(out))
-    if (name == "logits") ref.logits = t;
+  ref.logits = load_logits(out);
   return ref;
 }
 
-torch::Tensor ids_of(const std::string& text) {
-  std::vector<int64_t> ids(text.begin(), text.end());
-  for (auto& id : ids) id &= 0xff;
-  return torch::tensor(ids, torch::kLong).unsqueeze(0);
-}
 
 // max |ours - transformers| over the logits, printed for the record.
 double max_abs_diff(const torch::Tensor& ours, const torch::Tensor& theirs) {
@@ -92,31 +69,7 @@ double max_abs_diff(const torch::Tensor& ours, const torch::Tensor& theirs) {
   return d;
 }
 
-gpt::GPTConfig gpt_config_of(const json& c) {
-  gpt::GPTConfig g;
-  g.vocab_size = c.at("vocab_size");
-  g.n_ctx = c.at("n_positions");
-  g.n_layer = c.at("n_layer");
-  g.n_head = c.at("n_head");
-  g.n_embd = c.at("n_embd");
-  g.layer_norm_eps = c.at("layer_norm_epsilon");
-  g.gelu_tanh = c.at("activation_function") == "gelu_new";
-  return g;
-}
 
-llama::LlamaConfig llama_config_of(const json& c) {
-  llama::LlamaConfig l;
-  l.vocab_size = c.at("vocab_size");
-  l.n_ctx = c.at("max_position_embeddings");
-  l.n_layer = c.at("num_hidden_layers");
-  l.n_head = c.at("num_attention_heads");
-  l.n_kv_head = c.at("num_key_value_heads");
-  l.n_embd = c.at("hidden_size");
-  l.intermediate_size = c.at("intermediate_size");
-  l.rms_norm_eps = c.at("rms_norm_eps");
-  l.rope_theta = c.at("rope_parameters").at("rope_theta");
-  return l;
-}
 
 void load(torch::nn::Module& model, const std::string& dir, std::shared_ptr<const booster::checkpoint::StateDictAdapter> adapter,
           bool strict = true) {

@@ -27,6 +27,7 @@
 #include "booster/nn/lora.h"
 #include "booster/nn/tensor_parallel.h"
 #include "common/test_util.h"
+#include "hf/hf_test_util.h"
 #include "gpt/model.h"
 #include "llama/model.h"
 
@@ -34,70 +35,9 @@ using namespace booster::testing;
 using booster::checkpoint::CheckpointError;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
+using namespace booster::testing::hf;
 
 namespace peft_interop_test {
-
-const bool kTensorParallelSize1 = [] {
-  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
-  return true;
-}();
-
-const std::string kText = "In the beginning God created the heaven and the earth. And the earth was";
-const std::string kHfReference = std::string(BOOSTER_SOURCE_DIR) + "/tests/hf/hf_reference.py";
-const std::string kPeftReference = std::string(BOOSTER_SOURCE_DIR) + "/tests/hf/peft_reference.py";
-
-// Runs a reference script; returns its last JSON output line.
-json run_script(const std::string& script, const std::vector<std::string>& args) {
-  std::vector<std::string> argv{BOOSTER_PYTHON, script};
-  argv.insert(argv.end(), args.begin(), args.end());
-  ProcessResult r = run_process(argv, {}, 300);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::string last;
-  std::istringstream in(r.output);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty() && line[0] == '{') last = line;
-  if (last.empty()) ADD_FAILURE() << "no JSON from " << script << ": " << r.output;
-  return last.empty() ? json::object() : json::parse(last);
-}
-
-torch::Tensor load_logits(const std::string& file) {
-  for (const auto& [name, t] : booster::checkpoint::load_state_dict(file))
-    if (name == "logits") return t;
-  ADD_FAILURE() << "no logits in " << file;
-  return {};
-}
-
-torch::Tensor ids_of(const std::string& text) {
-  std::vector<int64_t> ids(text.begin(), text.end());
-  for (auto& id : ids) id &= 0xff;
-  return torch::tensor(ids, torch::kLong).unsqueeze(0);
-}
-
-llama::LlamaConfig llama_config_of(const json& c) {
-  llama::LlamaConfig l;
-  l.vocab_size = c.at("vocab_size");
-  l.n_ctx = c.at("max_position_embeddings");
-  l.n_layer = c.at("num_hidden_layers");
-  l.n_head = c.at("num_attention_heads");
-  l.n_kv_head = c.at("num_key_value_heads");
-  l.n_embd = c.at("hidden_size");
-  l.intermediate_size = c.at("intermediate_size");
-  l.rms_norm_eps = c.at("rms_norm_eps");
-  l.rope_theta = c.at("rope_parameters").at("rope_theta");
-  return l;
-}
-
-gpt::GPTConfig gpt_config_of(const json& c) {
-  gpt::GPTConfig g;
-  g.vocab_size = c.at("vocab_size");
-  g.n_ctx = c.at("n_positions");
-  g.n_layer = c.at("n_layer");
-  g.n_head = c.at("n_head");
-  g.n_embd = c.at("n_embd");
-  g.layer_norm_eps = c.at("layer_norm_epsilon");
-  g.gelu_tanh = c.at("activation_function") == "gelu_new";
-  return g;
-}
 
 // One of the two models loaded from a HuggingFace directory, type-erased.
 struct Base {
@@ -116,7 +56,7 @@ struct Base {
 Base make_base(const TempDir& tmp, const std::string& arch, int seed) {
   Base b;
   b.dir = tmp.file("base_" + arch);
-  if (!std::filesystem::exists(b.dir)) run_script(kHfReference, {"make", arch, b.dir, "--seed", std::to_string(seed)});
+  if (!std::filesystem::exists(b.dir)) run_script("hf_reference.py", {"make", arch, b.dir, "--seed", std::to_string(seed)});
   const json config = booster::checkpoint::read_config_json(b.dir);
   if (arch == "gpt2") {
     gpt::GPT net(gpt_config_of(config));
@@ -188,7 +128,7 @@ TEST_P(PeftInterop, OursLoadsIntoPeft) {
   std::sort(sorted_targets.begin(), sorted_targets.end());
   EXPECT_EQ(cfg.at("target_modules"), json(sorted_targets));
   EXPECT_EQ(cfg.at("fan_in_fan_out"), arch == "gpt2");
-  const json info = run_script(kPeftReference, {"logits", base.dir, dir, kText, tmp.file("peft.safetensors")});
+  const json info = run_script("peft_reference.py", {"logits", base.dir, dir, kText, tmp.file("peft.safetensors")});
   EXPECT_EQ(info.value("lora_modules", 0), 8);
   EXPECT_EQ(info.value("missing", json::array()), json::array());
   EXPECT_EQ(info.value("unexpected", json::array()), json::array());
@@ -208,7 +148,7 @@ TEST_P(PeftInterop, PeftLoadsIntoOurs) {
   TempDir tmp;
   Base base = make_base(tmp, arch, 12);
   const std::string dir = tmp.file("peft_lora");
-  const json info = run_script(kPeftReference, {"make", base.dir, dir, "4", "8", joined(targets_of(arch)), kText,
+  const json info = run_script("peft_reference.py", {"make", base.dir, dir, "4", "8", joined(targets_of(arch)), kText,
                                                 tmp.file("peft.safetensors"), "--seed", "3"});
   EXPECT_EQ(info.value("lora_modules", 0), 8);
   const torch::Tensor base_logits = base.logits();
