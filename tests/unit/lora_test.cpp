@@ -141,3 +141,19 @@ TEST(Lora, BadInput) {
 }
 
 }  // namespace lora_unit_test
+
+namespace lora_unit_test {
+
+// A clone of a LoRA layer does not share the original's adapters behind its back: cloning it, or
+// running the clone, is refused.
+TEST(Lora, CloneOfALoraLayerIsRefused) {
+  LoraNet net = make_net();
+  booster::nn::enable_lora(*net, config_of({"fc1"}));
+  torch::Tensor x = torch::randn({2, 8});
+  EXPECT_ANY_THROW({
+    auto copy = std::dynamic_pointer_cast<booster::nn::ColumnParallelLinearImpl>(net->fc1->clone());
+    copy->forward(x);
+  });
+}
+
+}  // namespace lora_unit_test

@@ -32,10 +32,14 @@ struct LoraHook {
   double lora_alpha = 0;
   double lora_dropout = 0;
   std::string target;  // the target_modules entry that matched this layer
+  // The layer's lora_A / lora_B sub-modules, held here so that a forward does not look them up.
+  std::shared_ptr<torch::nn::LinearImpl> a, b;
+  const torch::nn::Module* owner = nullptr;  // the layer they belong to (a clone of it is another)
   double scaling() const { return lora_alpha / static_cast<double>(r); }
   at::Tensor operator()(torch::nn::Module& layer, const at::Tensor& x, const at::Tensor& y) const {
-    auto a = layer.named_children()["lora_A"]->as<torch::nn::Linear>();
-    auto b = layer.named_children()["lora_B"]->as<torch::nn::Linear>();
+    if (&layer != owner)
+      throw std::logic_error("booster::nn::LoRA: this layer is a clone of a LoRA layer, and clone() does not copy "
+                             "the adapters; enable_lora on the clone's model instead (or merge_lora before cloning)");
     at::Tensor in = x;
     if (lora_dropout > 0 && layer.is_training()) in = torch::dropout(in, lora_dropout, /*train=*/true);
     return y + b->forward(a->forward(in.to(a->weight.scalar_type()))).to(y.scalar_type()) * scaling();
@@ -213,7 +217,7 @@ LoraReport enable_lora(torch::nn::Module& model, const LoraConfig& config) {
     b->to(w.device(), w.scalar_type());
     m.module->register_module("lora_A", a);
     m.module->register_module("lora_B", b);
-    *hook_slot(*m.module) = LoraHook{config.r, config.lora_alpha, config.lora_dropout, m.target};
+    *hook_slot(*m.module) = LoraHook{config.r, config.lora_alpha, config.lora_dropout, m.target, a.ptr(), b.ptr(), m.module.get()};
     report.modules.push_back(m.name);
     report.trainable_parameters += a->weight.numel() + b->weight.numel();
   }

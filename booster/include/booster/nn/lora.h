@@ -17,7 +17,9 @@
 // tp = 1 these ARE torch::nn::Linear: same parameters, init and outputs). A torch::nn::Linear
 // target is refused (std::invalid_argument): its forward is non-virtual and has no hook point, so a
 // LoRA on it would be silently ignored. Tensor parallelism (tp > 1) is refused for now.
-// Limitation: a LoRA layer cannot be clone()d (Cloneable's reset() does not re-create the adapters).
+// Limitation: a LoRA layer cannot be clone()d (Cloneable's reset() does not re-create the adapters):
+// clone() or the clone's forward throws (std::logic_error from the forward), never using the
+// original's adapters.
 //
 // Dtypes / devices: A and B take the base weight's dtype and device at enable_lora.
 #pragma once
