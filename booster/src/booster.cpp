@@ -247,7 +247,33 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
         if (!std::binary_search(mine.begin(), mine.end(), static_cast<const void*>(p.unsafeGetTensorImpl())))
           throw std::invalid_argument("booster: boost(): the optimizer holds a parameter that is not in the "
                                       "model; build the optimizer from model->parameters()");
+    // Frozen parameters (requires_grad false: a LoRA base model) never train: dropped from the
+    // groups, so that no plugin keeps gradients, master weights or states for them.
+    int64_t dropped = 0, dropped_numel = 0, kept = 0;
+    for (auto& g : optimizer->param_groups()) {
+      auto& params = g.params();
+      std::vector<at::Tensor> trainable;
+      for (auto& p : params) {
+        if (p.requires_grad()) {
+          trainable.push_back(p);
+          continue;
+        }
+        ++dropped;
+        dropped_numel += p.numel();
+        optimizer->state().erase(p.unsafeGetTensorImpl());
+      }
+      kept += static_cast<int64_t>(trainable.size());
+      params = std::move(trainable);
+    }
+    if (dropped > 0 && kept == 0)
+      throw std::invalid_argument("booster: boost(): every parameter the optimizer holds is frozen (requires_grad "
+                                  "false), so nothing would train; unfreeze some, or enable_lora before building "
+                                  "the optimizer from model->parameters()");
+    if (dropped > 0)
+      log::info("booster: boost(): " + std::to_string(dropped) + " frozen parameters (" + std::to_string(dropped_numel) +
+                " elements, requires_grad false) left out of the optimizer; " + std::to_string(kept) + " train");
   }
+  impl_->boosted.insert(model.get());
   // The model, its buffers and (through the parameters) the optimizer's states live on this rank's
   // device; Module::to moves the parameters in place, so the optimizer keeps holding them.
   if (!impl_->device.is_cpu()) model->to(impl_->device);
@@ -338,10 +364,14 @@ void Booster::register_state_dict_adapter(torch::nn::Module& module,
     impl_->adapters.erase(&module);
     return;
   }
-  std::vector<std::string> names;
-  for (const auto& item : module.named_parameters(true)) names.push_back(item.key());
-  for (const auto& item : module.named_buffers(true)) names.push_back(item.key());
-  adapter->check_covers(names);
+  if (!nn::lora_modules(module).empty()) {
+    without_lora(module, adapter);  // checks the coverage of every tensor but the LoRA adapters
+  } else {
+    std::vector<std::string> names;
+    for (const auto& item : module.named_parameters(true)) names.push_back(item.key());
+    for (const auto& item : module.named_buffers(true)) names.push_back(item.key());
+    adapter->check_covers(names);
+  }
   impl_->adapters[&module] = std::move(adapter);
 }
 

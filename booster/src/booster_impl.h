@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +51,7 @@ struct Booster::Impl {
   double auto_activation_mb = 0;
   double auto_runtime_mb = -1;         // < 0: measured at boost()
   std::string auto_offload_dir;
+  std::set<const torch::nn::Module*> boosted;  // models boost() configured (enable_lora refuses them)
 };
 
 }  // namespace booster

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
@@ -32,6 +33,11 @@ std::optional<int> parse_cli(int argc, char** argv, const std::string& descripti
   app.add_option("--init_from", cli.init_from,
                  "HuggingFace checkpoint directory (config.json + model.safetensors): the model's sizes come from "
                  "its config.json and its weights are loaded after boost(); then training goes on as configured")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--lora_from", cli.lora_from,
+                 "PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors, e.g. a run's "
+                 "output_dir/lora): LoRA with its config is added to the model and its adapters are loaded; "
+                 "with --score / --sample they are applied, in training they are fine-tuned further")
       ->check(CLI::ExistingDirectory);
   auto* score = app.add_option("--score", cli.score_text,
                                "Print 'bits per byte: X' of TEXT (each byte predicted from the ones before it) and "
@@ -74,6 +80,12 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& ou
   o.val_books = t.get_string("val_books", "Ruth,Eccl,Dan,Mark,Rom");
   o.output_dir = t.get_string("output_dir", default_output_dir);
   o.save_model = t.get_bool("save_model", false);  // into output_dir/model
+  // LoRA fine-tuning (booster.enable_lora): lora_r > 0 turns it on; save_model then writes the
+  // adapters in PEFT's layout into output_dir/lora instead of the model.
+  o.lora_r = t.get_int("lora_r", 0, 0, 1 << 16);
+  o.lora_alpha = t.get_double("lora_alpha", 8.0, 1e-12, 1e9);  // PEFT's default; scaling = alpha / r
+  o.lora_dropout = t.get_double("lora_dropout", 0.0, 0.0, 0.999);
+  o.lora_target_modules = t.get_string("lora_target_modules", "");  // comma-separated; "": the model's default
   o.sample_prompt = t.get_string("sample_prompt", "And God said");
   o.sample_length = t.get_int("sample_length", 300, 0);  // bytes generated at the end (rank 0 prints)
   o.sample_temperature = t.get_double("sample_temperature", 0.8, 0.0, 10.0);  // 0 = greedy
@@ -117,6 +129,46 @@ nlohmann::json read_hf_config(const std::string& name, const std::string& dir) {
     throw std::invalid_argument(name + ": --init_from " + dir + ": its config.json is empty (a HuggingFace config "
                                 "names model_type and the model's sizes)");
   return hf;
+}
+
+std::optional<booster::nn::LoraConfig> lora_config(const std::string& name, const Cli& cli, const TrainOptions& o,
+                                                   const std::string& default_targets) {
+  auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) out.push_back(item);
+    return out;
+  };
+  if (!cli.lora_from.empty()) {
+    const std::string path = (std::filesystem::path(cli.lora_from) / "adapter_config.json").string();
+    nlohmann::json c = booster::checkpoint::read_config_json(cli.lora_from, "adapter_config.json");
+    if (c.empty())
+      throw std::invalid_argument(name + ": --lora_from " + cli.lora_from + ": no adapter_config.json there (expected a "
+                                  "PEFT adapter directory, as save_pretrained or [train] lora_r > 0 with save_model writes it)");
+    if (o.lora_r > 0)
+      throw std::invalid_argument(name + ": --lora_from takes LoRA's configuration from " + path +
+                                  "; remove [train] lora_r (and the other lora_ keys)");
+    booster::nn::LoraConfig l;
+    try {
+      l.r = c.at("r").get<int64_t>();
+      l.lora_alpha = c.at("lora_alpha").get<double>();
+      l.lora_dropout = c.value("lora_dropout", 0.0);
+      l.target_modules = c.at("target_modules").get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument(name + ": --lora_from: " + path + " lacks r, lora_alpha or target_modules (a list): " +
+                                  e.what());
+    }
+    return l;
+  }
+  if (o.lora_r == 0) return std::nullopt;
+  booster::nn::LoraConfig l;
+  l.r = o.lora_r;
+  l.lora_alpha = o.lora_alpha;
+  l.lora_dropout = o.lora_dropout;
+  l.target_modules = split(o.lora_target_modules.empty() ? default_targets : o.lora_target_modules);
+  return l;
 }
 
 std::string fmt(double v, int precision) {
@@ -448,8 +500,9 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
                      " windows of the held-out books) after " + std::to_string(step) + " steps, " +
                      fmt(elapsed(), 1) + " s");
   if (opt.save_model) {
-    run.save_model(opt.output_dir + "/model");
-    booster::log::info(name + ": model saved to " + opt.output_dir + "/model");
+    run.save_model(opt.output_dir + "/" + run.saved_as);
+    booster::log::info(name + ": " + (run.saved_as == "model" ? "model" : "LoRA adapters") + " saved to " +
+                       opt.output_dir + "/" + run.saved_as);
   }
   if (opt.sample_length > 0)
     print_sample(run, generate(run, opt.sample_prompt, opt.sample_length, opt.sample_temperature,

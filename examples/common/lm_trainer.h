@@ -17,6 +17,10 @@
 // Output (rank 0): log lines, [train] output_dir/metrics.csv (one row per evaluation), the effective
 // config.toml, optionally the model (output_dir/model: config.json + model.safetensors as
 // transformers' save_pretrained writes them, through the adapter) and a text sample.
+// LoRA fine-tuning ([train] lora_r > 0, lora_alpha, lora_dropout, lora_target_modules; typically
+// with --init_from): booster.enable_lora before boost(), so only the adapters train; save_model
+// then writes them in PEFT's layout to output_dir/lora (adapter_config.json names --init_from as
+// the base model).
 //
 // Command line (besides --config, --set, --output_dir, --estimate and the launcher's flags):
 //   --init_from DIR   DIR holds a HuggingFace checkpoint (config.json + model.safetensors or shards
@@ -24,6 +28,11 @@
 //                     The model's sizes come from DIR/config.json (spec.from_hf; logged, they
 //                     override [train]'s); after boost() the weights are loaded strictly through the
 //                     adapter; then training (fine-tuning) runs as usual under any plugin.
+//   --lora_from DIR   DIR holds PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors,
+//                     as PeftModel.save_pretrained or this trainer with [train] lora_r > 0 writes them):
+//                     enable_lora with DIR's config before boost(), then its adapters are loaded
+//                     (after --init_from's base weights); --score / --sample apply them, training
+//                     fine-tunes them further.
 //   --score TEXT      prints "bits per byte: X" (X with %.9f): the mean cross entropy of each byte of
 //                     TEXT given the bytes before it (bytes 1..n-1 predicted; transformers' loss with
 //                     labels = input_ids) divided by ln 2, in float32 (one process, torch_ddp, on the
@@ -68,7 +77,7 @@ using Clock = std::chrono::steady_clock;
 
 // The command line.
 struct Cli {
-  std::string config_path, output_dir, init_from, score_text, sample_prompt;
+  std::string config_path, output_dir, init_from, lora_from, score_text, sample_prompt;
   std::vector<std::string> overrides;
   int estimate_world_size = 0;
   bool config_given = false;           // --config given (else config_path is the default)
@@ -86,6 +95,9 @@ struct TrainOptions {
   double lr, min_lr_ratio, weight_decay, beta1, beta2, max_minutes, sample_temperature;
   bool save_model;
   std::string corpus, val_books, output_dir, sample_prompt;
+  int64_t lora_r;  // 0: no LoRA
+  double lora_alpha, lora_dropout;
+  std::string lora_target_modules;  // comma-separated
 };
 // Reads them from [train] (output_flag: --output_dir, wins when not empty); the caller reads the
 // model's keys and calls check_unknown() afterwards.
@@ -109,6 +121,12 @@ booster::Config inference_config(const std::string& name, const booster::Config&
 
 // DIR/config.json (refused when missing or not an object, naming DIR).
 nlohmann::json read_hf_config(const std::string& name, const std::string& dir);
+
+// The run's LoRA configuration: --lora_from's adapter_config.json (refused together with [train]
+// lora_r), else [train] lora_r > 0 with lora_alpha, lora_dropout and lora_target_modules (default:
+// default_targets, comma-separated), else none.
+std::optional<booster::nn::LoraConfig> lora_config(const std::string& name, const Cli& cli, const TrainOptions& o,
+                                                   const std::string& default_targets);
 
 std::string fmt(double v, int precision);
 
@@ -157,6 +175,7 @@ struct Run {
   std::function<booster::ScopeGuard()> no_sync;  // booster.no_sync(model, optimizer)
   std::function<void(bool)> set_training;        // model->train(on)
   std::function<void(const std::string&)> save_model;  // through the adapter
+  std::string saved_as = "model";  // save_model's directory under output_dir ("lora": PEFT's adapters)
 };
 
 // Refuses a --score text shorter than 2 bytes or longer than n_ctx (naming both lengths).
@@ -180,6 +199,7 @@ template <class Config>
 struct ModelSpec {
   std::string name;            // "gpt": the log and error prefix
   std::string adapter;         // the state-dict adapter's name ("gpt2")
+  std::string lora_targets;    // [train] lora_target_modules' default (PEFT's for the architecture)
   std::string description;     // --help's first line
   std::string default_config;  // --config's default
   std::string default_output_dir;
@@ -226,6 +246,8 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
 
   torch::manual_seed(opt.seed);  // the same initial model on every rank
   auto net = std::make_shared<ModelImpl>(cfg);
+  const std::optional<booster::nn::LoraConfig> lora = lora_config(spec.name, cli, opt, spec.lora_targets);
+  if (lora) booster.enable_lora(*net, *lora);  // before the optimizer: boost() keeps the adapters only
   auto adamw = make_adamw(*net, opt);
   auto progress = std::make_shared<double>(0.0);
   auto scheduler = make_scheduler(*adamw, opt, progress);
@@ -256,6 +278,10 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
     booster.load_model(model, cli.init_from, /*strict=*/true);
     booster::log::info(spec.name + ": loaded the weights of " + cli.init_from + " (" + adapter->architecture() + ")");
   }
+  if (!cli.lora_from.empty()) {
+    booster.load_lora(model, cli.lora_from);
+    booster::log::info(spec.name + ": loaded the LoRA adapters of " + cli.lora_from);
+  }
 
   Run run;
   run.name = spec.name;
@@ -275,7 +301,14 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
   };
   run.no_sync = [&booster, &model, &optimizer] { return booster.no_sync(model, optimizer.get()); };
   run.set_training = [&model](bool on) { model->train(on); };
-  run.save_model = [&booster, &model](const std::string& dir) { booster.save_model(model, dir); };
+  if (lora) {
+    run.saved_as = "lora";
+    run.save_model = [&booster, &model, base = cli.init_from](const std::string& dir) {
+      booster.save_lora_as_pretrained(model, dir, base);
+    };
+  } else {
+    run.save_model = [&booster, &model](const std::string& dir) { booster.save_model(model, dir); };
+  }
 
   if (!training) {
     if (cli.score) {

@@ -33,6 +33,7 @@ examples::lm::ModelSpec<gpt::GPTConfig> spec() {
   examples::lm::ModelSpec<gpt::GPTConfig> s;
   s.name = "gpt";
   s.adapter = "gpt2";
+  s.lora_targets = "c_attn";  // PEFT's default for gpt2
   s.description = "GPT-2 byte-level LM on the King James Bible, trained with Booster";
   s.default_config = "examples/configs/gpt_ddp.toml";
   s.default_output_dir = "runs/gpt";

@@ -33,6 +33,7 @@ examples::lm::ModelSpec<llama::LlamaConfig> spec() {
   examples::lm::ModelSpec<llama::LlamaConfig> s;
   s.name = "llama";
   s.adapter = "llama";
+  s.lora_targets = "q_proj,v_proj";  // PEFT's default for llama
   s.description = "Llama-3-style byte-level LM on the King James Bible, trained with Booster";
   s.default_config = "examples/configs/llama_ddp.toml";
   s.default_output_dir = "runs/llama";

@@ -222,7 +222,11 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
   for (int s = 0; s < topo_.pp; ++s) {
     first_file[s] = total_files;
     file_of_out[s].assign(out_of_stage[s].size(), 0);
-    if (of_stage[s].empty() && !(s == 0 && items.empty())) continue;
+    // A stage with nothing to write has no file (a partial adapter format can leave a whole stage
+    // out); stage 0 writes one (empty) file when no stage writes any.
+    bool any_out = false;
+    for (const auto& o : out_of_stage) any_out = any_out || !o.empty();
+    if (out_of_stage[s].empty() && !(s == 0 && !any_out)) continue;
     std::vector<int64_t> bytes;
     for (const auto& t : out_of_stage[s]) bytes.push_back(bytes_of(t));
     for (int64_t b : bytes) total_bytes += b;
@@ -238,7 +242,8 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
     total_files += shards.size();
   }
   const std::string ext = so.use_safetensors ? "safetensors" : "bin";
-  const std::string stem = so.use_safetensors ? "model" : "pytorch_model";
+  const std::string weights_name = options.adapter ? adapted.weights_name : "model";
+  const std::string stem = so.use_safetensors || weights_name != "model" ? weights_name : "pytorch_model";
   auto global_name = [&](size_t f) { return total_files == 1 ? stem + "." + ext : shard_file_name(stem, ext, f, total_files); };
   std::string index_text;
   if (total_files > 1) {
@@ -291,7 +296,7 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
           std::vector<checkpoint::AdaptedTensor> stage_plan;
           for (size_t i : mine) stage_plan.push_back(adapted.plan[i]);
           checkpoint::AdaptedSave save = checkpoint::adapt_save(stage_plan, fetch);
-          checkpoint::save_state_dict_streamed(sub, save.specs, so, save.fetch);
+          checkpoint::save_state_dict_streamed(sub, save.specs, so, save.fetch, weights_name);
         }
         std::vector<std::string> names;
         for (const auto& e : fs::directory_iterator(sub)) {

@@ -288,8 +288,13 @@ void FsdpState::reduce_flat(size_t u, size_t f) {
 void FsdpState::maybe_post_backward(size_t u) {
   FsdpUnit& unit = units_[u];
   if (unit.backward_done) return;
-  for (size_t f = 0; f < unit.flats.size(); ++f)
+  for (size_t f = 0; f < unit.flats.size(); ++f) {
     if (unit.flat_group[f] >= 0 && !unit.reduced[f]) return;
+    // Frozen parameters (a LoRA base layer) are still read by the input-gradient products after the
+    // unit's last trainable gradient arrived; no gradient marks their last use, so such a unit
+    // stays gathered until the backward pass ends (finish_backward reshards it).
+    if (unit.flat_group[f] < 0) return;
+  }
   if (unit.unit != nullptr) post_backward(*unit.unit);
 }
 

@@ -32,6 +32,7 @@
 #include "booster/dist/process_group.h"
 #include "booster/export.h"
 #include "booster/lr_scheduler.h"
+#include "booster/nn/lora.h"
 #include "booster/plugin.h"
 #include "booster/wrappers/model_wrapper.h"
 #include "booster/wrappers/optimizer_wrapper.h"
@@ -203,10 +204,15 @@ class BOOSTER_API Booster {
   // With a state-dict adapter (options.adapter, or the one set_state_dict_adapter registered for
   // this model) the directory is that HuggingFace architecture's, config.json included
   // (checkpoint/state_dict_adapter.h).
+  // A model with unmerged LoRA adapters (enable_lora) saved through a HuggingFace adapter:
+  // checkpoint::CheckpointError (the architecture has no tensors for them): save them with
+  // save_lora_as_pretrained, or merge them first (nn::merge_lora). Without an adapter every tensor,
+  // adapters included, is written under its own name (a training checkpoint).
   template <class M>
   void save_model(ModelWrapper<M>& model, const std::string& path, const checkpoint::ModelSaveOptions& options = {}) {
     checkpoint::ModelSaveOptions o = options;
     if (!o.adapter) o.adapter = state_dict_adapter_of(*model.module());
+    check_no_lora_through(*model.module(), o.adapter.get());
     checkpoint_io().save_model(*model.module(), path, o);
   }
   // strict: every key must match (all problems reported together, model untouched on error).
@@ -219,22 +225,61 @@ class BOOSTER_API Booster {
     load_model(model, path, o);
   }
   // The same with options (strict, and a state-dict adapter that replaces the registered one).
+  // Through a HuggingFace adapter a model with LoRA adapters (enable_lora) loads its base weights:
+  // the adapters are not expected in the file and keep their values (load them with load_lora).
   template <class M>
   void load_model(ModelWrapper<M>& model, const std::string& path, const checkpoint::ModelLoadOptions& options) {
     checkpoint::ModelLoadOptions o = options;
     if (!o.adapter) o.adapter = state_dict_adapter_of(*model.module());
+    o.adapter = without_lora(*model.module(), o.adapter);
     checkpoint_io().load_model(*model.module(), path, o);
     after_model_load(*model.module());
   }
   // Declares how this model's state maps to a HuggingFace architecture: save_model / load_model
   // use `adapter` for it from now on (nullptr removes it). Checks at once that the adapter has a
-  // rule for every parameter and buffer name of the model; throws checkpoint::CheckpointError
-  // naming the tensors it does not cover (shapes are checked at each save and load, on the full
-  // tensors). Local.
+  // rule for every parameter and buffer name of the model (LoRA adapters excepted: they are saved
+  // with save_lora_as_pretrained); throws checkpoint::CheckpointError naming the tensors it does
+  // not cover (shapes are checked at each save and load, on the full tensors). Local.
   template <class M>
   void set_state_dict_adapter(ModelWrapper<M>& model, std::shared_ptr<const checkpoint::StateDictAdapter> adapter) {
     register_state_dict_adapter(*model.module(), std::move(adapter));
   }
+  // ---- LoRA (nn/lora.h; ColossalAI's Booster.enable_lora / save_lora_as_pretrained, PEFT's files).
+  // Before boost(): adds low-rank adapters to the layers of `model` that config.target_modules
+  // names and freezes every other parameter (nn::enable_lora, whose errors it throws). boost() then
+  // drops the frozen parameters from the optimizer's groups (logged), so gradients, master weights
+  // and optimizer states exist for the adapters only, under every plugin; tensor-parallel layers
+  // (hybrid_parallel tp > 1) get adapters split like their weight. Throws std::logic_error when
+  // `model` was already boosted (its optimizer would not hold the adapters).
+  nn::LoraReport enable_lora(torch::nn::Module& model, const nn::LoraConfig& config);
+  // Collective. Writes the adapters in PEFT's layout into directory `dir` (adapter_config.json +
+  // adapter_model.safetensors, nn::save_lora_as_pretrained's content; PeftModel.from_pretrained
+  // loads it onto the HuggingFace model), through the plugin's checkpoint IO: tp shards are
+  // gathered, FlatParameters viewed, each pipeline stage writes its layers'. The HuggingFace names
+  // come from the adapter set_state_dict_adapter registered (std::invalid_argument when there is
+  // none). base_model_name_or_path goes into adapter_config.json. Throws what nn::lora_state_dict_
+  // adapter and CheckpointIO::save_model throw.
+  template <class M>
+  void save_lora_as_pretrained(ModelWrapper<M>& model, const std::string& dir, const std::string& base_model_name_or_path = "") {
+    checkpoint::ModelSaveOptions o;
+    o.adapter = lora_adapter_of(*model.module(), base_model_name_or_path, "save_lora_as_pretrained");
+    checkpoint_io().save_model(*model.module(), dir, o);
+    merge_into_one_file(dir, *o.adapter);
+  }
+  // Collective. Reads PEFT's layout from `dir` into the model's adapters (enable_lora with the
+  // adapter's config before boost()): nn::check_lora_adapter_config's checks, then a strict load
+  // through the plugin's checkpoint IO (every adapter tensor present with its shape); master
+  // weights are refreshed as after load_model. Throws checkpoint::CheckpointError naming the field
+  // or the tensors, before anything changes.
+  template <class M>
+  void load_lora(ModelWrapper<M>& model, const std::string& dir) {
+    checkpoint::ModelLoadOptions o;
+    o.adapter = lora_adapter_of(*model.module(), "", "load_lora");
+    nn::check_lora_adapter_config(*model.module(), dir, *state_dict_adapter_of(*model.module()));
+    checkpoint_io().load_model(*model.module(), dir, o);
+    after_model_load(*model.module());
+  }
+
   // Optimizer state by parameter name in directory `path`. options.format (default kAuto): sharded
   // (every rank writes its own file, nothing is gathered) for plugins that shard the state
   // (low_level_zero, torch_fsdp), gathered (one set of full tensors, HF-like) for torch_ddp; a
@@ -290,6 +335,19 @@ class BOOSTER_API Booster {
   void apply_activation_checkpointing(torch::nn::Module& model);
   void register_state_dict_adapter(torch::nn::Module& module, std::shared_ptr<const checkpoint::StateDictAdapter> adapter);
   std::shared_ptr<const checkpoint::StateDictAdapter> state_dict_adapter_of(const torch::nn::Module& module) const;
+  // The PEFT adapter of the module's LoRA layers over its registered adapter (std::invalid_argument
+  // naming `what` when none is registered).
+  std::shared_ptr<const checkpoint::StateDictAdapter> lora_adapter_of(torch::nn::Module& module, const std::string& base,
+                                                                      const char* what);
+  // `adapter` as a partial format leaving the module's LoRA tensors out (after checking that it
+  // covers every other tensor), or `adapter` itself when there is no LoRA or no adapter.
+  static std::shared_ptr<const checkpoint::StateDictAdapter> without_lora(
+      torch::nn::Module& module, std::shared_ptr<const checkpoint::StateDictAdapter> adapter);
+  // Collective: when the checkpoint IO wrote `dir` as several files (pipeline stages write their
+  // own), rank 0 rewrites it as one (PEFT reads adapter_model.safetensors only); errors agreed.
+  void merge_into_one_file(const std::string& dir, const checkpoint::StateDictAdapter& adapter);
+  // CheckpointError when `adapter` is a full HuggingFace format and the module has unmerged LoRA.
+  static void check_no_lora_through(torch::nn::Module& module, const checkpoint::StateDictAdapter* adapter);
   Criterion wrap_criterion(Criterion criterion) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;

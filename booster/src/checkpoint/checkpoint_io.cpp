@@ -127,7 +127,7 @@ void CheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
   AdaptedModel adapted = adapt_model(*options.adapter, specs, options.prefix);
   write_on_rank0(world_, [&] {
     AdaptedSave save = adapt_save(adapted.plan, [&](size_t j) { return distinct[j].second; });
-    save_state_dict_streamed(path, save.specs, so, save.fetch, "model", adapted.extra_files);
+    save_state_dict_streamed(path, save.specs, so, save.fetch, adapted.weights_name, adapted.extra_files);
   });
 }
 
@@ -153,6 +153,7 @@ std::vector<CheckpointIO::LoadTarget> CheckpointIO::adapted_targets(const StateD
   for (size_t j = 0; j < plan->size(); ++j) {
     const AdaptedTensor& a = (*plan)[j];
     const LoadTarget& model = model_targets[j];
+    if (a.hf.empty()) continue;  // not part of a partial format
     if (a.hf.size() == 1) {
       out.push_back({a.hf[0].name, a.hf[0].shape, model.dtype, model.storage_key,
                      [plan, j, copy = model.copy](const at::Tensor& from_file) { copy(from_hf((*plan)[j], {from_file})); }});
@@ -179,13 +180,14 @@ void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadT
   // Through an adapter: the targets become the HuggingFace tensors (adapted_targets).
   std::vector<LoadTarget> hf_targets;
   if (options.adapter) {
-    options.adapter->check_config(read_config_json(path), path);
+    options.adapter->check_config(read_config_json(path, options.adapter->format().config_file), path);
     hf_targets = adapted_targets(*options.adapter, model_targets);
   }
   const std::vector<LoadTarget>& expected = options.adapter ? hf_targets : model_targets;
+  const std::string weights_name = options.adapter ? options.adapter->format().weights_name : "model";
   // Validate against the files' headers (no tensor data for safetensors), then copy shard by shard:
   // peak memory is about one shard on top of the model.
-  const std::vector<CheckpointTensorInfo> infos = list_checkpoint_tensors(path, "model");
+  const std::vector<CheckpointTensorInfo> infos = list_checkpoint_tensors(path, weights_name);
   std::map<std::string, const CheckpointTensorInfo*> file;
   for (const auto& info : infos) file[info.name] = &info;
 
@@ -210,7 +212,7 @@ void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadT
   }
   // Reads only the floating tensors bound for integer ones (one shard at a time).
   if (!whole_numbers.empty())
-    for_each_checkpoint_shard(path, "model", [&](const StateDict& shard) {
+    for_each_checkpoint_shard(path, weights_name, [&](const StateDict& shard) {
       for (const auto& [name, tensor] : shard) {
         auto it = whole_numbers.find(name);
         if (it == whole_numbers.end()) continue;
@@ -251,7 +253,7 @@ void CheckpointIO::load_targets(const std::string& path, const std::vector<LoadT
   for (const auto& t : expected) targets.emplace(t.name, &t);
   torch::NoGradGuard no_grad;
   ConversionLog conversions;
-  for_each_checkpoint_shard(path, "model", [&](const StateDict& shard) {
+  for_each_checkpoint_shard(path, weights_name, [&](const StateDict& shard) {
     for (const auto& [name, tensor] : shard) {
       auto it = targets.find(name);
       if (it == targets.end()) continue;

@@ -65,7 +65,7 @@ void FlatCheckpointIO::save_model(torch::nn::Module& model, const std::string& p
       } else {
         AdaptedModel adapted = adapt_model(*options.adapter, specs, options.prefix);
         AdaptedSave save = adapt_save(adapted.plan, fetch);
-        save_state_dict_streamed(path, save.specs, so, save.fetch, "model", adapted.extra_files);
+        save_state_dict_streamed(path, save.specs, so, save.fetch, adapted.weights_name, adapted.extra_files);
       }
     } catch (const std::exception& e) {
       error = e.what();

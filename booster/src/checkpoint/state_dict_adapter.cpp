@@ -88,13 +88,22 @@ AdapterRule AdapterRule::transposed(std::string ours, std::string hf) {
 }
 
 StateDictAdapter::StateDictAdapter(std::string architecture, nlohmann::json config, std::vector<std::string> size_keys,
-                                   std::vector<AdapterRule> rules, std::vector<std::string> ignore_on_load)
+                                   std::vector<AdapterRule> rules, std::vector<std::string> ignore_on_load,
+                                   AdapterFormat format)
     : architecture_(std::move(architecture)),
       config_(std::move(config)),
       size_keys_(std::move(size_keys)),
       rules_(std::move(rules)),
-      ignore_on_load_(std::move(ignore_on_load)) {
+      ignore_on_load_(std::move(ignore_on_load)),
+      format_(std::move(format)) {
   if (!config_.is_object()) throw std::invalid_argument("booster: StateDictAdapter: the config must be a JSON object");
+  if (format_.weights_name.empty() || format_.weights_name.find('/') != std::string::npos)
+    throw std::invalid_argument("booster: StateDictAdapter: format.weights_name '" + format_.weights_name +
+                                "' must be a non-empty file name stem without '/'");
+  if (format_.config_file.empty() || format_.config_file.find('/') != std::string::npos || format_.config_file == "." ||
+      format_.config_file == "..")
+    throw std::invalid_argument("booster: StateDictAdapter: format.config_file '" + format_.config_file +
+                                "' must be a plain file name");
   for (const auto& r : rules_) {
     if (r.ours.empty() || r.hf.empty())
       throw std::invalid_argument("booster: StateDictAdapter: a rule needs the model's name and at least one "
@@ -112,9 +121,15 @@ StateDictAdapter::StateDictAdapter(std::string architecture, nlohmann::json conf
   }
 }
 
+std::shared_ptr<StateDictAdapter> StateDictAdapter::with_format(AdapterFormat format) const {
+  auto copy = std::make_shared<StateDictAdapter>(*this);
+  copy->format_ = std::move(format);
+  return copy;
+}
+
 std::string StateDictAdapter::config_json_text() const {
   nlohmann::json doc = config_;
-  doc["architectures"] = nlohmann::json::array({architecture_});
+  if (!architecture_.empty()) doc["architectures"] = nlohmann::json::array({architecture_});
   return doc.dump(2, ' ', true) + "\n";
 }
 
@@ -170,6 +185,7 @@ std::vector<AdaptedTensor> StateDictAdapter::plan_from_hf(const std::vector<Tens
 }
 
 void StateDictAdapter::check_covers(const std::vector<std::string>& model_names) const {
+  if (format_.partial) return;  // a partial format leaves the tensors no rule covers out
   std::vector<std::string> uncovered;
   for (const auto& name : model_names) {
     bool covered = false;
@@ -204,7 +220,10 @@ std::vector<AdaptedTensor> StateDictAdapter::plan(const std::vector<TensorSpec>&
         break;
       }
     if (!rule) {
-      uncovered.push_back(spec.name);
+      if (format_.partial)
+        out.push_back(AdaptedTensor{spec.name, spec.shape, {}, nullptr});
+      else
+        uncovered.push_back(spec.name);
       continue;
     }
     AdaptedTensor a{spec.name, spec.shape, {}, rule};
@@ -344,12 +363,13 @@ AdaptedModel adapt_model(const StateDictAdapter& adapter, const std::vector<Tens
                           adapter.architecture() + " adapter (HuggingFace names have none); drop one of them");
   AdaptedModel out;
   out.plan = adapter.plan(tensors);
-  out.extra_files["config.json"] = adapter.config_json_text();
+  out.weights_name = adapter.format().weights_name;
+  out.extra_files[adapter.format().config_file] = adapter.config_json_text();
   return out;
 }
 
-nlohmann::json read_config_json(const std::string& path) {
-  const std::string file = path + "/config.json";
+nlohmann::json read_config_json(const std::string& path, const std::string& name) {
+  const std::string file = path + "/" + name;
   if (!std::filesystem::is_regular_file(file)) return nlohmann::json::object();
   std::ifstream in(file, std::ios::binary);
   std::stringstream ss;

@@ -66,8 +66,21 @@ struct BOOSTER_API AdapterRule {
 struct AdaptedTensor {
   std::string ours;                   // the model's name
   std::vector<int64_t> shape;         // its full shape
-  std::vector<TensorSpec> hf;         // the HuggingFace tensors it is stored as (name, dtype, shape)
+  std::vector<TensorSpec> hf;         // the HuggingFace tensors it is stored as (name, dtype, shape);
+                                      // empty: not part of a partial format (rule null)
   const AdapterRule* rule = nullptr;  // owned by the adapter
+};
+
+// The files of an adapter's format. A full model: model.safetensors (or shards + index) and
+// config.json, every model tensor covered. A partial format stores some of the model's tensors
+// only, e.g. PEFT's LoRA adapters (booster/nn/lora.h: lora_state_dict_adapter): adapter_model.
+// safetensors + adapter_config.json, with the base model's tensors left out.
+struct AdapterFormat {
+  std::string weights_name = "model";       // state_dict_io.h's `base`: <weights_name>.safetensors
+  std::string config_file = "config.json";  // the file config_json_text() goes to (a plain file name)
+  // true: a model tensor no rule covers is not part of the format (not written on save, not
+  // expected on load; its AdaptedTensor has no hf tensors) instead of an error.
+  bool partial = false;
 };
 
 class BOOSTER_API StateDictAdapter {
@@ -78,20 +91,29 @@ class BOOSTER_API StateDictAdapter {
   // ignore_on_load: HuggingFace name patterns a load accepts and drops (a tied lm_head.weight).
   // Throws std::invalid_argument for a rule without names, a to_hf without from_hf (or the other
   // way), several hf names with no to_hf, or patterns whose "{i}" counts differ.
+  // format: the file names and whether the format is partial (AdapterFormat); std::invalid_argument
+  // for an empty weights_name or a config_file that is not a plain file name.
   StateDictAdapter(std::string architecture, nlohmann::json config, std::vector<std::string> size_keys,
-                   std::vector<AdapterRule> rules, std::vector<std::string> ignore_on_load = {});
+                   std::vector<AdapterRule> rules, std::vector<std::string> ignore_on_load = {},
+                   AdapterFormat format = {});
 
   const std::string& architecture() const { return architecture_; }
   const nlohmann::json& config() const { return config_; }
-  // config() with "architectures": [architecture()], as written to config.json (indent 2, sorted
-  // keys, trailing newline, as transformers writes it).
+  const AdapterFormat& format() const { return format_; }
+  // A copy of this adapter (rules, config, names) with another format, e.g. partial to load a base
+  // model's checkpoint into a model with LoRA adapters (which the base checkpoint does not hold).
+  std::shared_ptr<StateDictAdapter> with_format(AdapterFormat format) const;
+  // config() with "architectures": [architecture()] (none when architecture() is empty), as written
+  // to format().config_file (indent 2, sorted keys, trailing newline, as transformers and PEFT
+  // write it).
   std::string config_json_text() const;
 
   // Matches every model tensor (name, full shape, dtype) to the first rule whose `ours` pattern it
   // fits and plans the HuggingFace tensors (names with the indices substituted, shapes by running
   // to_hf on a meta tensor; dtype unchanged), checking that from_hf(to_hf(x)) has x's shape.
-  // Throws CheckpointError naming every tensor no rule covers, every transform whose shapes do not
-  // round-trip (or that throws), and every HuggingFace name two tensors would both write.
+  // Throws CheckpointError naming every tensor no rule covers (a partial format plans those with no
+  // hf tensors instead), every transform whose shapes do not round-trip (or that throws), and every
+  // HuggingFace name two tensors would both write.
   std::vector<AdaptedTensor> plan(const std::vector<TensorSpec>& model_tensors) const;
 
   // The inverse planning, for converting a checkpoint without the model (`booster ckpt convert
@@ -102,7 +124,8 @@ class BOOSTER_API StateDictAdapter {
   std::vector<AdaptedTensor> plan_from_hf(const std::vector<TensorSpec>& hf_tensors) const;
 
   // Checks that some rule's `ours` pattern matches each name; throws CheckpointError listing the
-  // names none matches (the registration check: Booster::set_state_dict_adapter).
+  // names none matches (the registration check: Booster::set_state_dict_adapter). A partial format
+  // passes any names.
   void check_covers(const std::vector<std::string>& model_names) const;
 
   // Whether a load drops this HuggingFace name (ignore_on_load).
@@ -124,6 +147,7 @@ class BOOSTER_API StateDictAdapter {
   std::vector<std::string> size_keys_;
   std::vector<AdapterRule> rules_;
   std::vector<std::string> ignore_on_load_;
+  AdapterFormat format_;
 };
 
 // Applies `tensor`'s rule: the model's full tensor -> its HuggingFace tensors (contiguous, same
@@ -146,19 +170,20 @@ BOOSTER_API AdaptedSave adapt_save(const std::vector<AdaptedTensor>& plan,
                                    std::function<at::Tensor(size_t j)> fetch_ours);
 
 // A model save through `adapter`: the plan of the model's tensors `tensors` (full shapes, in save
-// order; ties already removed) and the files the directory gets besides the tensors
-// ({"config.json": adapter.config_json_text()}). Throws CheckpointError for a non-empty prefix
-// (HuggingFace names have none) and whatever plan() throws.
+// order; ties already removed), the files' base name (adapter.format().weights_name) and the files
+// the directory gets besides the tensors ({config_file: adapter.config_json_text()}). Throws
+// CheckpointError for a non-empty prefix (HuggingFace names have none) and whatever plan() throws.
 struct AdaptedModel {
   std::vector<AdaptedTensor> plan;
+  std::string weights_name = "model";
   std::map<std::string, std::string> extra_files;
 };
 BOOSTER_API AdaptedModel adapt_model(const StateDictAdapter& adapter, const std::vector<TensorSpec>& tensors,
                                      const std::string& prefix);
 
-// Reads directory `path`'s config.json; an empty object when there is none (or `path` is a file).
-// Throws CheckpointError when it exists and is not a JSON object.
-BOOSTER_API nlohmann::json read_config_json(const std::string& path);
+// Reads directory `path`'s config.json (or `file`); an empty object when there is none (or `path`
+// is a file). Throws CheckpointError when it exists and is not a JSON object.
+BOOSTER_API nlohmann::json read_config_json(const std::string& path, const std::string& file = "config.json");
 
 // ---- Registry of named adapters (for `booster ckpt convert --adapter NAME` and trainers).
 // A factory builds the adapter of one model size from a HuggingFace config.json document; it throws

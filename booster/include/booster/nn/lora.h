@@ -16,7 +16,19 @@
 // low-rank term. Hence the targets are booster::nn::ColumnParallelLinear / RowParallelLinear (at
 // tp = 1 these ARE torch::nn::Linear: same parameters, init and outputs). A torch::nn::Linear
 // target is refused (std::invalid_argument): its forward is non-virtual and has no hook point, so a
-// LoRA on it would be silently ignored. Tensor parallelism (tp > 1) is refused for now.
+// LoRA on it would be silently ignored.
+//
+// Tensor parallelism (tp > 1, as in PEFT's / Megatron's LoRA on parallel linear layers): the full A
+// and B are drawn as at tp = 1 and split like the base weight, with the split registered as their
+// TensorParallelSpec (checkpoints gather them):
+//   ColumnParallelLinear (weight [out/T, in]): A [r, in] replicated, B [out/T, r] split by rows;
+//     forward y + s · B(f(A(dropout(x)))) (f = copy_to_tensor_parallel_region, so A's gradient is
+//     summed over the tp ranks), all-gathered like the output when gather_output;
+//   RowParallelLinear (weight [out, in/T]): A [r, in/T] split by columns, B [out, r] replicated;
+//     forward y + s · B(g(A(dropout(x_local)))) (g = reduce_from_tensor_parallel_region); the dropout
+//     is tensor_parallel_dropout (x_local differs per tp rank).
+// At tp = 1 the dropout is torch::dropout from the global generator, as PEFT's. merge_lora adds the
+// local product (B A is split like W).
 // Limitation: a LoRA layer cannot be clone()d (Cloneable's reset() does not re-create the adapters):
 // clone() or the clone's forward throws (std::logic_error from the forward), never using the
 // original's adapters.
@@ -57,7 +69,7 @@ struct LoraReport {
 // std::invalid_argument (naming the problem and the fix) for: r <= 0, lora_alpha <= 0, lora_dropout
 // outside [0, 1), bias other than "none", empty target_modules, targets matching no supported layer
 // (the message lists a few module names), a matched torch::nn::Linear or other module type, a layer
-// that already has LoRA, a layer under tp > 1.
+// that already has LoRA or another forward_hook.
 BOOSTER_API LoraReport enable_lora(torch::nn::Module& model, const LoraConfig& config);
 
 // The dotted names of the layers with LoRA (unmerged), in named_modules() order.
@@ -67,6 +79,24 @@ BOOSTER_API std::vector<std::string> lora_modules(torch::nn::Module& model);
 // adapters (sub-modules lora_A / lora_B and the hook): the layer computes the base only, and the
 // model's state dict is the base model's again. Base parameters stay frozen. Returns the merged names.
 BOOSTER_API std::vector<std::string> merge_lora(torch::nn::Module& model);
+
+// PEFT's file layout of the model's LoRA layers as a partial state-dict adapter (checkpoint/
+// state_dict_adapter.h: AdapterFormat weights_name "adapter_model", config_file
+// "adapter_config.json", partial): one rule per adapter tensor, `<module>.lora_A.weight` ->
+// `base_model.model.<HF module>.lora_A.weight` (likewise lora_B) with the row / column permutation
+// described at save_lora_as_pretrained, and adapter_config.json as its config text; every base-model
+// tensor is left out. Any CheckpointIO saves / loads the adapters through it (Booster::
+// save_lora_as_pretrained / load_lora: gathered from tp shards, FlatParameters and pipeline stages).
+// Needs the layers' full shapes only, so it works on a sharded model. Throws what
+// save_lora_as_pretrained throws for the layers and the adapter's rules.
+BOOSTER_API std::shared_ptr<booster::checkpoint::StateDictAdapter> lora_state_dict_adapter(
+    torch::nn::Module& model, const std::string& base_model_name_or_path,
+    const booster::checkpoint::StateDictAdapter& adapter);
+
+// The configuration checks of load_lora (dir/adapter_config.json against the model's LoRA layers);
+// throws CheckpointError naming the field, or when the file is missing or not JSON.
+BOOSTER_API void check_lora_adapter_config(torch::nn::Module& model, const std::string& dir,
+                                           const booster::checkpoint::StateDictAdapter& adapter);
 
 // Writes PEFT's layout into directory `dir` (atomically replaced): adapter_config.json (the keys and
 // defaults peft 0.21.2's LoraConfig.save_pretrained writes; task_type "CAUSAL_LM", inference_mode
@@ -80,7 +110,9 @@ BOOSTER_API std::vector<std::string> merge_lora(torch::nn::Module& model);
 // nn.Linear's layout and sets fan_in_fan_out true, so only the permutation applies). The
 // permutations are found by running to_hf on index tensors. A rule that splits or reshapes a weight
 // (a fused q/k/v stored split) throws CheckpointError naming the tensor.
-// std::invalid_argument when the model has no (unmerged) LoRA or the layers' r / alpha / dropout differ.
+// std::invalid_argument when the model has no (unmerged) LoRA, the layers' r / alpha / dropout
+// differ, or a layer is tensor-parallel (this process holds a shard: use Booster::
+// save_lora_as_pretrained). One process; a boosted model saves through the Booster.
 BOOSTER_API void save_lora_as_pretrained(torch::nn::Module& model, const std::string& dir,
                                          const std::string& base_model_name_or_path,
                                          const booster::checkpoint::StateDictAdapter& adapter);
@@ -89,7 +121,8 @@ BOOSTER_API void save_lora_as_pretrained(torch::nn::Module& model, const std::st
 // config). Checks adapter_config.json (peft_type "LORA", r, lora_alpha, the set of target_modules
 // and fan_in_fan_out equal to the model's; bias "none"; use_dora / use_rslora false) and the tensors
 // strictly: every expected key present with its shape, no unexpected key. Throws CheckpointError
-// naming the field or the tensors; values are converted to the model's dtype.
+// naming the field or the tensors; values are converted to the model's dtype. One process:
+// std::invalid_argument for a tensor-parallel layer (use Booster::load_lora).
 BOOSTER_API void load_lora(torch::nn::Module& model, const std::string& dir,
                            const booster::checkpoint::StateDictAdapter& adapter);
 
