@@ -439,7 +439,7 @@ TEST(Environment, RendezvousArgumentErrors) {
     // Without a GPU: CUDA support is missing (a build without the toolkit) or NCCL finds no GPU.
     EXPECT_THAT([&] { ProcessGroup::rendezvous(with([](RendezvousOptions& o) { o.backend = "nccl"; })); },
                 ThrowsMessage<DistError>(AllOf(HasSubstr("backend \"nccl\""),
-                                               testing::AnyOf(HasSubstr("needs CUDA support"), HasSubstr("GPU")))));
+                                               ::testing::AnyOf(HasSubstr("needs CUDA support"), HasSubstr("GPU")))));
   }
   EXPECT_THAT([&] { ProcessGroup::rendezvous(with([](RendezvousOptions& o) { o.timeout_s = 0; })); },
               ThrowsMessage<std::invalid_argument>(HasSubstr("timeout_s must be > 0")));

@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "booster/checkpoint/checkpoint_io.h"
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
@@ -124,6 +126,53 @@ TEST(StateDictAdapter, SplitTensorsSaveAndLoadThroughCheckpointIO) {
     EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("ignored")));
   }
   EXPECT_TRUE(torch::equal(before, c.qkv[0]));
+}
+
+// A partial format (PEFT's LoRA files are one): tensors no rule covers are left out of the save and
+// not expected on load; the files take the format's names; with_format copies the rules.
+TEST(StateDictAdapter, PartialFormatSavesAndLoadsTheCoveredTensorsOnly) {
+  booster::testing::TempDir tmp;
+  torch::manual_seed(2);
+  FusedNet a, b;
+  booster::checkpoint::AdapterFormat format;
+  format.weights_name = "norms";
+  format.config_file = "norms_config.json";
+  format.partial = true;
+  auto full = std::make_shared<StateDictAdapter>(
+      "", json{{"kind", "norms"}}, std::vector<std::string>{},
+      std::vector<AdapterRule>{AdapterRule::rename("layers.{i}.norm", "n.{i}")});
+  auto partial = full->with_format(format);
+  EXPECT_FALSE(full->format().partial);
+  EXPECT_THROW(full->plan({{"layers.0.qkv", at::kFloat, {6, 4}}}), CheckpointError);
+  auto plan = partial->plan({{"layers.0.qkv", at::kFloat, {6, 4}}, {"layers.0.norm", at::kFloat, {4}}});
+  ASSERT_EQ(plan.size(), 2u);  // index j stays the model tensor j
+  EXPECT_TRUE(plan[0].hf.empty());
+  EXPECT_EQ(plan[0].rule, nullptr);
+  ASSERT_EQ(plan[1].hf.size(), 1u);
+  EXPECT_EQ(plan[1].hf[0].name, "n.0");
+
+  booster::checkpoint::CheckpointIO io(nullptr);
+  booster::checkpoint::ModelSaveOptions so;
+  so.adapter = partial;
+  io.save_model(a, tmp.file("ckpt"), so);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("ckpt/norms.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("ckpt/model.safetensors")));
+  // No architecture: the config text is the config alone.
+  EXPECT_EQ(booster::checkpoint::read_config_json(tmp.file("ckpt"), "norms_config.json"), json({{"kind", "norms"}}));
+  auto state = booster::checkpoint::load_state_dict(tmp.file("ckpt"), "norms");
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_EQ(state[0].first, "n.0");
+  EXPECT_TRUE(torch::equal(state[1].second, a.norm[1]));
+
+  booster::checkpoint::ModelLoadOptions lo;
+  lo.adapter = partial;
+  auto qkv_before = b.qkv[0].clone();
+  io.load_model(b, tmp.file("ckpt"), lo);  // strict: qkv is not part of the format, so not missing
+  EXPECT_TRUE(torch::equal(b.norm[0], a.norm[0]));
+  EXPECT_TRUE(torch::equal(b.qkv[0], qkv_before));
+  // Bad file names are refused at construction.
+  format.config_file = "a/b.json";
+  EXPECT_THROW(full->with_format(format), std::invalid_argument);
 }
 
 TEST(StateDictAdapter, ConfigCheckNamesArchitectureAndSizes) {

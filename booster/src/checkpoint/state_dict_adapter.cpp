@@ -122,9 +122,7 @@ StateDictAdapter::StateDictAdapter(std::string architecture, nlohmann::json conf
 }
 
 std::shared_ptr<StateDictAdapter> StateDictAdapter::with_format(AdapterFormat format) const {
-  auto copy = std::make_shared<StateDictAdapter>(*this);
-  copy->format_ = std::move(format);
-  return copy;
+  return std::make_shared<StateDictAdapter>(architecture_, config_, size_keys_, rules_, ignore_on_load_, std::move(format));
 }
 
 std::string StateDictAdapter::config_json_text() const {

@@ -102,6 +102,7 @@ class BOOSTER_API StateDictAdapter {
   const AdapterFormat& format() const { return format_; }
   // A copy of this adapter (rules, config, names) with another format, e.g. partial to load a base
   // model's checkpoint into a model with LoRA adapters (which the base checkpoint does not hold).
+  // std::invalid_argument for bad file names, as the constructor.
   std::shared_ptr<StateDictAdapter> with_format(AdapterFormat format) const;
   // config() with "architectures": [architecture()] (none when architecture() is empty), as written
   // to format().config_file (indent 2, sorted keys, trailing newline, as transformers and PEFT
