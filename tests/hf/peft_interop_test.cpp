@@ -6,7 +6,8 @@
 //    (q_proj / k_proj's B rows go through the rotary permutation of the base weight);
 //  - peft -> ours: adapters made by get_peft_model(init_lora_weights=False) and saved by peft load
 //    with load_lora and give peft's logits within 1e-5;
-//  - bad input: another r, missing / unexpected keys.
+//  - bad input: another r, missing / unexpected keys;
+//  - the llama example's adapters, fine-tuned under hybrid tp2 x pp2, load into peft.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -207,6 +208,49 @@ TEST(PeftInteropErrors, BadAdapterFiles) {
     EXPECT_THAT(e.what(), HasSubstr("missing " + dropped));
     EXPECT_THAT(e.what(), HasSubstr("unexpected base_model.model.model.layers.0.self_attn.x_proj.lora_A.weight"));
   }
+}
+
+// The llama example fine-tunes LoRA adapters under hybrid_parallel tp2 x pp2 (4 ranks, float32,
+// --init_from hf_reference.py's tiny LlamaForCausalLM) and saves them with
+// booster.save_lora_as_pretrained: q/k/v_proj's B split by rows across tp, o_proj's A by columns,
+// each pipeline stage's layers, merged into PEFT's one file. PeftModel.from_pretrained finds every
+// key, and its logits equal ours with the same files (1e-5).
+TEST(PeftInteropExample, LlamaAdaptersTrainedUnderTp2Pp2LoadIntoPeft) {
+  TempDir tmp;
+  Base base = make_base(tmp, "llama", 14);
+  const std::string corpus = tmp.file("corpus.txt");
+  {
+    std::ofstream out(corpus);
+    for (int i = 0; i < 400; ++i)
+      out << "Ge1:" << i + 1 << " In the beginning God created the heaven and the earth " << i << ".\n"
+          << "Ruth1:" << i + 1 << " And it came to pass in the days when the judges ruled.\n";
+  }
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "4", "--master_port",
+                                std::to_string(free_port()), std::string(BOOSTER_BINARY_DIR) + "/bin/llama", "--config",
+                                std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/llama_hybrid_tp2pp2.toml",
+                                "--output_dir", tmp.file("run"), "--init_from", base.dir};
+  for (std::string s : {"train.batch_size=4", "train.max_steps=6", "train.eval_interval=6", "train.eval_windows=4",
+                        "train.final_eval_windows=4", "train.warmup_steps=1", "train.sample_length=0", "train.lr=1e-2",
+                        "train.save_model=true", "plugin.num_microbatches=2", "plugin.precision=\"fp32\"",
+                        "train.lora_r=4", "train.lora_alpha=8", "train.lora_target_modules=\"q_proj,k_proj,v_proj,o_proj\"",
+                        "train.val_books=\"Ruth\""})
+    argv.insert(argv.end(), {"--set", s});
+  argv.insert(argv.end(), {"--set", "train.corpus=\"" + corpus + "\""});
+  ProcessResult r = run_process(argv, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string dir = tmp.file("run/lora");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/adapter_model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/adapter_model.safetensors.index.json"));
+  const json info = run_script("peft_reference.py", {"logits", base.dir, dir, kText, tmp.file("peft.safetensors")});
+  EXPECT_EQ(info.value("lora_modules", 0), 8);
+  EXPECT_EQ(info.value("missing", json::array()), json::array());
+  EXPECT_EQ(info.value("unexpected", json::array()), json::array());
+  const torch::Tensor base_logits = base.logits();
+  booster::nn::enable_lora(*base.net, lora_config());
+  booster::nn::load_lora(*base.net, dir, *base.adapter);
+  const torch::Tensor ours = base.logits();
+  EXPECT_GT((ours - base_logits).abs().max().item<double>(), 1e-3);  // 6 steps moved the adapters
+  EXPECT_LT(max_abs_diff(ours, load_logits(tmp.file("peft.safetensors"))), 1e-5);
 }
 
 }  // namespace peft_interop_test
