@@ -38,9 +38,9 @@ booster::Booster make_ddp_booster() {
 
 // Built after the Booster (its tensor-parallel context: tp = 1).
 struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    q = register_module("q", booster::nn::ColumnParallelLinear(6, 6));
-    o = register_module("o", booster::nn::RowParallelLinear(6, 3));
+  explicit NetImpl(int64_t hidden = 6) {
+    q = register_module("q", booster::nn::ColumnParallelLinear(6, hidden));
+    o = register_module("o", booster::nn::RowParallelLinear(hidden, 3));
   }
   torch::Tensor forward(const torch::Tensor& x) { return o(torch::tanh(q(x))); }
   booster::nn::ColumnParallelLinear q{nullptr};
@@ -143,6 +143,17 @@ TEST(BoosterLora, BoostTrainsTheAdaptersOnlyAndTheirFilesRoundTrip) {
   third.set_state_dict_adapter(b3.model, toy_adapter());
   EXPECT_THAT([&] { third.load_lora(b3.model, tmp.file("lora")); },
               ::testing::ThrowsMessage<CheckpointError>(HasSubstr("r is 2 in the file but 3")));
+  // Adapters of a base model of another size: the shapes are named, nothing changes.
+  booster::Booster fourth = make_ddp_booster();
+  auto wide = std::make_shared<NetImpl>(8);
+  fourth.enable_lora(*wide, lora_config());
+  auto b4 = fourth.boost(wide, std::make_shared<torch::optim::AdamW>(wide->parameters()));
+  fourth.set_state_dict_adapter(b4.model, toy_adapter());
+  const torch::Tensor a_before = wide->q->named_parameters()["lora_A.weight"].clone();
+  EXPECT_THAT([&] { fourth.load_lora(b4.model, tmp.file("lora")); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  HasSubstr("base_model.model.attn.q_proj.lora_B.weight: shape [6, 2] in the checkpoint, [8, 2] in the model")));
+  EXPECT_TRUE(torch::equal(wide->q->named_parameters()["lora_A.weight"], a_before));
 }
 
 TEST(BoosterLora, AnOptimizerOfFrozenParametersOnlyIsRefused) {
