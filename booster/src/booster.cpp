@@ -236,6 +236,7 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
                               std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!model) throw std::invalid_argument("booster: boost() needs a model (got null)");
   apply_activation_checkpointing(*model);
+  if (optimizer) drop_frozen_parameters(*optimizer);  // before auto: it sizes the optimizer states
   if (impl_->auto_pending) choose_auto(*model, optimizer.get());
   if (optimizer) {
     // Every optimizer parameter must belong to the model (the plugin syncs the model's gradients).
@@ -247,31 +248,6 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
         if (!std::binary_search(mine.begin(), mine.end(), static_cast<const void*>(p.unsafeGetTensorImpl())))
           throw std::invalid_argument("booster: boost(): the optimizer holds a parameter that is not in the "
                                       "model; build the optimizer from model->parameters()");
-    // Frozen parameters (requires_grad false: a LoRA base model) never train: dropped from the
-    // groups, so that no plugin keeps gradients, master weights or states for them.
-    int64_t dropped = 0, dropped_numel = 0, kept = 0;
-    for (auto& g : optimizer->param_groups()) {
-      auto& params = g.params();
-      std::vector<at::Tensor> trainable;
-      for (auto& p : params) {
-        if (p.requires_grad()) {
-          trainable.push_back(p);
-          continue;
-        }
-        ++dropped;
-        dropped_numel += p.numel();
-        optimizer->state().erase(p.unsafeGetTensorImpl());
-      }
-      kept += static_cast<int64_t>(trainable.size());
-      params = std::move(trainable);
-    }
-    if (dropped > 0 && kept == 0)
-      throw std::invalid_argument("booster: boost(): every parameter the optimizer holds is frozen (requires_grad "
-                                  "false), so nothing would train; unfreeze some, or enable_lora before building "
-                                  "the optimizer from model->parameters()");
-    if (dropped > 0)
-      log::info("booster: boost(): " + std::to_string(dropped) + " frozen parameters (" + std::to_string(dropped_numel) +
-                " elements, requires_grad false) left out of the optimizer; " + std::to_string(kept) + " train");
   }
   impl_->boosted.insert(model.get());
   // The model, its buffers and (through the parameters) the optimizer's states live on this rank's
@@ -322,6 +298,34 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
     log::info("booster: memory per rank in steady state (" + impl_->plugin->name() + "): " + report.to_string());
   return c;
 }
+
+void Booster::drop_frozen_parameters(torch::optim::Optimizer& optimizer) {
+  // Frozen parameters (requires_grad false: a LoRA base model) never train: dropped from the
+  // groups, so that no plugin keeps gradients, master weights or states for them.
+  int64_t dropped = 0, dropped_numel = 0, kept = 0;
+  for (auto& g : optimizer.param_groups()) {
+    auto& params = g.params();
+    std::vector<at::Tensor> trainable;
+    for (auto& p : params) {
+      if (p.requires_grad()) {
+        trainable.push_back(p);
+        continue;
+      }
+      ++dropped;
+      dropped_numel += p.numel();
+      optimizer.state().erase(p.unsafeGetTensorImpl());
+    }
+    kept += static_cast<int64_t>(trainable.size());
+    params = std::move(trainable);
+  }
+  if (dropped > 0 && kept == 0)
+    throw std::invalid_argument("booster: boost(): every parameter the optimizer holds is frozen (requires_grad "
+                                "false), so nothing would train; unfreeze some, or enable_lora before building "
+                                "the optimizer from model->parameters()");
+  if (dropped > 0)
+    log::info("booster: boost(): " + std::to_string(dropped) + " frozen parameters (" + std::to_string(dropped_numel) +
+              " elements, requires_grad false) left out of the optimizer; " + std::to_string(kept) + " train");
+  }
 
 bool Booster::estimate_requested() const { return impl_->estimate; }
 

@@ -110,6 +110,7 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
     throw ConfigError("booster: [booster] estimate = true measures one micro-batch in one process, but this job has " +
                       std::to_string(w.size()) + " ranks; run the trainer as a single process and set "
                       "booster.estimate_world_size to the world size to estimate");
+  if (optimizer) drop_frozen_parameters(*optimizer);  // as boost() would: a LoRA run trains the adapters only
   std::string note;
   EstimateRequest request = describe_model(model, optimizer, &note);
   int64_t model_bytes = request.buffer_bytes;

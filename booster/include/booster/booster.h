@@ -317,6 +317,9 @@ class BOOSTER_API Booster {
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
   bool estimate_requested() const;
+  // Removes the parameters with requires_grad false (a LoRA base model) from the optimizer's groups
+  // and their state (logged); std::invalid_argument when none is left. Idempotent.
+  void drop_frozen_parameters(torch::optim::Optimizer& optimizer);
   // set_estimate_batch's tensors (undefined when it was not called).
   const std::pair<torch::Tensor, torch::Tensor>& estimate_batch() const;
   void attach_plugin(std::shared_ptr<Plugin> plugin);
