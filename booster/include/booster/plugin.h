@@ -51,7 +51,8 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // located, device and its allocator figures) and EstimateRequest::device / MemoryEstimate::device_bytes,
 // which plugins fill in and return by value.
 // 12: CheckpointIO::load_model takes ModelLoadOptions; ModelSaveOptions has a state-dict adapter.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 12;
+// 13: ModelSaveOptions / OptimizerSaveOptions have use_async and async_policy.
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 13;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
