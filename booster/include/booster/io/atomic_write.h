@@ -43,6 +43,11 @@ class BOOSTER_API OutputFile {
 
   // Writes all `size` bytes (retries short writes and EINTR). Throws IoError (errno text).
   void write(const void* data, size_t size);
+  // A hint that about `bytes` will be written in all: a file being staged (WriteInterceptor below)
+  // allocates its buffer at once instead of growing it; no effect on a real file.
+  void reserve(size_t bytes) {
+    if (staged_) buffer_.reserve(bytes);
+  }
   // fsync + close. Throws IoError; afterwards write() must not be called.
   void sync_and_close();
   const std::string& path() const { return path_; }
