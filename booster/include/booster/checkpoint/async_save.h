@@ -89,7 +89,9 @@ BOOSTER_API void check_async_policy(const AsyncSavePolicy& policy);
 // failure (nothing of this one is staged then: call again); what `save` throws (nothing is
 // submitted; the temporary is removed); std::invalid_argument for a bad policy. Inside another
 // async save's staging (e.g. Booster::save_model(use_async) inside CheckpointManager's async fill)
-// it just runs `save`, staged as part of the outer save.
+// it just runs `save`, staged as part of the outer save. A crash can leave `target.async-<pid>` and
+// its markers `target.async-<pid>.rank<r>.done|error` beside the target (never under its name); the
+// next async save of that target by a process with the same pid removes the directory.
 BOOSTER_API bool async_save(dist::ProcessGroup* world, const std::string& target, const AsyncSavePolicy& policy,
                             const std::function<void()>& save);
 
