@@ -226,6 +226,7 @@ Booster Booster::from_file(const std::string& path, const std::vector<std::strin
 }
 
 Booster::~Booster() {
+  if (impl_) checkpoint::wait_async_save_noexcept();  // an asynchronous save in flight (logs its error)
   if (impl_ && impl_->context_token && published_context.lock() == impl_->context_token)
     nn::set_tensor_parallel_context(std::nullopt);
 }
@@ -447,6 +448,11 @@ checkpoint::CheckpointIO& Booster::checkpoint_io() {
 
 void Booster::save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
                              const checkpoint::OptimizerSaveOptions& options) {
+  if (options.use_async) {
+    checkpoint::async_save(&world(), path, options.async_policy,
+                           [&] { checkpoint_io().save_optimizer(optimizer, path, options); });
+    return;
+  }
   checkpoint_io().save_optimizer(optimizer, path, options);
 }
 void Booster::load_optimizer(OptimizerWrapper& optimizer, const std::string& path) {

@@ -28,7 +28,8 @@ namespace {
 struct TrainOptions {
   int64_t epochs, batch_size, seed, max_steps_per_epoch, train_subset, gradient_accumulation_steps;
   int64_t stop_after_epoch, stop_after_step, test_subset, checkpoint_every_steps, keep_last_n;
-  bool auto_resume;
+  bool auto_resume, checkpoint_use_async, checkpoint_async_skip_if_busy;
+  int64_t checkpoint_async_max_mib;
   std::string optimizer, data_dir, output_dir, checkpoint_dir, resume_from;
   double lr, weight_decay, momentum;
 };
@@ -61,6 +62,14 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& da
   o.checkpoint_dir = t.get_string("checkpoint_dir", "");
   o.checkpoint_every_steps = t.get_int("checkpoint_every_steps", 0, 0);
   o.keep_last_n = t.get_int("keep_last_n", 0, 0, 1 << 20);
+  // checkpoint_use_async: the checkpoints are written in the background (booster/checkpoint/
+  // async_save.h): training continues once the state is copied to host buffers (at most
+  // checkpoint_async_max_mib MiB per rank, else that save is written blocking with a warning); a
+  // save while the previous one is still being written waits, or is skipped with a warning when
+  // checkpoint_async_skip_if_busy.
+  o.checkpoint_use_async = t.get_bool("checkpoint_use_async", false);
+  o.checkpoint_async_max_mib = t.get_int("checkpoint_async_max_mib", 4096, 1);
+  o.checkpoint_async_skip_if_busy = t.get_bool("checkpoint_async_skip_if_busy", false);
   o.auto_resume = t.get_bool("auto_resume", !o.checkpoint_dir.empty());
   o.resume_from = t.get_string("resume_from", "");
   o.stop_after_epoch = t.get_int("stop_after_epoch", 0, 0);
@@ -195,6 +204,12 @@ int run(int argc, char** argv) {
   if (!opt.checkpoint_dir.empty())
     checkpoints = std::make_unique<booster::checkpoint::CheckpointManager>(opt.checkpoint_dir, world,
                                                                          static_cast<int>(opt.keep_last_n));
+  if (checkpoints && opt.checkpoint_use_async) {
+    booster::checkpoint::AsyncSavePolicy policy;
+    policy.max_host_mib = opt.checkpoint_async_max_mib;
+    policy.skip_if_busy = opt.checkpoint_async_skip_if_busy;
+    checkpoints->set_async(true, policy);
+  }
   std::string resume_dir;
   if (!opt.resume_from.empty()) {
     resume_dir = checkpoint_to_resume(opt.resume_from, world);
@@ -351,6 +366,7 @@ int run(int argc, char** argv) {
       csv.flush();
     }
   }
+  if (checkpoints) checkpoints->wait();  // the last asynchronous save is committed (or its error thrown)
   booster::log::info("fashion_mnist: final test accuracy " + fmt_double(accuracy, 4) + "; metrics in " +
                      opt.output_dir + "/metrics.csv");
   if (csv.is_open()) {

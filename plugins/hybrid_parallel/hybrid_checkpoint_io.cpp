@@ -14,6 +14,7 @@
 
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
+#include "booster/checkpoint/async_save.h"
 #include "booster/io/atomic_write.h"
 #include "hybrid_checkpoint_io_detail.h"
 
@@ -171,6 +172,8 @@ std::string failure_message(const std::string& dir, const std::vector<std::pair<
 
 void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
                                     const checkpoint::ModelSaveOptions& options) {
+  // This save renames the per-stage files it wrote, so it cannot be staged (async_save.h).
+  checkpoint::write_staged_now("hybrid_parallel's save_model renames the files it writes");
   std::shared_ptr<ModelState> state = state_of(model);
   // The plan, identical on every rank: the tensors of the full model (ties written once), each
   // stage's tensors in registration order, each stage's files, the global file names.

@@ -18,6 +18,12 @@ launcher restarts the ranks; they resume from that checkpoint. At the end the jo
 byte.
 
     ~/.cache/booster/venv/bin/python3 tests/chaos/chaos.py --build build --trials 20 [--launcher booster|torchrun|hostfile|both|all]
+    ~/.cache/booster/venv/bin/python3 tests/chaos/chaos.py --build build --trials 0 --async_trials 20
+
+--async_trials K adds K trials whose job saves asynchronously ([train] checkpoint_use_async = true,
+booster/checkpoint/async_save.h): a kill then often lands while the background writer is writing
+or waiting for the other rank's part; the previous committed set must stay the newest loadable one
+and the final files must still equal the (blocking) reference run's byte for byte.
 
 (both: booster and torchrun in turn; all: the three in turn.)
 
@@ -40,8 +46,8 @@ CHECKPOINT_EVERY = 4  # optimizer steps between the job's checkpoints
 PYTHON = sys.executable  # the Python with torch 2.11 that runs this script (torchrun)
 
 
-def example_args(build, source, run_dir):
-    sets = ["train.epochs=3", "train.train_subset=1024", "train.test_subset=500", "train.batch_size=32",
+def example_args(build, source, run_dir, use_async=False):
+    sets = (["train.checkpoint_use_async=true"] if use_async else []) + ["train.epochs=3", "train.train_subset=1024", "train.test_subset=500", "train.batch_size=32",
             "train.lr_scheduler.warmup_steps=5", f"train.checkpoint_every_steps={CHECKPOINT_EVERY}", "train.keep_last_n=3",
             f'train.checkpoint_dir="{run_dir}/ckpt"',
             # One thread per rank under every launcher: with --hostfile each "node" runs one local
@@ -171,7 +177,7 @@ def final_files(run_dir):
     return out
 
 
-def run_job(args, kind, run_dir, kills, rng, log, plan=None):
+def run_job(args, kind, run_dir, kills, rng, log, plan=None, use_async=False):
     """Runs one job, killing a random rank at each planned kill: 'save', or (u_step, u_delay) with
     u in [0, 1): once the newest committed checkpoint reaches a step drawn by u_step between the
     attempt's current step and the last step that leaves three checkpoints to come, wait u_delay of
@@ -179,7 +185,7 @@ def run_job(args, kind, run_dir, kills, rng, log, plan=None):
     commit times are recorded instead (returned in plan['commits']). Returns (exit code, problems,
     number of kills done, number of resumed runs in the log)."""
     os.makedirs(run_dir, exist_ok=True)
-    argv = launcher_argv(kind, args.build, free_port(), 3 if kills else 0, run_dir) + example_args(args.build, args.source, run_dir)
+    argv = launcher_argv(kind, args.build, free_port(), 3 if kills else 0, run_dir) + example_args(args.build, args.source, run_dir, use_async)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(os.path.join(run_dir, "job.log"), "w") as out:
         job = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -258,6 +264,7 @@ def main():
     p.add_argument("--build", default=os.path.join(here, "..", "..", "build"))
     p.add_argument("--source", default=os.path.join(here, "..", ".."))
     p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--async_trials", type=int, default=0, help="more trials with asynchronous checkpoint saves")
     p.add_argument("--launcher", choices=["booster", "torchrun", "hostfile", "both", "all"], default="both")
     p.add_argument("--seed", type=int, default=int(time.time()))
     p.add_argument("--timeout", type=float, default=300, help="seconds per job")
@@ -270,7 +277,7 @@ def main():
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="booster_chaos_")
     log = lambda s: print(s, flush=True)
-    log(f"chaos: seed {args.seed}, {args.trials} trials, launcher {args.launcher}, work {work}")
+    log(f"chaos: seed {args.seed}, {args.trials} + {args.async_trials} async trials, launcher {args.launcher}, work {work}")
     try:
         t0 = time.time()
         plan = {}
@@ -291,7 +298,9 @@ def main():
         failures = 0
         kills_total = 0
         resumes = {}
-        for trial in range(args.trials):
+        total = args.trials + args.async_trials
+        for trial in range(total):
+            use_async = trial >= args.trials
             kinds = {"both": ("booster", "torchrun"), "all": ("booster", "torchrun", "hostfile")}.get(
                 args.launcher, (args.launcher,))
             kind = kinds[trial % len(kinds)]
@@ -299,7 +308,7 @@ def main():
             kills = [("save" if (trial + k) % 2 else (rng.random(), rng.random())) for k in range(n_kills)]
             run_dir = os.path.join(work, f"trial{trial:02d}")
             t0 = time.time()
-            code, problems, done, resumed = run_job(args, kind, run_dir, kills, rng, log, plan)
+            code, problems, done, resumed = run_job(args, kind, run_dir, kills, rng, log, plan, use_async)
             kills_total += done
             resumes[kind] = resumes.get(kind, 0) + resumed
             if code != 0:
@@ -313,11 +322,11 @@ def main():
                     problems.append(f"final global_step {got['global_step']} != {reference['global_step']}")
             ok = not problems
             failures += 0 if ok else 1
-            log(f"trial {trial:2d} [{kind:8s}] kills {done}/{n_kills}: {'ok' if ok else 'FAILED: ' + '; '.join(problems)}"
+            log(f"trial {trial:2d} [{kind:8s}{' async' if use_async else ''}] kills {done}/{n_kills}: {'ok' if ok else 'FAILED: ' + '; '.join(problems)}"
                 f" ({time.time() - t0:.1f} s)")
             if ok and not args.keep:
                 shutil.rmtree(run_dir, ignore_errors=True)
-        log(f"chaos: {args.trials - failures}/{args.trials} trials finished bitwise equal to the uninterrupted run "
+        log(f"chaos: {total - failures}/{total} trials ({args.async_trials} with async saves) finished bitwise equal to the uninterrupted run "
             f"({kills_total} ranks killed, runs resumed from a checkpoint: {resumes}, seed {args.seed})")
         never = [k for k, n in resumes.items() if n == 0]
         if never:

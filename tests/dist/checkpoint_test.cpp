@@ -481,3 +481,80 @@ TEST(Checkpoint, GeminiCheckpointContinuesInFsdpZero2AndDdpAndBack) {
   resume_run(1, dir.file("c"), 0, 3, "save=" + ddp, {});
   expect_resumes(ddp, 2, gemini, "ddp (1 rank) -> gemini (2 ranks)");
 }
+
+namespace {
+
+// Every file under `dir` (relative name -> bytes).
+std::map<std::string, std::string> files_under(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[std::filesystem::relative(e.path(), dir).string()] = read_file(e.path().string());
+  return out;
+}
+
+}  // namespace
+
+// Asynchronous checkpoint saves ([train] checkpoint_use_async, booster/checkpoint/async_save.h) on
+// 2 rank processes, a checkpoint every 4 steps while training continues. DDP (model and optimizer
+// gathered on rank 0): the run is stopped mid-way and resumed; every committed set equals the
+// blocking run's byte for byte (trainer_state.json's config text aside) and the resumed run ends
+// bitwise equal to it. ZeRO-2 (one optimizer file per rank, sharded_state.h): every set holds the
+// blocking run's tensors (its files carry a random save id, so bytes differ by design).
+TEST(Checkpoint, AsyncSavesWriteTheSameSetsAsBlockingOnesAndResume) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  for (const std::string config : {"ddp", "zero2"}) {
+    TempDir dir;
+    auto run = [&](const std::string& out, const std::vector<std::string>& sets) {
+      std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                    std::to_string(free_port()), kFashionMnistBinary, "--config",
+                                    std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/" + config + ".toml",
+                                    "--output_dir", out};
+      for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200", "train.batch_size=32",
+                            "train.lr_scheduler.warmup_steps=5", "train.checkpoint_every_steps=4"})
+        argv.insert(argv.end(), {"--set", s});
+      for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+      return run_process(argv, {}, 300);
+    };
+    const std::string s = dir.file("sync"), a = dir.file("async");
+    auto rs = run(dir.file("run_s"), {"train.checkpoint_dir=\"" + s + "\""});
+    ASSERT_EQ(rs.exit_code, 0) << rs.output;
+    const std::vector<std::string> async_sets = {"train.checkpoint_dir=\"" + a + "\"", "train.checkpoint_use_async=true"};
+    if (config == "ddp") {
+      std::vector<std::string> stop = async_sets;
+      stop.push_back("train.stop_after_step=10");
+      auto ra1 = run(dir.file("run_a"), stop);
+      ASSERT_EQ(ra1.exit_code, 0) << ra1.output;
+      EXPECT_THAT(ra1.output, HasSubstr("asynchronous save of"));
+      EXPECT_EQ(latest_checkpoint(a), a + "/step_000000008");
+    }
+    auto ra2 = run(dir.file("run_a"), async_sets);
+    ASSERT_EQ(ra2.exit_code, 0) << ra2.output;
+    if (config == "ddp") EXPECT_THAT(ra2.output, HasSubstr("resumed from " + a + "/step_000000008"));
+    const std::string last = latest_checkpoint(s);
+    ASSERT_FALSE(last.empty());
+    EXPECT_EQ(latest_checkpoint(a), a + "/" + std::filesystem::path(last).filename().string());
+    for (const std::string& step : std::vector<std::string>{"step_000000004", "step_000000008",
+                                                             std::filesystem::path(last).filename().string()}) {
+      auto want = files_under(s + "/" + step), got = files_under(a + "/" + step);
+      want.erase("trainer_state.json");  // holds the effective config, which differs in checkpoint_dir
+      got.erase("trainer_state.json");
+      EXPECT_EQ(want.size(), got.size()) << config << " " << step;
+      for (const auto& [name, bytes] : want) {
+        ASSERT_TRUE(got.count(name)) << config << " " << step << "/" << name;
+        if (config == "ddp" || name.find("optimizer") == std::string::npos) {
+          EXPECT_TRUE(got[name] == bytes) << config << " " << step << "/" << name;
+        } else if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0) {
+          auto w = booster::checkpoint::load_safetensors(s + "/" + step + "/" + name);
+          auto g = booster::checkpoint::load_safetensors(a + "/" + step + "/" + name);
+          ASSERT_EQ(w.size(), g.size()) << name;
+          for (size_t i = 0; i < w.size(); ++i)
+            EXPECT_TRUE(w[i].first == g[i].first && torch::equal(w[i].second, g[i].second)) << step << "/" << name;
+        }
+      }
+    }
+    // No temporary, marker or trash left behind.
+    for (const auto& e : std::filesystem::directory_iterator(a))
+      EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << e.path();
+  }
+}

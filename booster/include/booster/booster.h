@@ -213,6 +213,10 @@ class BOOSTER_API Booster {
     checkpoint::ModelSaveOptions o = options;
     if (!o.adapter) o.adapter = state_dict_adapter_of(*model.module());
     check_no_lora_through(*model.module(), o.adapter.get());
+    if (o.use_async) {  // checkpoint/async_save.h: returns once staged; the background writer commits
+      checkpoint::async_save(&world(), path, o.async_policy, [&] { checkpoint_io().save_model(*model.module(), path, o); });
+      return;
+    }
     checkpoint_io().save_model(*model.module(), path, o);
   }
   // strict: every key must match (all problems reported together, model untouched on error).
@@ -285,6 +289,8 @@ class BOOSTER_API Booster {
   // (low_level_zero, torch_fsdp), gathered (one set of full tensors, HF-like) for torch_ddp; a
   // SaveOptions (shard, size_per_shard_mb, use_safetensors) still works and applies to the gathered
   // format. load_optimizer reads either format, saved at any world size by any plugin.
+  // use_async (save_model too): see checkpoint/async_save.h; wait_async_save(&world()) is the sync
+  // point, and ~Booster waits for a save in flight (logging its error).
   void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
                       const checkpoint::OptimizerSaveOptions& options = {});
   void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);

@@ -75,23 +75,69 @@ CheckpointManager::CheckpointManager(std::string root, std::shared_ptr<dist::Pro
                                 std::to_string(keep_last_n_));
 }
 
+CheckpointManager::~CheckpointManager() {
+  if (use_async_) wait_async_save_noexcept();
+}
+
+void CheckpointManager::set_async(bool use_async, const AsyncSavePolicy& policy) {
+  check_async_policy(policy);
+  use_async_ = use_async;
+  async_policy_ = policy;
+}
+
+void CheckpointManager::wait() { wait_async_save(world_.get()); }
+
 std::string CheckpointManager::step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%s%09lld", kStepPrefix, static_cast<long long>(step));
   return buf;
 }
 
-std::vector<int64_t> CheckpointManager::steps() const {
+namespace {
+std::vector<int64_t> steps_in(const std::string& root_dir) {
   std::vector<int64_t> out;
   std::error_code ec;
-  if (!fs::is_directory(root_, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+  if (!fs::is_directory(root_dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(root_dir, ec)) {
     const int64_t s = step_of(entry.path().filename().string());
     if (s >= 0 && entry.is_directory(ec)) out.push_back(s);
   }
   std::sort(out.begin(), out.end());
   return out;
 }
+
+// Step 4 (rank 0): commit `tmp` as step_<S>, point `latest` at it, prune.
+void commit_set(const std::string& root_, const std::string& tmp, int64_t step, int keep_last_n_) {
+  const fs::path root(root_);
+  const std::string name = CheckpointManager::step_name(step);
+  const std::string dir = (root / name).string();
+  const int pid = static_cast<int>(::getpid());
+  io::fsync_directory(tmp);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) rename_or_throw(dir, root / (kTrashPrefix + name + "-" + std::to_string(pid)));
+  rename_or_throw(tmp, dir);
+  io::fsync_directory(root_);
+  io::atomic_write_file((root / "latest").string(), name + "\n");
+  if (keep_last_n_ > 0) {
+    std::vector<int64_t> all = steps_in(root_);
+    std::vector<int64_t> prune;
+    for (size_t i = 0; i + static_cast<size_t>(keep_last_n_) < all.size(); ++i)
+      if (all[i] != step) prune.push_back(all[i]);
+    for (int64_t s : prune) {
+      const fs::path trash = root / (kTrashPrefix + CheckpointManager::step_name(s) + "-" + std::to_string(pid));
+      rename_or_throw(root / CheckpointManager::step_name(s), trash);
+    }
+    if (!prune.empty()) io::fsync_directory(root_);
+    for (const auto& entry : fs::directory_iterator(root))
+      if (entry.path().filename().string().rfind(kTrashPrefix, 0) == 0) remove_all_or_throw(entry.path());
+  } else {
+    const fs::path trash = root / (kTrashPrefix + name + "-" + std::to_string(pid));
+    if (fs::exists(trash, ec)) remove_all_or_throw(trash);
+  }
+}
+}  // namespace
+
+std::vector<int64_t> CheckpointManager::steps() const { return steps_in(root_); }
 
 std::optional<std::string> CheckpointManager::latest() const {
   const fs::path root(root_);
@@ -115,6 +161,8 @@ std::string CheckpointManager::save(int64_t step, const std::function<void(const
   const fs::path root(root_);
   const std::string name = step_name(step);
   const bool leader = !world_ || world_->rank() == 0;
+  std::unique_ptr<StagedSave> staged;
+  if (use_async_ && !begin_async_save(world_.get(), async_policy_, (root / name).string())) return "";
   // 1. A fresh temporary directory (rank 0), its name shared.
   std::string tmp;
   io_detail::write_on_rank0(world_, [&] {
@@ -130,7 +178,12 @@ std::string CheckpointManager::save(int64_t step, const std::function<void(const
   // 2-3. Every rank fills it; all agree on the outcome.
   std::string error;
   try {
-    fill(tmp);
+    if (use_async_) {
+      staged = std::make_unique<StagedSave>(tmp, "", async_policy_, (root / name).string());
+      staged->run([&] { fill(tmp); });
+    } else {
+      fill(tmp);
+    }
   } catch (const std::exception& e) {
     error = e.what();
     if (error.empty()) error = "exception without message";
@@ -143,33 +196,20 @@ std::string CheckpointManager::save(int64_t step, const std::function<void(const
     }
     throw CheckpointError("booster: checkpoint " + name + " in " + root_ + " was not saved (nothing committed): " + error);
   }
-  // 4. Commit, point `latest` at it, prune.
+  // 4. Commit, point `latest` at it, prune (asynchronous: rank 0's background writer, once every
+  // rank's part is durable).
   const std::string dir = (root / name).string();
-  io_detail::write_on_rank0(world_, [&] {
-    const int pid = static_cast<int>(::getpid());
-    io::fsync_directory(tmp);
-    std::error_code ec;
-    if (fs::exists(dir, ec)) rename_or_throw(dir, root / (kTrashPrefix + name + "-" + std::to_string(pid)));
-    rename_or_throw(tmp, dir);
-    io::fsync_directory(root_);
-    io::atomic_write_file((root / "latest").string(), name + "\n");
-    if (keep_last_n_ > 0) {
-      std::vector<int64_t> all = steps();
-      std::vector<int64_t> prune;
-      for (size_t i = 0; i + static_cast<size_t>(keep_last_n_) < all.size(); ++i)
-        if (all[i] != step) prune.push_back(all[i]);
-      for (int64_t s : prune) {
-        const fs::path trash = root / (kTrashPrefix + step_name(s) + "-" + std::to_string(pid));
-        rename_or_throw(root / step_name(s), trash);
-      }
-      if (!prune.empty()) io::fsync_directory(root_);
-      for (const auto& entry : fs::directory_iterator(root))
-        if (entry.path().filename().string().rfind(kTrashPrefix, 0) == 0) remove_all_or_throw(entry.path());
-    } else {
-      const fs::path trash = root / (kTrashPrefix + name + "-" + std::to_string(pid));
-      if (fs::exists(trash, ec)) remove_all_or_throw(trash);
-    }
-  });
+  if (staged) {
+    staged->submit(
+        world_.get(), [root = root_, tmp, step, keep = keep_last_n_] { commit_set(root, tmp, step, keep); },
+        [tmp] {
+          std::error_code ec;
+          fs::remove_all(tmp, ec);
+        });
+    return dir;
+  }
+  wait_async_save(world_.get());  // an asynchronous save that fill started must be complete first
+  io_detail::write_on_rank0(world_, [&] { commit_set(root_, tmp, step, keep_last_n_); });
   return dir;
 }
 

@@ -184,6 +184,13 @@ void save_state_dict_streamed(const std::string& dir, const std::vector<TensorSp
     auto open_safetensors = [&](size_t f) {  // creates the file and writes its header, once
       if (!open[f]) {
         open[f] = std::make_unique<io::OutputFile>(tmp + "/" + plan.files[f].name);
+        size_t total = plan.files[f].header.size();  // a staged (asynchronous) save sizes its buffer once
+        for (size_t i : plan.files[f].tensors) {
+          size_t n = c10::elementSize(specs[i].dtype);
+          for (int64_t d : specs[i].shape) n *= static_cast<size_t>(d);
+          total += n;
+        }
+        open[f]->reserve(total);
         open[f]->write(plan.files[f].header.data(), plan.files[f].header.size());
       }
     };

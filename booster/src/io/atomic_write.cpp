@@ -64,6 +64,11 @@ void create_parents(const std::string& parent) {
 // ---- OutputFile --------------------------------------------------------------------------------------
 
 OutputFile::OutputFile(std::string path, bool exclusive) : path_(std::move(path)) {
+  if (WriteInterceptor* w = thread_write_interceptor(); w && w->takes(path_)) {
+    staged_ = w;
+    exclusive_ = exclusive;
+    return;
+  }
   int fd;
   do {
     fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC), 0644);
@@ -77,6 +82,10 @@ OutputFile::~OutputFile() {
 }
 
 void OutputFile::write(const void* data, size_t size) {
+  if (staged_) {
+    buffer_.append(static_cast<const char*>(data), size);
+    return;
+  }
   if (fd_ < 0) throw IoError("cannot write '" + path_ + "': the file is already closed");
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
@@ -92,6 +101,14 @@ void OutputFile::write(const void* data, size_t size) {
 }
 
 void OutputFile::sync_and_close() {
+  if (staged_) {
+    WriteInterceptor* w = staged_;
+    staged_ = nullptr;
+    std::string bytes = std::move(buffer_);
+    buffer_.clear();
+    if (!w->take_buffer(path_, std::move(bytes), !exclusive_)) throw IoError("cannot stage '" + path_ + "' for an asynchronous save");
+    return;
+  }
   if (fd_ < 0) throw IoError("cannot sync '" + path_ + "': the file is already closed");
   // EINVAL/EROFS: a special file (e.g. /dev/null in a test) that has nothing to sync.
   if (::fsync(fd_) != 0 && errno != EINVAL && errno != EROFS) throw_errno("cannot fsync", path_, errno);
@@ -101,6 +118,7 @@ void OutputFile::sync_and_close() {
 }
 
 void write_new_file(const std::string& path, std::string_view bytes) {
+  if (WriteInterceptor* w = thread_write_interceptor(); w && w->take_file(path, bytes, /*replace=*/false)) return;
   OutputFile file(path);
   file.write(bytes.data(), bytes.size());
   file.sync_and_close();
@@ -121,6 +139,7 @@ void atomic_write_file(const std::string& path, std::string_view bytes) {
   const fs::path target(path);
   if (path.empty() || path.back() == '/' || target.filename() == "." || target.filename() == "..")
     throw IoError("cannot write '" + path + "': not a file name");
+  if (WriteInterceptor* w = thread_write_interceptor(); w && w->take_file(path, bytes, /*replace=*/true)) return;
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw IoError("cannot write file '" + path + "': a directory of that name exists");
@@ -161,6 +180,13 @@ void atomic_write_directory(const std::string& dir_in, const std::function<void(
     exists = true;
   } else if (errno != ENOENT) {
     throw_errno("cannot stat", dir, errno);
+  }
+  if (WriteInterceptor* w = thread_write_interceptor()) {
+    const std::string into = w->redirect_directory(dir);
+    if (!into.empty()) {
+      fill(into);
+      return;
+    }
   }
   const std::string parent = parent_of(target);
   if (!exists) create_parents(parent);
@@ -208,5 +234,57 @@ void atomic_write_directory(const std::string& dir_in, const std::function<void(
     throw;
   }
 }
+
+void install_replacement(const std::string& tmp, const std::string& target) {
+  struct stat st {};
+  if (::stat(tmp.c_str(), &st) != 0) throw_errno("cannot install", tmp, errno);
+  const std::string parent = parent_of(fs::path(target));
+  if (!S_ISDIR(st.st_mode)) {
+    if (::rename(tmp.c_str(), target.c_str()) != 0) throw_errno("cannot rename '" + tmp + "' to", target, errno);
+    fsync_directory(parent);
+    return;
+  }
+  fsync_directory(tmp);
+  struct stat tst {};
+  const bool exists = ::stat(target.c_str(), &tst) == 0;
+  if (exists && !S_ISDIR(tst.st_mode)) throw IoError("cannot install directory '" + target + "': a file of that name exists");
+  if (!exists) {
+    create_parents(parent);
+    if (::rename(tmp.c_str(), target.c_str()) != 0) throw_errno("cannot rename '" + tmp + "' to", target, errno);
+    fsync_directory(parent);
+    return;
+  }
+  int err = rename_exchange(tmp, target);
+  if (err == 0) {
+    fsync_directory(parent);
+    remove_tree_quietly(tmp);  // the old directory
+    return;
+  }
+  if (err != EINVAL && err != ENOSYS && err != ENOTSUP && err != EOPNOTSUPP) throw_errno("cannot replace", target, err);
+  const std::string old = sibling_name(target, "old");
+  if (::rename(target.c_str(), old.c_str()) != 0) throw_errno("cannot rename", target, errno);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int e = errno;
+    ::rename(old.c_str(), target.c_str());
+    throw_errno("cannot rename '" + tmp + "' to", target, e);
+  }
+  fsync_directory(parent);
+  remove_tree_quietly(old);
+}
+
+// ---- staging hook ---------------------------------------------------------------------------------
+
+WriteInterceptor::~WriteInterceptor() = default;
+
+namespace {
+thread_local WriteInterceptor* t_interceptor = nullptr;
+}
+
+WriteInterceptor* set_thread_write_interceptor(WriteInterceptor* interceptor) {
+  WriteInterceptor* previous = t_interceptor;
+  t_interceptor = interceptor;
+  return previous;
+}
+WriteInterceptor* thread_write_interceptor() { return t_interceptor; }
 
 }  // namespace booster::io

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/checkpoint/async_save.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/export.h"
 
@@ -57,6 +58,11 @@ enum class OptimizerFormat {
 // A SaveOptions converts implicitly (format kAuto), so save_optimizer(o, path, save_options) works.
 struct OptimizerSaveOptions : SaveOptions {
   OptimizerFormat format = OptimizerFormat::kAuto;
+  // Booster::save_optimizer: write in the background (async_save.h; ColossalAI's use_async). The
+  // call returns once the state is copied into host buffers; errors surface at the next sync point.
+  // A CheckpointIO called directly ignores these two fields.
+  bool use_async = false;
+  AsyncSavePolicy async_policy;
   OptimizerSaveOptions() = default;
   OptimizerSaveOptions(const SaveOptions& options, OptimizerFormat format = OptimizerFormat::kAuto)  // NOLINT
       : SaveOptions(options), format(format) {}
@@ -76,6 +82,11 @@ struct ModelSaveOptions {
   // anything is written). With an adapter, prefix must be empty. nullptr: the module's own names
   // and layouts, no config.json.
   std::shared_ptr<const StateDictAdapter> adapter;
+  // Booster::save_model: write in the background (async_save.h; ColossalAI's use_async). The call
+  // returns once the state is copied into host buffers; errors surface at the next sync point.
+  // A CheckpointIO called directly ignores these two fields.
+  bool use_async = false;
+  AsyncSavePolicy async_policy;
 };
 
 struct ModelLoadOptions {

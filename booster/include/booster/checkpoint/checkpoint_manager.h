@@ -23,6 +23,20 @@
 // no directory, or is malformed.
 //
 // The root must be on a file system every rank sees (one machine, or a shared mount).
+//
+// Asynchronous saves (set_async(true), async_save.h; PyTorch DCP async_save, ColossalAI use_async):
+// steps 1-3 run in the foreground as above, with `fill`'s files staged in host memory instead of
+// written (the collectives inside fill run as usual); save() then returns at once and this
+// process's background writer writes the files into the temporary directory, each rank dropping a
+// marker `<tmp>.rank<r>.done` (or `.error`) beside it; rank 0's writer performs step 4 only when
+// every rank's marker says done (within AsyncSavePolicy::commit_timeout_s), else it removes the
+// temporary. The background issues no collective. So latest() / auto-resume only ever see committed
+// sets: a rank killed during the write leaves the previous set the newest loadable one.
+// Errors of the background part are thrown (CheckpointError, on every rank) by the next save()
+// before it stages anything, or by wait(); the destructor waits and logs them. At most one save is
+// in flight: the next save() waits for it, or with AsyncSavePolicy::skip_if_busy skips (returns ""
+// on every rank, with a warning). A synchronous save() (the default) waits for any asynchronous save
+// that `fill` itself started (e.g. Booster::save_model with use_async) before it commits.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/checkpoint/async_save.h"
 #include "booster/export.h"
 
 namespace booster {
@@ -46,9 +61,22 @@ class BOOSTER_API CheckpointManager {
   // keep_last_n: committed checkpoints kept after a save (>= 1; 0 keeps all). Throws
   // std::invalid_argument for an empty root or keep_last_n < 0. Creates nothing until save().
   CheckpointManager(std::string root, std::shared_ptr<dist::ProcessGroup> world, int keep_last_n = 0);
+  // When asynchronous: waits for this process's save in flight, if any (local; an error is logged,
+  // not thrown).
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = default;
+  CheckpointManager& operator=(const CheckpointManager&) = default;
+
+  // Makes the following save() calls asynchronous (see above) or blocking again. Throws
+  // std::invalid_argument for a bad policy (check_async_policy). Local; every rank must use the same.
+  void set_async(bool use_async, const AsyncSavePolicy& policy = {});
+  bool use_async() const { return use_async_; }
+  // The sync point (collective): waits until the asynchronous save in flight is committed; throws
+  // CheckpointError on every rank when it failed (wait_async_save). A no-op without one in flight.
+  void wait();
 
   // Collective: writes checkpoint `step` (>= 0) as described above and returns its directory
-  // (root/step_<S>). Throws std::invalid_argument for a negative step, io::IoError when a directory
+  // (root/step_<S>; when asynchronous: where it will be once committed, or "" when skipped). Throws std::invalid_argument for a negative step, io::IoError when a directory
   // operation fails, and CheckpointError (checkpoint_io.h) when `fill` threw on any rank (the message
   // names the rank and its error); on every rank alike. Nothing committed earlier is touched then.
   std::string save(int64_t step, const std::function<void(const std::string& dir)>& fill);
@@ -68,6 +96,8 @@ class BOOSTER_API CheckpointManager {
   std::string root_;
   std::shared_ptr<dist::ProcessGroup> world_;
   int keep_last_n_;
+  bool use_async_ = false;
+  AsyncSavePolicy async_policy_;
 };
 
 // What a training loop needs besides model, optimizer and scheduler to continue exactly where it

@@ -21,6 +21,8 @@
 
 namespace booster::io {
 
+class WriteInterceptor;  // below
+
 // An I/O failure: the message names the path, the operation and the errno text.
 class BOOSTER_API IoError : public std::runtime_error {
  public:
@@ -41,6 +43,11 @@ class BOOSTER_API OutputFile {
 
   // Writes all `size` bytes (retries short writes and EINTR). Throws IoError (errno text).
   void write(const void* data, size_t size);
+  // A hint that about `bytes` will be written in all: a file being staged (WriteInterceptor below)
+  // allocates its buffer at once instead of growing it; no effect on a real file.
+  void reserve(size_t bytes) {
+    if (staged_) buffer_.reserve(bytes);
+  }
   // fsync + close. Throws IoError; afterwards write() must not be called.
   void sync_and_close();
   const std::string& path() const { return path_; }
@@ -48,6 +55,9 @@ class BOOSTER_API OutputFile {
  private:
   std::string path_;
   int fd_ = -1;
+  WriteInterceptor* staged_ = nullptr;
+  bool exclusive_ = true;  // set: the bytes go to buffer_, handed over at sync_and_close
+  std::string buffer_;
 };
 
 // Creates `path` (must not exist) holding `bytes`, fsynced. Throws IoError.
@@ -72,5 +82,42 @@ BOOSTER_API void atomic_write_file(const std::string& path, std::string_view byt
 // propagate unchanged. On any exception `tmp` is removed and `dir` is intact, except when only the
 // final fsync of the parent failed: then the new directory is in place but may not be durable.
 BOOSTER_API void atomic_write_directory(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
+
+// The second half of atomic_write_directory for a directory (or file) `tmp` that is already
+// complete and whose files are fsynced: fsyncs `tmp` (when a directory), puts it in place of
+// `target` (exchanged with an existing directory, whose old content is then removed; renamed
+// otherwise), and fsyncs the parent. Used by the asynchronous writer to commit a save
+// (booster/checkpoint/async_save.h). Throws IoError; on failure before the rename `target` is intact.
+BOOSTER_API void install_replacement(const std::string& tmp, const std::string& target);
+
+// ---- Staging hook (asynchronous saves) --------------------------------------------------------------
+// While a thread has a WriteInterceptor installed, the writers above hand their work to it instead
+// of touching the file system: OutputFile buffers its bytes in memory and passes them on at
+// sync_and_close(); write_new_file and atomic_write_file pass the bytes on; atomic_write_directory
+// asks the interceptor for the directory `fill` should write into (no temporary, no rename: the
+// interceptor's own commit provides the atomicity). fsync_directory is not intercepted (the
+// redirected directories exist). Each hook returns false (or "") for a path it does not take, which
+// is then written the normal way. The one
+// implementation is booster/checkpoint/async_save.cpp (staging of asynchronous checkpoint saves).
+// Per thread: another thread's writes are never intercepted.
+class BOOSTER_API WriteInterceptor {
+ public:
+  virtual ~WriteInterceptor();
+  // Takes (copies) the content of file `path`. `replace`: the file may exist (atomic_write_file,
+  // OutputFile with exclusive = false). True when taken.
+  virtual bool take_file(const std::string& path, std::string_view bytes, bool replace) = 0;
+  // The same for a buffer the caller gives up (OutputFile's): may move it instead of copying.
+  virtual bool take_buffer(const std::string& path, std::string&& bytes, bool replace) {
+    return take_file(path, bytes, replace);
+  }
+  // Whether OutputFile(path) should buffer (its bytes then arrive through take_file).
+  virtual bool takes(const std::string& path) = 0;
+  // The directory atomic_write_directory(dir, fill) should give to fill (created), or "" to go the
+  // normal way.
+  virtual std::string redirect_directory(const std::string& dir) = 0;
+};
+// Installs `interceptor` for the calling thread (nullptr removes it); returns the previous one.
+BOOSTER_API WriteInterceptor* set_thread_write_interceptor(WriteInterceptor* interceptor);
+BOOSTER_API WriteInterceptor* thread_write_interceptor();
 
 }  // namespace booster::io
