@@ -6,6 +6,7 @@ interleaved repetitions and is shown next to its peer or limit and the ratio of 
 """
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -62,6 +63,23 @@ def program(ctx, name):
     if not os.access(path, os.X_OK):
         raise BenchError(f"{path} not found: build it first (bash scripts/run_benchmarks.sh builds everything)")
     return path
+
+
+def run_gpt_example(ctx, tag, sets, timeout=1200):
+    """Runs build/bin/gpt as one process with examples/configs/gpt_ddp.toml, the --set overrides
+    `sets` and output_dir tmp_dir/<tag>, under /usr/bin/time. Returns (output text, peak RSS in MiB);
+    BenchError when it fails or reports no peak RSS."""
+    cmd = ["/usr/bin/time", "-f", "MAXRSS_KB %M", program(ctx, "gpt"),
+           "--config", os.path.join(ctx.source_dir, "examples", "configs", "gpt_ddp.toml"),
+           "--output_dir", os.path.join(ctx.tmp_dir, tag)]
+    for s in sets:
+        cmd += ["--set", s]
+    p = run(cmd, timeout=timeout, cwd=ctx.source_dir)
+    out = p.stdout + p.stderr
+    rss = re.search(r"MAXRSS_KB (\d+)", out)
+    if not rss:
+        raise BenchError(f"{tag}: no peak RSS in the output of {' '.join(cmd)}")
+    return out, int(rss.group(1)) / 1024.0
 
 
 def run(cmd, timeout=600, env=None, cwd=None):

@@ -18,7 +18,6 @@ ID = "activation_checkpointing"
 
 
 def run(ctx):
-    gpt = bu.program(ctx, "gpt")
     corpus = os.path.join(ctx.build_dir, "data", "kjv.txt")
     steps = 2 if ctx.smoke else 6
     n_ctx = 64 if ctx.smoke else 1024
@@ -31,19 +30,12 @@ def run(ctx):
                         "train.save_model=false", "train.warmup_steps=1", "train.max_minutes=0",
                         "booster.mixed_precision=\"fp32\"", f"train.corpus=\"{corpus}\"",
                         f"booster.activation_checkpointing=\"{mode}\""]
-        cmd = ["/usr/bin/time", "-f", "MAXRSS_KB %M", gpt,
-               "--config", os.path.join(ctx.source_dir, "examples", "configs", "gpt_ddp.toml"),
-               "--output_dir", os.path.join(ctx.tmp_dir, f"ac_{name}")]
-        for s in sets:
-            cmd += ["--set", s]
         ctx.log(f"activation_checkpointing: {name}")
-        p = bu.run(cmd, timeout=1200, cwd=ctx.source_dir)
-        out = p.stdout + p.stderr
-        rss = re.search(r"MAXRSS_KB (\d+)", out)
+        out, rss = bu.run_gpt_example(ctx, f"ac_{name}", sets)
         tok = re.search(r"\(([0-9.]+) training tokens/s\)", out)
-        if not rss or not tok:
-            raise bu.BenchError(f"{name}: no peak RSS or training tokens/s in the output")
-        return int(rss.group(1)) / 1024.0, float(tok.group(1))
+        if not tok:
+            raise bu.BenchError(f"{name}: no training tokens/s in the output")
+        return rss, float(tok.group(1))
 
     base_rss, _ = one("baseline_n_ctx16", "none", 16)
     runs = [("none", "none"), ("full (every block)", "full"), ("selective (every 2nd block)", "selective")]

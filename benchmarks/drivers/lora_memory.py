@@ -19,7 +19,6 @@ ID = "lora_memory"
 
 
 def run(ctx):
-    gpt = bu.program(ctx, "gpt")
     corpus = os.path.join(ctx.build_dir, "data", "kjv.txt")
     steps = 2 if ctx.smoke else 4
     width = ["train.n_layer=2", "train.n_embd=64", "train.n_head=2"] if ctx.smoke else \
@@ -30,24 +29,17 @@ def run(ctx):
                         "train.eval_interval=100000", "train.final_eval_windows=8", "train.sample_length=0",
                         "train.save_model=false", "train.warmup_steps=1", "train.max_minutes=0",
                         "booster.mixed_precision=\"fp32\"", f"train.corpus=\"{corpus}\""] + extra
-        cmd = ["/usr/bin/time", "-f", "MAXRSS_KB %M", gpt,
-               "--config", os.path.join(ctx.source_dir, "examples", "configs", "gpt_ddp.toml"),
-               "--output_dir", os.path.join(ctx.tmp_dir, f"lora_{name}")]
-        for s in sets:
-            cmd += ["--set", s]
         ctx.log(f"lora_memory: {name}")
-        p = bu.run(cmd, timeout=1200, cwd=ctx.source_dir)
-        out = p.stdout + p.stderr
-        rss = re.search(r"MAXRSS_KB (\d+)", out)
+        out, rss = bu.run_gpt_example(ctx, f"lora_{name}", sets)
         report = re.search(r"memory per rank in steady state \(torch_ddp\): params ([0-9.]+) MiB, grads ([0-9.]+) MiB, "
                            r"master weights ([0-9.]+) MiB, optimizer states ([0-9.]+) MiB", out)
         params = re.search(r"gpt: (\d+) parameters", out)
         lora = re.search(r"trainable parameters (\d+) of (\d+)", out)
-        if not rss or not report or not params:
-            raise bu.BenchError(f"{name}: no peak RSS, memory report or parameter count in the output")
+        if not report or not params:
+            raise bu.BenchError(f"{name}: no memory report or parameter count in the output")
         total = int(params.group(1))
         trainable = int(lora.group(1)) if lora else total
-        return {"rss": int(rss.group(1)) / 1024.0, "grads": float(report.group(2)),
+        return {"rss": rss, "grads": float(report.group(2)),
                 "states": float(report.group(4)), "trainable": trainable, "total": total}
 
     full = one("full", [])

@@ -137,6 +137,17 @@ void refuse_tensor_parallel(const ModelLora& L, const std::string& fn) {
                                        "load_lora, which go through the plugin's checkpoint IO");
 }
 
+// The model's parameters (named_parameters order) and their specs, as a plan over them needs.
+std::pair<std::vector<booster::checkpoint::TensorSpec>, std::vector<at::Tensor>> parameters_of(torch::nn::Module& model) {
+  std::vector<booster::checkpoint::TensorSpec> specs;
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : model.named_parameters(true)) {
+    specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+    tensors.push_back(item.value());
+  }
+  return {std::move(specs), std::move(tensors)};
+}
+
 }  // namespace
 
 std::shared_ptr<booster::checkpoint::StateDictAdapter> lora_state_dict_adapter(
@@ -220,12 +231,9 @@ void save_lora_as_pretrained(torch::nn::Module& model, const std::string& dir, c
   const std::string fn = "booster::nn::save_lora_as_pretrained: ";
   refuse_tensor_parallel(model_lora(model, fn), fn);
   auto peft = lora_state_dict_adapter(model, base_model_name_or_path, adapter);
-  std::vector<booster::checkpoint::TensorSpec> specs;
-  std::vector<at::Tensor> tensors;
-  for (const auto& item : model.named_parameters(true)) {
-    specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
-    tensors.push_back(item.value());
-  }
+  const auto params = parameters_of(model);
+  const auto& specs = params.first;
+  const auto& tensors = params.second;
   booster::checkpoint::AdaptedModel adapted = booster::checkpoint::adapt_model(*peft, specs, "");
   booster::checkpoint::AdaptedSave save =
       booster::checkpoint::adapt_save(adapted.plan, [&](size_t j) { return tensors[j].detach().to(at::kCPU); });
@@ -238,12 +246,9 @@ void load_lora(torch::nn::Module& model, const std::string& dir, const StateDict
   refuse_tensor_parallel(model_lora(model, fn), fn);
   check_lora_adapter_config(model, dir, adapter);
   auto peft = lora_state_dict_adapter(model, "", adapter);
-  std::vector<booster::checkpoint::TensorSpec> specs;
-  std::vector<at::Tensor> tensors;
-  for (const auto& item : model.named_parameters(true)) {
-    specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
-    tensors.push_back(item.value());
-  }
+  const auto params = parameters_of(model);
+  const auto& specs = params.first;
+  const auto& tensors = params.second;
   const auto plan = peft->plan(specs);
   booster::checkpoint::StateDict file = booster::checkpoint::load_state_dict(dir, peft->format().weights_name);
   std::map<std::string, at::Tensor> by_name(file.begin(), file.end());
