@@ -2,13 +2,17 @@
 // load_lora) and the optimizer filtering boost() applies to frozen parameters.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <vector>
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "booster/booster.h"
 #include "booster/checkpoint/state_dict_io.h"
+#include "booster/io/atomic_write.h"
 #include "booster/logging.h"
 #include "booster/nn/lora.h"
 #include "booster_impl.h"
@@ -67,12 +71,38 @@ std::shared_ptr<const checkpoint::StateDictAdapter> Booster::without_lora(
   return adapter->with_format(format);
 }
 
+namespace {
+
+// Removes dir's <name>.safetensors.index.json, the shard files its weight_map names, and the config
+// file. Throws std::runtime_error naming a file that cannot be removed.
+void remove_stage_files(const std::string& dir, const std::string& name, const std::string& config_file) {
+  namespace fs = std::filesystem;
+  const fs::path index = fs::path(dir) / (name + ".safetensors.index.json");
+  std::set<std::string> files{index.string(), (fs::path(dir) / config_file).string()};
+  std::ifstream in(index);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
+    for (const auto& item : j["weight_map"].items())
+      if (item.value().is_string()) files.insert((fs::path(dir) / item.value().get<std::string>()).string());
+  for (const std::string& f : files) {
+    std::error_code ec;
+    fs::remove(f, ec);
+    if (ec) throw std::runtime_error("cannot remove '" + f + "': " + ec.message());
+  }
+}
+
+}  // namespace
+
 void Booster::merge_into_one_file(const std::string& dir, const checkpoint::StateDictAdapter& adapter) {
   const std::string name = adapter.format().weights_name;
   std::string error;
   if (impl_->world->rank() == 0 && std::filesystem::exists(dir + "/" + name + ".safetensors.index.json")) {
     try {
       checkpoint::StateDict state = checkpoint::load_state_dict(dir, name);
+      // Inside an asynchronous save (checkpoint/async_save.h; hybrid_parallel writes its files
+      // blocking) the directory is the save's own temporary set and is written into in place, not
+      // replaced: the stage files, their index and the config go first.
+      if (io::thread_write_interceptor()) remove_stage_files(dir, name, adapter.format().config_file);
       checkpoint::save_state_dict(dir, state, checkpoint::SaveOptions{}, name,
                                   {{adapter.format().config_file, adapter.config_json_text()}});
     } catch (const std::exception& e) {

@@ -86,6 +86,26 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& ou
   o.lora_alpha = t.get_double("lora_alpha", 8.0, 1e-12, 1e9);  // PEFT's default; scaling = alpha / r
   o.lora_dropout = t.get_double("lora_dropout", 0.0, 0.0, 0.999);
   o.lora_target_modules = t.get_string("lora_target_modules", "");  // comma-separated; "": the model's default
+  // Training checkpoints (lm_trainer.h, lm_checkpoint.cpp).
+  o.checkpoint_dir = t.get_string("checkpoint_dir", "");
+  o.checkpoint_every_steps = t.get_int("checkpoint_every_steps", 0, 0);  // 0: when training ends only
+  o.keep_last_n = t.get_int("keep_last_n", 0, 0, 1 << 20);                // 0: keep all
+  o.auto_resume = t.get_bool("auto_resume", !o.checkpoint_dir.empty());
+  o.resume_from = t.get_string("resume_from", "");
+  o.stop_after_step = t.get_int("stop_after_step", 0, 0);  // 0: off
+  o.checkpoint_use_async = t.get_bool("checkpoint_use_async", false);
+  o.checkpoint_async_max_mib = t.get_int("checkpoint_async_max_mib", 4096, 1);
+  o.checkpoint_async_skip_if_busy = t.get_bool("checkpoint_async_skip_if_busy", false);
+  if (o.auto_resume && o.checkpoint_dir.empty())
+    throw booster::ConfigError("[train] auto_resume = true needs a checkpoint_dir to resume from; set "
+                               "train.checkpoint_dir or drop auto_resume");
+  if (o.checkpoint_dir.empty()) {
+    for (const char* key : {"checkpoint_every_steps", "keep_last_n", "checkpoint_use_async", "checkpoint_async_max_mib",
+                            "checkpoint_async_skip_if_busy"})
+      if (t.has(key))
+        throw booster::ConfigError(std::string("[train] ") + key + " applies to checkpoints, and there is no "
+                                   "checkpoint_dir: set train.checkpoint_dir or drop " + key);
+  }
   o.sample_prompt = t.get_string("sample_prompt", "And God said");
   o.sample_length = t.get_int("sample_length", 300, 0);  // bytes generated at the end (rank 0 prints)
   o.sample_temperature = t.get_double("sample_temperature", 0.8, 0.0, 10.0);  // 0 = greedy
@@ -416,12 +436,21 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
                      (opt.max_minutes > 0 ? fmt(opt.max_minutes, 2) + " min" : std::string("none")) + ", max_steps " +
                      std::to_string(opt.max_steps));
 
+  // Resume (lm_checkpoint.cpp) before anything is written into output_dir.
+  std::unique_ptr<booster::checkpoint::CheckpointManager> checkpoints = make_checkpoints(opt, run.world);
+  LoopState state;
+  const std::string resumed_from = resume(run, opt, checkpoints.get(), state);
+  const double elapsed_before = state.elapsed_s;
+  auto run_elapsed = [&] { return elapsed_before + elapsed(); };
+
   std::ofstream csv;
   if (world.rank() == 0) {
     std::filesystem::create_directories(opt.output_dir);
     config.save(opt.output_dir + "/config.toml");
+    const std::string kept =
+        resumed_from.empty() ? "" : metrics_rows_through(opt.output_dir + "/metrics.csv", state.step);
     csv.open(opt.output_dir + "/metrics.csv");
-    csv << "step,elapsed_s,train_loss,val_loss,val_bpb,lr,tokens_per_s,tokens_seen,eval_windows\n";
+    csv << "step,elapsed_s,train_loss,val_loss,val_bpb,lr,tokens_per_s,tokens_seen,eval_windows\n" << kept;
   }
   auto write_row = [&](int64_t step, double t, double train_loss, double val_loss, double lr, double tok_s,
                        int64_t windows) {
@@ -431,22 +460,29 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
         << "," << windows << "\n";
     csv.flush();
   };
+  auto checkpoint = [&] {
+    state.elapsed_s = world.allreduce_scalar(run_elapsed(), booster::dist::ReduceOp::MAX);
+    save_checkpoint(run, *checkpoints, state, config);
+  };
 
-  std::mt19937_64 rng(static_cast<uint64_t>(opt.seed) * 1000003ULL + static_cast<uint64_t>(dp.rank()) + 1);
-  // Dropout: the same stream on the tp and pp peers of a data-parallel rank (Megatron-LM's rule for
-  // dropout outside the tensor-parallel region), different across dp ranks.
-  torch::manual_seed(static_cast<uint64_t>(opt.seed) * 7919ULL + static_cast<uint64_t>(dp.rank()));
-  booster::nn::set_tensor_parallel_seed(static_cast<uint64_t>(opt.seed) * 7919ULL + static_cast<uint64_t>(dp.rank()));
   const double budget_s = opt.max_minutes * 60.0;
-  double train_seconds = 0, window_loss = 0, last_train_loss = NAN;
-  int64_t window_steps = 0, step = 0;
-  double window_train_s = 0;
+  double last_train_loss = NAN;
+  int64_t& step = state.step;
+  int64_t saved_step = checkpoints && !resumed_from.empty() ? step : -1;
+  bool stopped = false;
   while (step < opt.max_steps) {
     // Every rank stops at the same step: the slowest rank's clock decides.
-    const double now = world.allreduce_scalar(elapsed(), booster::dist::ReduceOp::MAX);
+    const double now = world.allreduce_scalar(run_elapsed(), booster::dist::ReduceOp::MAX);
     if (budget_s > 0 && now >= budget_s) break;
     *progress = std::max(static_cast<double>(step) / static_cast<double>(opt.max_steps),
                          budget_s > 0 ? now / budget_s : 0.0);
+    // This step's randomness: the batches from its own stream (different across dp ranks), dropout
+    // the same on the tp and pp peers of a data-parallel rank (Megatron-LM's rule for dropout
+    // outside the tensor-parallel region).
+    const uint64_t seed = step_seed(opt.seed, dp.rank(), step);
+    std::mt19937_64 rng(seed);
+    torch::manual_seed(seed);
+    booster::nn::set_tensor_parallel_seed(seed);
     auto t0 = Clock::now();
     const std::clock_t c0 = std::clock();
     std::vector<Batch> micro;
@@ -457,48 +493,63 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     // Process CPU time over wall time: well below 1 (one thread per rank) on a loaded machine.
     const double cpu_share = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / dt;
-    train_seconds += dt;
-    window_train_s += dt;
-    window_loss += loss;
-    ++window_steps;
+    state.train_seconds += dt;
+    state.window_train_s += dt;
+    state.window_loss += loss;
+    ++state.window_steps;
     ++step;
     if (step % opt.log_interval == 0 || step == 1)
       booster::log::info("step " + std::to_string(step) + "  loss " + fmt(loss, 4) + " (" +
                          fmt(loss / std::log(2.0), 3) + " bpb)  lr " + fmt(lr, 6) + "  " +
                          fmt(static_cast<double>(tokens_per_step) / dt, 0) + " tokens/s  cpu/wall " +
-                         fmt(cpu_share, 2) + "  elapsed " + fmt(elapsed(), 1) + " s");
+                         fmt(cpu_share, 2) + "  elapsed " + fmt(run_elapsed(), 1) + " s");
     if (step % opt.eval_interval == 0) {
-      const double mean_train =
-          world.allreduce_scalar(window_loss / static_cast<double>(window_steps), booster::dist::ReduceOp::SUM) /
-          world.size();
-      const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_train_s;
+      const double mean_train = world.allreduce_scalar(state.window_loss / static_cast<double>(state.window_steps),
+                                                       booster::dist::ReduceOp::SUM) /
+                                world.size();
+      const double tok_s = static_cast<double>(state.window_steps * tokens_per_step) / state.window_train_s;
       auto e0 = Clock::now();
       const double val = evaluate(run, val_bytes, opt.batch_size, opt.eval_windows);
       const double eval_s = std::chrono::duration<double>(Clock::now() - e0).count();
       booster::log::info("eval step " + std::to_string(step) + "  train_loss " + fmt(mean_train, 4) + "  val_loss " +
                          fmt(val, 4) + "  val_bpb " + fmt(val / std::log(2.0), 4) + "  tokens/s " + fmt(tok_s, 0) +
-                         "  eval " + fmt(eval_s, 1) + " s  elapsed " + fmt(elapsed(), 1) + " s");
-      write_row(step, elapsed(), mean_train, val, lr, tok_s, opt.eval_windows);
+                         "  eval " + fmt(eval_s, 1) + " s  elapsed " + fmt(run_elapsed(), 1) + " s");
+      write_row(step, run_elapsed(), mean_train, val, lr, tok_s, opt.eval_windows);
       last_train_loss = mean_train;
-      window_loss = 0;
-      window_steps = 0;
-      window_train_s = 0;
+      state.window_loss = 0;
+      state.window_steps = 0;
+      state.window_train_s = 0;
+    }
+    if (checkpoints && opt.checkpoint_every_steps > 0 && step % opt.checkpoint_every_steps == 0) {
+      checkpoint();
+      saved_step = step;
+    }
+    if (opt.stop_after_step > 0 && step >= opt.stop_after_step) {
+      stopped = true;
+      break;
     }
   }
-  if (window_steps > 0)
-    last_train_loss =
-        world.allreduce_scalar(window_loss / static_cast<double>(window_steps), booster::dist::ReduceOp::SUM) /
-        world.size();
-  const double train_tok_s = static_cast<double>(step * tokens_per_step) / std::max(train_seconds, 1e-9);
-  booster::log::info(name + ": training stopped after " + std::to_string(step) + " steps at " + fmt(elapsed(), 1) +
+  if (checkpoints && !stopped && saved_step != step) checkpoint();  // where training ended
+  if (checkpoints) checkpoints->wait();  // the last asynchronous save is committed (or its error thrown)
+  if (stopped) {
+    booster::log::info(name + ": stopped after step " + std::to_string(step) +
+                       " (stop_after_step): no final evaluation, save or sample");
+    return 0;
+  }
+  if (state.window_steps > 0)
+    last_train_loss = world.allreduce_scalar(state.window_loss / static_cast<double>(state.window_steps),
+                                             booster::dist::ReduceOp::SUM) /
+                      world.size();
+  const double train_tok_s = static_cast<double>(step * tokens_per_step) / std::max(state.train_seconds, 1e-9);
+  booster::log::info(name + ": training stopped after " + std::to_string(step) + " steps at " + fmt(run_elapsed(), 1) +
                      " s (" + fmt(train_tok_s, 0) + " training tokens/s); final evaluation");
   const double val = evaluate(run, val_bytes, opt.batch_size, opt.final_eval_windows);
-  write_row(step, elapsed(), last_train_loss, val, run.scheduler->get_last_lr()[0], train_tok_s,
+  write_row(step, run_elapsed(), last_train_loss, val, run.scheduler->get_last_lr()[0], train_tok_s,
             opt.final_eval_windows);
   booster::log::info(name + ": final val_loss " + fmt(val, 4) + " nats/byte = val_bpb " + fmt(val / std::log(2.0), 4) +
                      " (" + (opt.final_eval_windows > 0 ? std::to_string(opt.final_eval_windows) : std::string("all")) +
                      " windows of the held-out books) after " + std::to_string(step) + " steps, " +
-                     fmt(elapsed(), 1) + " s");
+                     fmt(run_elapsed(), 1) + " s");
   if (opt.save_model) {
     run.save_model(opt.output_dir + "/" + run.saved_as);
     booster::log::info(name + ": " + (run.saved_as == "model" ? "model" : "LoRA adapters") + " saved to " +
@@ -508,7 +559,7 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
     print_sample(run, generate(run, opt.sample_prompt, opt.sample_length, opt.sample_temperature,
                                static_cast<uint64_t>(opt.seed)),
                  opt.sample_temperature);
-  booster::log::info(name + ": done in " + fmt(elapsed(), 1) + " s; metrics in " + opt.output_dir + "/metrics.csv");
+  booster::log::info(name + ": done in " + fmt(run_elapsed(), 1) + " s; metrics in " + opt.output_dir + "/metrics.csv");
   if (csv.is_open()) {
     csv.close();
     plot_metrics_at_end(opt.output_dir);

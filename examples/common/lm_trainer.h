@@ -22,6 +22,22 @@
 // then writes them in PEFT's layout to output_dir/lora (adapter_config.json names --init_from as
 // the base model).
 //
+// Training checkpoints ([train] checkpoint_dir; booster/checkpoint/checkpoint_manager.h, one
+// committed directory per step as fashion_mnist's): every checkpoint_every_steps optimizer steps
+// (0: only when training ends) and when training ends, keeping the newest keep_last_n (0: all).
+// Each holds the model as save_model writes it (<dir>/model, HuggingFace's layout; with LoRA the
+// adapters only, <dir>/lora in PEFT's, the base coming from --init_from again), the optimizer, the
+// scheduler and the loop state (step, elapsed time, the evaluation window's sums). auto_resume
+// (default on with a checkpoint_dir) continues from the newest one there, resume_from from the
+// checkpoint (or checkpoint_dir) it names; the resumed run then trains exactly as the
+// uninterrupted one (every step's batches and dropout derive from the seed, the data-parallel rank
+// and the step), and its metrics.csv keeps the rows up to the checkpoint. The time budget
+// max_minutes counts the seconds of the runs before. checkpoint_use_async writes them in the
+// background (booster/checkpoint/async_save.h: at most checkpoint_async_max_mib MiB of host memory
+// per rank, else that save is written blocking with a warning; a save while one is in flight waits,
+// or with checkpoint_async_skip_if_busy is skipped with a warning). stop_after_step (0: off) ends the
+// run after that step with no final evaluation, save or sample, as if it were killed there (tests).
+//
 // Command line (besides --config, --set, --output_dir, --estimate and the launcher's flags):
 //   --init_from DIR   DIR holds a HuggingFace checkpoint (config.json + model.safetensors or shards
 //                     with their index; transformers' save_pretrained or this trainer's save_model).
@@ -66,6 +82,7 @@
 #include <vector>
 
 #include "booster/booster.h"
+#include "booster/checkpoint/checkpoint_manager.h"
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/logging.h"
 
@@ -98,6 +115,10 @@ struct TrainOptions {
   int64_t lora_r;  // 0: no LoRA
   double lora_alpha, lora_dropout;
   std::string lora_target_modules;  // comma-separated
+  // Training checkpoints (lm_checkpoint.cpp): see the top of this file.
+  std::string checkpoint_dir, resume_from;
+  int64_t checkpoint_every_steps, keep_last_n, stop_after_step, checkpoint_async_max_mib;
+  bool auto_resume, checkpoint_use_async, checkpoint_async_skip_if_busy;
 };
 // Reads them from [train] (output_flag: --output_dir, wins when not empty); the caller reads the
 // model's keys and calls check_unknown() afterwards.
@@ -160,7 +181,7 @@ Parallel parallel_of(booster::Booster& booster, booster::ModelHooks& hooks, boos
 struct Run {
   std::string name;  // "gpt": log prefix
   booster::Booster* booster = nullptr;
-  booster::dist::ProcessGroup* world = nullptr;
+  std::shared_ptr<booster::dist::ProcessGroup> world;
   std::shared_ptr<booster::dist::ProcessGroup> dp;
   booster::OptimizerWrapper* optimizer = nullptr;
   booster::LRScheduler* scheduler = nullptr;
@@ -175,8 +196,48 @@ struct Run {
   std::function<booster::ScopeGuard()> no_sync;  // booster.no_sync(model, optimizer)
   std::function<void(bool)> set_training;        // model->train(on)
   std::function<void(const std::string&)> save_model;  // through the adapter
+  std::function<void(const std::string&)> load_model;  // save_model's inverse (strict)
   std::string saved_as = "model";  // save_model's directory under output_dir ("lora": PEFT's adapters)
 };
+
+// ---- Training checkpoints (lm_checkpoint.cpp).
+
+// Where the loop stands: what a checkpoint stores besides model, optimizer and scheduler. Every
+// step's randomness (its batches, dropout) is a function of (seed, data-parallel rank, step), so
+// the step is all a resumed run needs to draw what an uninterrupted one draws.
+struct LoopState {
+  int64_t step = 0;             // optimizer steps done
+  double elapsed_s = 0;         // wall-clock seconds of the run so far (the budget counts them)
+  double train_seconds = 0;     // of which in training steps
+  double window_loss = 0;       // this rank's loss sum since the last evaluation
+  int64_t window_steps = 0;     // steps in that sum
+  double window_train_s = 0;    // their seconds
+};
+
+// The seed of step `step` on data-parallel rank `dp_rank` (SplitMix64 of the three), for the
+// batches' std::mt19937_64, torch's default generator (dropout) and the tensor-parallel one.
+uint64_t step_seed(int64_t seed, int64_t dp_rank, int64_t step);
+
+// The run's checkpoints: [train] checkpoint_dir's manager (asynchronous with checkpoint_use_async),
+// or nullptr without a checkpoint_dir. Throws std::invalid_argument for a bad policy.
+std::unique_ptr<booster::checkpoint::CheckpointManager> make_checkpoints(const TrainOptions& o,
+                                                                         const std::shared_ptr<booster::dist::ProcessGroup>& world);
+// Collective. The checkpoint to continue from: resume_from (a checkpoint directory, or a
+// checkpoint_dir whose newest it takes; std::runtime_error naming it when it is neither), else with
+// auto_resume the newest in checkpoint_dir, else none (""). When there is one, loads the model
+// (run.load_model from DIR/<run.saved_as>), the optimizer (DIR/optimizer), the scheduler
+// (DIR/lr_scheduler.json) and the loop state (DIR/trainer_state.json; the per-rank window sums only
+// when it was written by as many ranks) into `state`, and logs it. Throws what the loads throw.
+std::string resume(Run& run, const TrainOptions& o, booster::checkpoint::CheckpointManager* checkpoints,
+                   LoopState& state);
+// Collective. Writes checkpoint `state.step` (model through run.save_model into DIR/<run.saved_as>,
+// optimizer, scheduler, loop state, the effective config) through `checkpoints` (blocking or
+// asynchronous as it is set).
+void save_checkpoint(Run& run, booster::checkpoint::CheckpointManager& checkpoints, const LoopState& state,
+                     const booster::Config& config);
+// The rows of metrics.csv `path` up to and including step `last_step` (header excluded; "" when
+// the file is missing): a resumed run keeps them.
+std::string metrics_rows_through(const std::string& path, int64_t last_step);
 
 // Refuses a --score text shorter than 2 bytes or longer than n_ctx (naming both lengths).
 void check_score_text(const std::string& name, const std::string& text, int64_t n_ctx);
@@ -286,7 +347,7 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
   Run run;
   run.name = spec.name;
   run.booster = &booster;
-  run.world = s.world.get();
+  run.world = s.world;
   // After boost(): under plugin = "auto" the mesh (and so the data-parallel group) is chosen there.
   run.dp = booster.data_parallel_group();
   run.optimizer = optimizer.get();
@@ -306,8 +367,10 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
     run.save_model = [&booster, &model, base = cli.init_from](const std::string& dir) {
       booster.save_lora_as_pretrained(model, dir, base);
     };
+    run.load_model = [&booster, &model](const std::string& dir) { booster.load_lora(model, dir); };
   } else {
     run.save_model = [&booster, &model](const std::string& dir) { booster.save_model(model, dir); };
+    run.load_model = [&booster, &model](const std::string& dir) { booster.load_model(model, dir, /*strict=*/true); };
   }
 
   if (!training) {

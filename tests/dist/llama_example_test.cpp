@@ -175,4 +175,89 @@ TEST(LlamaExample, InitFromRefusesAConfigThisModelCannotRepresent) {
               HasSubstr("n_kv_head"));
 }
 
+// metrics.csv without its timing columns (elapsed_s, tokens_per_s): what a resumed run must repeat.
+std::string metrics_values(const std::string& out) {
+  std::istringstream in(read_file(out + "/metrics.csv"));
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cols.push_back(c);
+    for (size_t i = 0; i < cols.size(); ++i)
+      if (i != 1 && i != 6) kept += cols[i] + ",";
+    kept += "\n";
+  }
+  return kept;
+}
+
+// Training checkpoints ([train] checkpoint_dir): a run stopped after step 6 (the last checkpoint at
+// step 4) and started again resumes from step 4 and ends bitwise equal to an uninterrupted run
+// (float32: with bf16 weights the ZeRO master slices restart from the bf16 weights, the checkpoint
+// format's rule), with blocking and with asynchronous saves: ZeRO-2 on 2 ranks (the model in
+// HuggingFace's layout), and LoRA under tp2 x pp2 on 4 ranks (PEFT's adapters only).
+TEST(LlamaExample, CheckpointsResumeBitwiseBlockingAndAsync) {
+  if (!bible_installed()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
+  TempDir dir;
+  struct Case {
+    std::string config;
+    int ranks;
+    std::vector<std::string> sets;
+    std::string saved;  // the run's final save
+  };
+  const std::vector<Case> cases{
+      {"llama_zero2.toml", 2, {"plugin.precision=\"fp32\""}, "model/model.safetensors"},
+      {"llama_hybrid_tp2pp2.toml", 4, {"plugin.precision=\"fp32\"", "train.lora_r=4"},
+       "lora/adapter_model.safetensors"}};
+  for (const Case& c : cases) {
+    for (bool use_async : {false, true}) {
+      SCOPED_TRACE(c.config + (use_async ? " async" : " blocking"));
+      const std::string ref = dir.file(c.config + std::to_string(use_async) + "_ref");
+      const std::string cut = dir.file(c.config + std::to_string(use_async) + "_cut");
+      auto sets = [&](const std::string& out) {
+        std::vector<std::string> s = c.sets;
+        for (std::string k : {"train.max_steps=8", "train.eval_interval=4", "train.eval_windows=8",
+                              "train.final_eval_windows=16", "train.warmup_steps=2", "train.max_minutes=0",
+                              "train.sample_length=0", "train.checkpoint_every_steps=4"})
+          s.push_back(k);
+        s.push_back("train.checkpoint_dir=\"" + out + "/ckpt\"");
+        s.push_back(std::string("train.checkpoint_use_async=") + (use_async ? "true" : "false"));
+        return s;
+      };
+      auto a = run_llama(c.config, c.ranks, ref, sets(ref));
+      ASSERT_EQ(a.exit_code, 0) << a.output;
+      std::vector<std::string> stop = sets(cut);
+      stop.push_back("train.stop_after_step=6");
+      auto b1 = run_llama(c.config, c.ranks, cut, stop);
+      ASSERT_EQ(b1.exit_code, 0) << b1.output;
+      EXPECT_THAT(b1.output, HasSubstr("llama: stopped after step 6 (stop_after_step)"));
+      EXPECT_FALSE(std::filesystem::exists(cut + "/" + c.saved)) << "no final save after stop_after_step";
+      EXPECT_TRUE(std::filesystem::exists(cut + "/ckpt/step_000000004/trainer_state.json"));
+      auto b2 = run_llama(c.config, c.ranks, cut, sets(cut));
+      ASSERT_EQ(b2.exit_code, 0) << b2.output;
+      EXPECT_THAT(b2.output, HasSubstr("llama: resumed from " + cut + "/ckpt/step_000000004 after step 4"));
+      EXPECT_THAT(b2.output, ::testing::Not(HasSubstr("step 1  loss"))) << "steps 1-4 are not trained again";
+      EXPECT_EQ(read_file(cut + "/" + c.saved), read_file(ref + "/" + c.saved)) << "the final save differs";
+      EXPECT_EQ(metrics_values(cut), metrics_values(ref));
+      EXPECT_TRUE(std::filesystem::exists(cut + "/ckpt/step_000000008/optimizer"));
+      EXPECT_EQ(read_file(cut + "/ckpt/latest"), "step_000000008\n");
+      // A third start finds training finished: no step is trained, the final evaluation repeats.
+      if (!use_async) continue;
+      auto b3 = run_llama(c.config, c.ranks, cut, sets(cut));
+      ASSERT_EQ(b3.exit_code, 0) << b3.output;
+      EXPECT_THAT(b3.output, HasSubstr("after step 8"));
+      EXPECT_EQ(read_file(cut + "/" + c.saved), read_file(ref + "/" + c.saved));
+    }
+  }
+  // The checkpoint of a full run does not resume as LoRA, and checkpoint options need a checkpoint_dir.
+  const std::string full = dir.file("llama_zero2.toml1_ref");
+  auto lora = run_llama("llama_zero2.toml", 2, dir.file("lora_on_full"),
+                        {"train.lora_r=4", "train.resume_from=\"" + full + "/ckpt\""});
+  EXPECT_NE(lora.exit_code, 0);
+  EXPECT_THAT(lora.output, HasSubstr("has no lora/ (it was written without LoRA: resume it without lora_r"));
+  auto no_dir = run_llama("llama_zero2.toml", 2, dir.file("no_dir"), {"train.checkpoint_use_async=true"});
+  EXPECT_NE(no_dir.exit_code, 0);
+  EXPECT_THAT(no_dir.output, HasSubstr("[train] checkpoint_use_async applies to checkpoints, and there is no "
+                                       "checkpoint_dir"));
+}
+
 }  // namespace llama_example_test
