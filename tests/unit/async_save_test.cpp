@@ -89,6 +89,20 @@ TEST(AsyncSave, WritesTheSameBytesAsABlockingSaveAndKeepsTheValuesAtSaveTime) {
   }
 }
 
+TEST(AsyncSave, HostCopyForWriteKeepsContiguousCpuTensorsAndCountsNoPinnedBytesForThem) {
+  // The CPU half of host_copy_for_write (the CUDA half, pinned, is tests/gpu/gpu_checkpoint_test.cpp).
+  const at::Tensor t = torch::arange(12, torch::kFloat32).reshape({3, 4});
+  EXPECT_EQ(booster::checkpoint::host_copy_for_write(t).data_ptr(), t.data_ptr());  // no copy
+  const at::Tensor h = booster::checkpoint::host_copy_for_write(t.t());
+  EXPECT_TRUE(h.is_contiguous());
+  EXPECT_TRUE(torch::equal(h, t.t()));
+  TempDir tmp;
+  booster::checkpoint::StagedSave staged(tmp.file("s"), "", {}, "s");
+  staged.run([&] { booster::checkpoint::save_state_dict(tmp.file("s"), make_state(1000), {}); });
+  EXPECT_EQ(staged.pinned_bytes(), 0);
+  EXPECT_GT(staged.staged_bytes(), 1000 * 4);
+}
+
 TEST(AsyncSave, ReplacesAnExistingCheckpointInOneStep) {
   TempDir tmp;
   const std::string dir = tmp.file("ckpt");

@@ -138,7 +138,9 @@ TEST(Lora, BadInput) {
   EXPECT_THAT(none, HasSubstr("fc1, fc2, head"));
   // "c1" is not a suffix after a dot: PEFT's rule.
   EXPECT_THAT(error_of([&] { booster::nn::enable_lora(*net, config_of({"c1"})); }), HasSubstr("match no module"));
-  EXPECT_THAT(error_of([&] { booster::nn::enable_lora(*net, config_of({"head"})); }), HasSubstr("torch::nn::Linear"));
+  EXPECT_THAT(error_of([&] { booster::nn::enable_lora(*net, config_of({"head"})); }),
+              HasSubstr("is a torch::nn::Linear, whose forward has no hook point in LibTorch, so LoRA cannot be added to "
+                        "it: build it as booster::nn::Linear"));
   // Nothing was changed by the refusals.
   for (const auto& p : net->parameters()) EXPECT_TRUE(p.requires_grad());
   booster::nn::enable_lora(*net, config_of({"fc1"}));
@@ -151,6 +153,57 @@ namespace lora_unit_test {
 
 // A clone of a LoRA layer does not share the original's adapters behind its back: cloning it, or
 // running the clone, is refused.
+// One layer `lin` of type L (booster::nn::Linear or ColumnParallelLinear at tp = 1).
+template <class L>
+struct OneLayer : torch::nn::Module {
+  OneLayer() { lin = register_module("lin", L(6, 5)); }
+  torch::Tensor forward(const torch::Tensor& x) { return lin(x); }
+  L lin{nullptr};
+};
+
+TEST(Lora, BoosterLinearIsTorchLinearWithAHookPointAndTakesLora) {
+  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
+  // Without LoRA: torch::nn::Linear's names, initial values and outputs, bit for bit.
+  torch::manual_seed(11);
+  torch::nn::Linear plain(torch::nn::LinearOptions(6, 5));
+  torch::manual_seed(11);
+  booster::nn::Linear ours(torch::nn::LinearOptions(6, 5));
+  const torch::Tensor x = torch::randn({7, 6});
+  EXPECT_EQ(ours->named_parameters().keys(), plain->named_parameters().keys());
+  EXPECT_TRUE(torch::equal(ours->weight, plain->weight));
+  EXPECT_TRUE(torch::equal(ours->bias, plain->bias));
+  EXPECT_TRUE(torch::equal(ours(x), plain(x)));
+  booster::nn::Linear no_bias(torch::nn::LinearOptions(6, 5).bias(false));
+  EXPECT_EQ(no_bias->named_parameters().size(), 1u);
+  EXPECT_THROW(booster::nn::Linear(0, 5), std::invalid_argument);
+  // With LoRA: the same training as LoRA on a ColumnParallelLinear (tp = 1) from the same seeds.
+  auto train = [&](auto net) {
+    torch::manual_seed(12);
+    booster::nn::enable_lora(*net, config_of({"lin"}, 2, 4));
+    std::vector<torch::Tensor> trainable;
+    for (auto& p : net->parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    EXPECT_EQ(trainable.size(), 2u);  // A and B
+    torch::optim::SGD sgd(trainable, torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      sgd.zero_grad();
+      net->forward(x).pow(2).mean().backward();
+      sgd.step();
+    }
+    torch::Tensor y = net->forward(x).detach();
+    EXPECT_EQ(booster::nn::merge_lora(*net).size(), 1u);
+    EXPECT_LT((net->forward(x) - y).abs().max().template item<double>(), 1e-6);  // merged = unmerged
+    return y;
+  };
+  torch::manual_seed(13);
+  auto dense = std::make_shared<OneLayer<booster::nn::Linear>>();
+  torch::manual_seed(13);
+  auto column = std::make_shared<OneLayer<booster::nn::ColumnParallelLinear>>();
+  const torch::Tensor a = train(dense), b = train(column);
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_FALSE(torch::equal(a, column->forward(x).detach() * 0));  // it trained to something
+}
+
 TEST(Lora, CloneOfALoraLayerIsRefused) {
   LoraNet net = make_net();
   booster::nn::enable_lora(*net, config_of({"fc1"}));

@@ -14,6 +14,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
 #include "booster/checkpoint/safetensors.h"  // CheckpointError
 #include "booster/dist/process_group.h"
 #include "booster/io/atomic_write.h"
@@ -193,7 +196,7 @@ class StagedSave::Impl : public io::WriteInterceptor {
   std::string what_;
   std::vector<StagedFile> staged_;
   std::set<std::string> dirs_;
-  int64_t bytes_ = 0, files_ = 0;
+  int64_t bytes_ = 0, files_ = 0, pinned_bytes_ = 0;
   bool blocking_ = false;
 };
 
@@ -204,6 +207,30 @@ StagedSave::~StagedSave() = default;
 int64_t StagedSave::staged_bytes() const { return impl_->bytes_; }
 int64_t StagedSave::staged_files() const { return impl_->files_; }
 bool StagedSave::fell_back_to_blocking() const { return impl_->blocking_; }
+int64_t StagedSave::pinned_bytes() const { return impl_->pinned_bytes_; }
+
+at::Tensor host_copy_for_write(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t.contiguous();
+  if (t.is_cuda()) {
+    at::Tensor pinned;
+    try {
+      pinned = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    } catch (const c10::Error& e) {
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        log::warn("booster: checkpoint writers copy GPU tensors through pageable host memory: pinned memory could "
+                  "not be allocated (" + std::string(e.what_without_backtrace()) + ")");
+      });
+    }
+    if (pinned.defined()) {
+      pinned.copy_(t);  // synchronous: the bytes are read right after
+      const int64_t n = static_cast<int64_t>(pinned.numel()) * static_cast<int64_t>(pinned.element_size());
+      if (auto* staged = dynamic_cast<StagedSave::Impl*>(io::thread_write_interceptor())) staged->pinned_bytes_ += n;
+      return pinned;
+    }
+  }
+  return t.to(at::kCPU).contiguous();
+}
 
 void StagedSave::run(const std::function<void()>& save) {
   io::WriteInterceptor* previous = io::set_thread_write_interceptor(impl_.get());
@@ -221,7 +248,10 @@ void StagedSave::submit(dist::ProcessGroup* world, std::function<void()> commit,
   const int size = world ? world->size() : 1;
   log::info("booster: asynchronous save of " + impl_->what_ + ": " + std::to_string(impl_->files_) + " files, " +
             mib_text(impl_->bytes_) + " of host buffers on rank 0 (limit " + mib_text(impl_->limit_) +
-            " per rank); the training loop continues while the background writer writes them");
+            " per rank" +
+            (impl_->pinned_bytes_ > 0 ? "; " + mib_text(impl_->pinned_bytes_) + " copied from the GPU through pinned memory"
+                                      : std::string()) +
+            "); the training loop continues while the background writer writes them");
   Writer& w = writer();
   std::lock_guard<std::mutex> lock(w.mutex);
   if (w.thread.joinable()) w.thread.join();  // begin_async_save waited already; never two at once

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "booster/checkpoint/async_save.h"  // host_copy_for_write
 #include "booster/checkpoint/state_dict_io.h"  // TensorSpec
 #include "booster/io/atomic_write.h"
 #include "checkpoint_detail.h"
@@ -276,7 +277,7 @@ void write_safetensors_data(io::OutputFile& out, const std::string& source, cons
   // One tensor at a time: at most one extra contiguous CPU copy alive.
   at::Tensor c;
   try {
-    c = t.resolve_conj().resolve_neg().cpu().contiguous();
+    c = host_copy_for_write(t.resolve_conj().resolve_neg());
   } catch (const c10::Error& e) {
     fail(source, tensor_label(name) + ": cannot copy to the CPU: " + e.what_without_backtrace());
   }

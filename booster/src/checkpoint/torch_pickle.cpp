@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "booster/checkpoint/async_save.h"  // host_copy_for_write
 #include "booster/io/atomic_write.h"
 #include "checkpoint_detail.h"
 #include "torch_unpickler.h"
@@ -25,9 +26,7 @@ namespace {
 // A tensor the pickler writes as exactly its own bytes: CPU, contiguous, and owning its whole
 // storage from offset 0 (a view would otherwise drag its entire storage into the file).
 at::Tensor standalone(const at::Tensor& t) {
-  at::Tensor c = t.detach();
-  if (!c.device().is_cpu()) c = c.to(at::kCPU);
-  c = c.contiguous();
+  at::Tensor c = host_copy_for_write(t.detach());
   if (c.has_storage() &&
       (c.storage_offset() != 0 || c.storage().nbytes() != static_cast<size_t>(c.numel()) * c.element_size()))
     c = c.clone();

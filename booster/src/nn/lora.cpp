@@ -43,6 +43,7 @@ at::Tensor LoraHook::operator()(torch::nn::Module& layer, const at::Tensor& x, c
 }
 
 LinearForwardHook* hook_slot(torch::nn::Module& m) {
+  if (auto* l = dynamic_cast<booster::nn::LinearImpl*>(&m)) return &l->forward_hook;
   if (auto* c = dynamic_cast<ColumnParallelLinearImpl*>(&m)) return &c->forward_hook;
   if (auto* r = dynamic_cast<RowParallelLinearImpl*>(&m)) return &r->forward_hook;
   return nullptr;
@@ -54,6 +55,7 @@ const LoraHook* lora_hook(torch::nn::Module& m) {
 }
 
 at::Tensor& base_weight(torch::nn::Module& m) {
+  if (auto* l = dynamic_cast<booster::nn::LinearImpl*>(&m)) return l->weight;
   if (auto* c = dynamic_cast<ColumnParallelLinearImpl*>(&m)) return c->weight;
   return dynamic_cast<RowParallelLinearImpl&>(m).weight;
 }
@@ -136,11 +138,11 @@ LoraReport enable_lora(torch::nn::Module& model, const LoraConfig& config) {
       if (!matches(name, t)) continue;
       if (dynamic_cast<torch::nn::LinearImpl*>(item.value().get()))
         throw std::invalid_argument(fn + "module " + name + " is a torch::nn::Linear, whose forward has no hook point in "
-                                         "LibTorch, so LoRA cannot be added to it: build it as "
-                                         "booster::nn::ColumnParallelLinear (identical to torch::nn::Linear at tp = 1)");
+                                         "LibTorch, so LoRA cannot be added to it: build it as booster::nn::Linear "
+                                         "(torch::nn::Linear's options, names, init and forward, with a hook point)");
       if (!supported)
         throw std::invalid_argument(fn + "module " + name + " matches target \"" + t + "\" but is a " + item.value()->name() +
-                                    ": LoRA applies to booster::nn::ColumnParallelLinear / RowParallelLinear only; "
+                                    ": LoRA applies to booster::nn::Linear / ColumnParallelLinear / RowParallelLinear only; "
                                     "narrow target_modules");
       if (lora_hook(*item.value())) throw std::invalid_argument(fn + "module " + name + " already has LoRA (call merge_lora first)");
       if (*hook_slot(*item.value()))
@@ -161,7 +163,10 @@ LoraReport enable_lora(torch::nn::Module& model, const LoraConfig& config) {
   LoraReport report;
   for (auto& m : found) {
     LoraHook hook{config.r, config.lora_alpha, config.lora_dropout, m.target};
-    if (auto* c = dynamic_cast<ColumnParallelLinearImpl*>(m.module.get())) {
+    if (auto* l = dynamic_cast<booster::nn::LinearImpl*>(m.module.get())) {  // dense: a column layer at tp = 1
+      hook.full_out = l->options.out_features();
+      hook.full_in = l->options.in_features();
+    } else if (auto* c = dynamic_cast<ColumnParallelLinearImpl*>(m.module.get())) {
       hook.group = c->group;
       hook.gather_output = c->options.gather_output();
       hook.full_out = c->options.out_features();

@@ -189,6 +189,24 @@ at::Tensor shard(const at::Tensor& full, int64_t dim, const Group& g) {
 
 }  // namespace
 
+LinearImpl::LinearImpl(const torch::nn::LinearOptions& options_) : options(options_) {
+  check_positive("Linear", "in_features", options.in_features());
+  check_positive("Linear", "out_features", options.out_features());
+  reset();
+}
+
+void LinearImpl::reset() {
+  parameters_.clear();
+  auto [w, b] = init_full_linear(LinearParallelOptions(options.in_features(), options.out_features()).bias(options.bias()));
+  weight = register_parameter("weight", w);
+  bias = register_parameter("bias", b.defined() ? b : at::Tensor(), /*requires_grad=*/b.defined());
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight, bias);
+  return forward_hook ? forward_hook(*this, x, y) : y;
+}
+
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(LinearParallelOptions options_)
     : options(std::move(options_)), group(resolve_group(options.group())) {
   check_positive("ColumnParallelLinear", "in_features", options.in_features());

@@ -43,8 +43,9 @@
 // sleep that long before writing (a slow disk; the tests use it to keep a save in flight).
 //
 // Threads: the foreground functions are called from the training thread (the one that calls the
-// collectives). The staging interceptor is per thread. GPU tensors are copied to (pageable) host
-// memory by the writers' usual device-to-host copy; the bytes are then owned by the buffer.
+// collectives). The staging interceptor is per thread. The writers take their tensors' bytes
+// through host_copy_for_write (below): a GPU tensor is copied into page-locked (pinned) host memory,
+// then its bytes into the save's buffer.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,10 @@
 #include <vector>
 
 #include "booster/export.h"
+
+namespace at {
+class Tensor;
+}
 
 namespace booster {
 namespace dist {
@@ -111,6 +116,20 @@ BOOSTER_API bool async_save_in_flight();
 // so far and makes the rest of that save blocking, with a warning naming `why`; else a no-op.
 BOOSTER_API void write_staged_now(const std::string& why);
 
+// The host copy a checkpoint writer takes a tensor's bytes from (safetensors and torch.save files;
+// every CheckpointIO, blocking or asynchronous): `t` (any dtype and shape, dense) as a contiguous
+// CPU tensor of the same dtype and shape. A CPU tensor is returned as it is when contiguous, else
+// as a contiguous copy. A tensor on a CUDA device is copied (on the current stream, synchronously)
+// into page-locked host memory from LibTorch's caching host allocator (cudaHostAlloc blocks, kept
+// and reused by later saves: after the first save no pinned memory is allocated, and the cache
+// holds at most about twice the largest tensor written, since writers copy one tensor at a time),
+// so the device-to-host copy runs at the link's pinned bandwidth instead of through a pageable
+// bounce buffer (DCP's async_save stages into pinned memory for the same reason). When pinned
+// memory cannot be allocated (host limits), the copy is pageable, logged once per process. While
+// this thread stages an asynchronous save, the bytes copied through pinned memory are counted in
+// its StagedSave::pinned_bytes(). Throws c10::Error when the device-to-host copy fails.
+BOOSTER_API at::Tensor host_copy_for_write(const at::Tensor& t);
+
 // ---- Building blocks (CheckpointManager uses these; async_save is made of them) ----------------
 
 // The sync point at the start of a save: collective. Returns false when a save is in flight on any
@@ -139,6 +158,8 @@ class BOOSTER_API StagedSave {
   int64_t staged_bytes() const;
   int64_t staged_files() const;
   bool fell_back_to_blocking() const;
+  // Bytes of GPU tensors copied to the host through pinned memory for this save (host_copy_for_write).
+  int64_t pinned_bytes() const;
 
   class Impl;
 

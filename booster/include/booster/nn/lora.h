@@ -13,10 +13,11 @@
 // gets sub-modules "lora_A" and "lora_B" (torch::nn::Linear without bias), so the names are
 // `<module>.weight` (base, unchanged) and `<module>.lora_A.weight` / `<module>.lora_B.weight`
 // (PEFT's, less its adapter name "default"), and its LinearForwardHook (tensor_parallel.h) adds the
-// low-rank term. Hence the targets are booster::nn::ColumnParallelLinear / RowParallelLinear (at
-// tp = 1 these ARE torch::nn::Linear: same parameters, init and outputs). A torch::nn::Linear
-// target is refused (std::invalid_argument): its forward is non-virtual and has no hook point, so a
-// LoRA on it would be silently ignored.
+// low-rank term. Hence the targets are booster::nn::Linear (torch::nn::Linear with a hook point:
+// same options, parameters, init and outputs) and booster::nn::ColumnParallelLinear /
+// RowParallelLinear (at tp = 1 these are the dense layer too). A torch::nn::Linear target is refused
+// (std::invalid_argument naming booster::nn::Linear as the fix): its forward is non-virtual and has
+// no hook point, so a LoRA on it would be silently ignored.
 //
 // Tensor parallelism (tp > 1, as in PEFT's / Megatron's LoRA on parallel linear layers): the full A
 // and B are drawn as at tp = 1 and split like the base weight, with the split registered as their

@@ -28,6 +28,7 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
+#include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
@@ -184,6 +185,25 @@ class BOOSTER_API RowParallelLinearImpl : public torch::nn::Cloneable<RowParalle
   std::shared_ptr<dist::ProcessGroup> group;
 };
 TORCH_MODULE(RowParallelLinear);
+
+// torch::nn::Linear with a forward hook: the same options (torch::nn::LinearOptions), parameter
+// names ("weight" [out, in], "bias" [out]), initialisation (drawn from the global RNG exactly as
+// torch::nn::Linear draws it) and forward (y = x W^T + b, x [..., in] -> [..., out], any floating
+// dtype and device), plus `forward_hook` (LinearForwardHook) so LoRA (booster/nn/lora.h) can target
+// it. Never tensor-parallel: it ignores the tensor-parallel context. It is the drop-in replacement
+// for a torch::nn::Linear that LoRA should adapt (LibTorch's Linear::forward has no hook point).
+// Throws std::invalid_argument for in_features or out_features < 1.
+class BOOSTER_API LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features) : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::LinearOptions options;
+  at::Tensor weight, bias;
+  LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
+};
+TORCH_MODULE(Linear);
 
 struct VocabParallelEmbeddingOptions {
   VocabParallelEmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
