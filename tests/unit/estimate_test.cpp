@@ -211,6 +211,21 @@ TEST(EstimateCommand, PrintsEveryPluginAndRejectsBadInput) {
   auto missing = bt::run_process({BOOSTER_CLI_PATH, "estimate"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.output, HasSubstr("--params is required"));
+  // Activations from a transformer's shape, with recomputation (core/activation_estimate.h): sbh =
+  // 2^21 elements, so full = 24 · 2sbh + sbh(34 + 5as/h) bytes = 96 + 388 MiB, none = 24 · 388 MiB.
+  auto shape = bt::run_process({BOOSTER_CLI_PATH, "estimate", "--params", "300M", "--precision", "bf16",
+                                "--num_layers", "24", "--hidden_size", "1024", "--num_heads", "16", "--seq_length",
+                                "2048", "--micro_batch_size", "1", "--activation_checkpointing", "full"});
+  ASSERT_EQ(shape.exit_code, 0) << shape.output;
+  EXPECT_THAT(shape.output, HasSubstr("activations: 484.0 MiB from the shape (Korthikanti et al. 2022; 24 layers"));
+  EXPECT_THAT(shape.output, HasSubstr("9312.0 MiB without recomputation"));
+  EXPECT_THAT(shape.output, HasSubstr(" 484.0 "));  // in the rows' activations column
+  auto both = bt::run_process({BOOSTER_CLI_PATH, "estimate", "--params", "1M", "--activation_mb", "3", "--num_layers", "2"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_THAT(both.output, HasSubstr("give either --activation_mb or the transformer's shape"));
+  auto alone = bt::run_process({BOOSTER_CLI_PATH, "estimate", "--params", "1M", "--activation_checkpointing", "full"});
+  EXPECT_EQ(alone.exit_code, 2);
+  EXPECT_THAT(alone.output, HasSubstr("give the transformer's shape too"));
 }
 
 namespace {

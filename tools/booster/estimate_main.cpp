@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/core/activation_estimate.h"
 #include "booster/dist/environment.h"
 #include "booster/dist/process_group.h"
 #include "booster/estimate.h"
@@ -66,6 +67,23 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"adamw", "adam", "sgd_momentum", "sgd"}));
   app.add_option("--activation_mb", activation_mb, "Activations of one micro-batch on one rank, MiB (0: not counted)")
       ->check(CLI::NonNegativeNumber);
+  // Activations from the transformer's shape (core/activation_estimate.h, Korthikanti et al. 2022),
+  // with the recomputation the run will use, for one rank without tensor or sequence parallelism
+  // (the plugins' mesh rows divide it).
+  booster::TransformerShape shape;
+  booster::ActivationOptions act;
+  app.add_option("--num_layers", shape.layers, "Transformer blocks (with --hidden_size etc.: activations from the "
+                                               "shape, Korthikanti et al.'s formula; instead of --activation_mb)");
+  app.add_option("--hidden_size", shape.hidden, "Hidden size h");
+  app.add_option("--num_heads", shape.heads, "Attention heads");
+  app.add_option("--seq_length", shape.seq_length, "Tokens per sequence");
+  app.add_option("--micro_batch_size", shape.micro_batch, "Sequences per micro-batch per data-parallel rank");
+  app.add_option("--vocab_size", shape.vocab, "Vocabulary (the head's logits; 0: not counted)");
+  app.add_option("--activation_checkpointing", act.checkpointing,
+                 "Recomputation the run uses ([booster] activation_checkpointing)")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
+  app.add_option("--selective_ac_every", act.selective_every, "[booster] selective_ac_every (selective: every k-th block)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--memory_mb", memory_mb,
                  "Memory per rank to fit in, MiB (default: MemAvailable / world size, all ranks on this machine)")
       ->check(CLI::NonNegativeNumber);
@@ -89,6 +107,37 @@ int main(int argc, char** argv) {
     r.precision = precision;
     r.optimizer_state_bytes_per_parameter = optimizer == "sgd" ? 0 : optimizer == "sgd_momentum" ? 4 : 8;
     r.activation_bytes = static_cast<int64_t>(activation_mb * 1024 * 1024);
+    const bool from_shape = app.count("--num_layers") + app.count("--hidden_size") + app.count("--num_heads") +
+                                app.count("--seq_length") + app.count("--micro_batch_size") > 0;
+    const bool shape_only = app.count("--vocab_size") + app.count("--activation_checkpointing") +
+                                app.count("--selective_ac_every") > 0;
+    std::string activation_note = r.activation_bytes > 0 ? "as given" : "not counted (--activation_mb, or the shape: "
+                                                                        "--num_layers --hidden_size --num_heads "
+                                                                        "--seq_length --micro_batch_size)";
+    if (from_shape && activation_mb > 0)
+      throw CLI::ValidationError("--activation_mb", "give either --activation_mb or the transformer's shape "
+                                                    "(--num_layers ...), not both");
+    if (shape_only && !from_shape)
+      throw CLI::ValidationError("--activation_checkpointing/--selective_ac_every/--vocab_size", "these shape the formula's activations: "
+                                 "give the transformer's shape too (--num_layers --hidden_size --num_heads --seq_length "
+                                 "--micro_batch_size)");
+    if (from_shape) {
+      act.precision = precision;
+      r.activation_bytes = booster::transformer_activation_bytes(shape, act);
+      booster::ActivationOptions plain = act;
+      plain.checkpointing = "none";
+      char line[320];
+      std::snprintf(line, sizeof line,
+                    "%.1f MiB from the shape (Korthikanti et al. 2022; %lld layers, h %lld, %lld heads, s %lld, b %lld, "
+                    "%s, activation_checkpointing %s; one rank's, the mesh rows divide it), %.1f MiB without "
+                    "recomputation",
+                    static_cast<double>(r.activation_bytes) / (1 << 20), static_cast<long long>(shape.layers),
+                    static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads),
+                    static_cast<long long>(shape.seq_length), static_cast<long long>(shape.micro_batch),
+                    precision.c_str(), act.checkpointing.c_str(),
+                    static_cast<double>(booster::transformer_activation_bytes(shape, plain)) / (1 << 20));
+      activation_note = line;
+    }
     std::vector<std::string> no_args;
     auto world = booster::dist::launch_auto(no_args);  // one process: plugins need a world to be created
     const int64_t runtime = booster::resident_memory_bytes();
@@ -97,7 +146,7 @@ int main(int argc, char** argv) {
     booster::EstimateTable table = booster::estimate_installed_plugins(r, world);
     std::cout << booster::format_estimate_table(r, table, runtime, budget)
               << "  runtime: this process's resident memory (LibTorch and Gloo loaded), the least a rank holds\n"
-              << "  activations: " << (r.activation_bytes > 0 ? "as given" : "not counted (--activation_mb)") << "\n";
+              << "  activations: " << activation_note << "\n";
     return 0;
   } catch (const CLI::Error& e) {
     std::cerr << "booster estimate: " << e.what() << "\n";
