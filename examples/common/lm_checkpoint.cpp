@@ -111,20 +111,4 @@ void save_checkpoint(Run& run, booster::checkpoint::CheckpointManager& checkpoin
                        (checkpoints.use_async() ? " being written to " : " saved to ") + dir);
 }
 
-std::string metrics_rows_through(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  std::string line, kept;
-  bool header = true;
-  while (std::getline(in, line)) {
-    if (header) {
-      header = false;
-      continue;
-    }
-    std::istringstream ss(line);
-    int64_t step = 0;
-    if (ss >> step && step <= last_step) kept += line + "\n";
-  }
-  return kept;
-}
-
 }  // namespace examples::lm

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "booster/nn/tensor_parallel.h"
+#include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
 #include "gpt/data.h"
 
@@ -448,7 +449,7 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
     std::filesystem::create_directories(opt.output_dir);
     config.save(opt.output_dir + "/config.toml");
     const std::string kept =
-        resumed_from.empty() ? "" : metrics_rows_through(opt.output_dir + "/metrics.csv", state.step);
+        resumed_from.empty() ? "" : examples::metrics_rows_below(opt.output_dir + "/metrics.csv", state.step + 1);
     csv.open(opt.output_dir + "/metrics.csv");
     csv << "step,elapsed_s,train_loss,val_loss,val_bpb,lr,tokens_per_s,tokens_seen,eval_windows\n" << kept;
   }

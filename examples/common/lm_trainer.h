@@ -235,9 +235,7 @@ std::string resume(Run& run, const TrainOptions& o, booster::checkpoint::Checkpo
 // asynchronous as it is set).
 void save_checkpoint(Run& run, booster::checkpoint::CheckpointManager& checkpoints, const LoopState& state,
                      const booster::Config& config);
-// The rows of metrics.csv `path` up to and including step `last_step` (header excluded; "" when
-// the file is missing): a resumed run keeps them.
-std::string metrics_rows_through(const std::string& path, int64_t last_step);
+
 
 // Refuses a --score text shorter than 2 bytes or longer than n_ctx (naming both lengths).
 void check_score_text(const std::string& name, const std::string& text, int64_t n_ctx);

@@ -19,6 +19,7 @@
 #include "booster/data/dataset.h"
 #include "booster/io/atomic_write.h"
 #include "booster/logging.h"
+#include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
 #include "net.h"
 
@@ -117,22 +118,6 @@ std::string checkpoint_to_resume(const std::string& path, const std::shared_ptr<
   if (auto latest = booster::checkpoint::CheckpointManager(path, world).latest()) return *latest;
   throw std::runtime_error("fashion_mnist: resume_from = \"" + path + "\" is neither a checkpoint (model/, "
                            "trainer_state.json) nor a checkpoint_dir holding step_* checkpoints");
-}
-
-// The data rows of an existing metrics.csv whose epoch is before `first_epoch` ("" when none).
-std::string metrics_rows_before(const std::string& path, int64_t first_epoch) {
-  std::ifstream in(path);
-  std::string line, kept;
-  bool header = true;
-  while (std::getline(in, line)) {
-    if (header) {
-      header = false;
-      continue;
-    }
-    int64_t epoch = 0;
-    if (std::sscanf(line.c_str(), "%ld,", &epoch) == 1 && epoch < first_epoch) kept += line + "\n";
-  }
-  return kept;
 }
 
 int run(int argc, char** argv) {
@@ -268,7 +253,7 @@ int run(int argc, char** argv) {
   if (world->rank() == 0) {
     config.save(opt.output_dir + "/config.toml");
     // A resumed run keeps the rows of the epochs before the one it continues.
-    const std::string kept = resume_dir.empty() ? "" : metrics_rows_before(opt.output_dir + "/metrics.csv", first_epoch);
+    const std::string kept = resume_dir.empty() ? "" : examples::metrics_rows_below(opt.output_dir + "/metrics.csv", first_epoch);
     csv.open(opt.output_dir + "/metrics.csv");
     csv << "epoch,train_loss,test_accuracy,samples_per_s,epoch_seconds,lr\n" << kept;
   }
