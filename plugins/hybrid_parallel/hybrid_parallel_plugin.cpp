@@ -1,6 +1,6 @@
 // hybrid_parallel_plugin.cpp — ColossalAI's HybridParallelPlugin in C++: Megatron-style tensor
 // parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
-// (a PipelineModule's layers split into stages, 1F1B / interleaved schedules, execute_pipeline) and
+// (a PipelineModule's layers split into stages, 1F1B / interleaved / ZB-V schedules, execute_pipeline) and
 // data parallelism over dp (gradients averaged after backward; zero_stage = 1 shards the optimizer
 // states across dp with the core's ZeroOptimizer), on a (dp, pp, tp) mesh with tp fastest.
 #include <torch/cuda.h>
@@ -30,7 +30,7 @@ struct HybridOptions {
   int tp_size = 1, pp_size = 1;
   int zero_stage = 0;                     // 0 | 1
   std::string precision = "fp16";         // "fp16" (CUDA only) | "bf16" | "fp32"
-  std::string pp_style = "1f1b";          // "1f1b" | "interleaved" (| "gpipe", the reference order)
+  std::string pp_style = "1f1b";          // "1f1b" | "interleaved" | "zbv" (| "gpipe", the reference order)
   int num_model_chunks = 1;
   bool enable_metadata_cache = true;      // pipeline: micro-batch 0's shapes cached across iterations
   int64_t num_microbatches = 0;           // 0 = unset
@@ -50,7 +50,7 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   t.pp_size = static_cast<int>(o.get_int("pp_size", 1, 1, 1 << 20));
   t.zero_stage = static_cast<int>(o.get_int("zero_stage", 0, 0, 2));
   t.precision = o.get_choice("precision", t.precision, {"fp16", "bf16", "fp32"});
-  t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "gpipe"});
+  t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "zbv", "gpipe"});
   t.num_model_chunks = static_cast<int>(o.get_int("num_model_chunks", 1, 1, 1024));
   t.enable_metadata_cache = o.get_bool("enable_metadata_cache", t.enable_metadata_cache);
   t.num_microbatches = o.get_int("num_microbatches", 0, 0);
@@ -78,9 +78,16 @@ static HybridOptions parse_options(const Options& o, int world_size) {
                       " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
                       std::to_string(world_size) + "; the data-parallel size is world / (tp_size * pp_size). Choose "
                       "sizes whose product divides " + std::to_string(world_size) + " (or launch more ranks)");
-  if (t.num_model_chunks > 1 && t.pp_style != "interleaved")
+  if (t.pp_style == "zbv" && t.num_model_chunks != 2)
+    throw PluginError(where + "pp_style = \"zbv\" needs num_model_chunks = 2 (the V placement: every pp rank holds "
+                      "exactly 2 model chunks), got num_model_chunks = " + std::to_string(t.num_model_chunks) +
+                      "; set plugin.num_model_chunks = 2");
+  if (t.pp_style == "zbv" && t.pp_size < 2)
+    throw PluginError(where + "pp_style = \"zbv\" needs pp_size > 1 (it is a pipeline schedule), got pp_size = " +
+                      std::to_string(t.pp_size) + "; set plugin.pp_size >= 2 or drop pp_style");
+  if (t.num_model_chunks > 1 && t.pp_style != "interleaved" && t.pp_style != "zbv")
     throw PluginError(where + "num_model_chunks = " + std::to_string(t.num_model_chunks) +
-                      " needs pp_style = \"interleaved\"");
+                      " needs pp_style = \"interleaved\" (or \"zbv\" with num_model_chunks = 2)");
   if (t.pp_style == "interleaved" && t.num_model_chunks < 2)
     throw PluginError(where + "pp_style = \"interleaved\" needs num_model_chunks >= 2 (ColossalAI's rule)");
   if (t.pp_size > 1 && t.num_microbatches == 0 && t.microbatch_size == 0)
@@ -88,7 +95,10 @@ static HybridOptions parse_options(const Options& o, int world_size) {
                       "microbatch_size (ColossalAI's rule): set plugin.num_microbatches (>= pp_size for 1f1b)");
   if (t.num_microbatches > 0 && t.microbatch_size > 0)
     throw PluginError(where + "set one of num_microbatches and microbatch_size, not both");
-  if (t.pp_size > 1 && t.pp_style != "gpipe" && t.num_microbatches > 0 && t.num_microbatches < t.pp_size)
+  // zbv runs any number of micro-batches (PyTorch's ScheduleZBVZeroBubble rule; the bubble is smallest
+  // from 2 * pp_size - 1 on); 1f1b and interleaved need one per stage.
+  if (t.pp_size > 1 && t.pp_style != "gpipe" && t.pp_style != "zbv" && t.num_microbatches > 0 &&
+      t.num_microbatches < t.pp_size)
     throw PluginError(where + "num_microbatches = " + std::to_string(t.num_microbatches) + " < pp_size = " +
                       std::to_string(t.pp_size) + ": the " + t.pp_style + " schedule needs at least one micro-batch "
                       "per stage; raise num_microbatches or lower pp_size");
@@ -335,11 +345,13 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
   } catch (const std::invalid_argument& e) {
     throw PluginError(std::string("hybrid_parallel: ") + e.what());
   }
-  // Virtual stage v runs on pp rank v % pp; a tensor's stages are those of the layers using it.
+  // Virtual stage v runs on pp rank stage_rank(kind, pp, v) (v % pp; zbv: the V); a tensor's stages
+  // are the pp ranks of the layers using it.
+  const ScheduleKind kind = schedule_kind_from_name(options_.pp_style, options_.num_model_chunks);
   std::map<const void*, std::set<int>> stages_of;
   for (int v = 0; v < stages; ++v)
     for (int i = ranges[v].first; i < ranges[v].second; ++i)
-      for (const void* t : layer_tensors[i]) stages_of[t].insert(v % topo_.pp);
+      for (const void* t : layer_tensors[i]) stages_of[t].insert(stage_rank(kind, topo_.pp, v));
   std::vector<std::string> orphans;
   for (auto* list : {&state.named_parameters, &state.named_buffers})
     for (const auto& [name, t] : *list)
@@ -378,15 +390,14 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
     }
   }
   std::vector<std::pair<int, int>> mine;
-  for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[c * topo_.pp + topo_.pp_rank]);
-  state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group,
-                                                  schedule_kind_from_name(options_.pp_style, options_.num_model_chunks),
+  for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[chunk_stage(kind, topo_.pp, topo_.pp_rank, c)]);
+  state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group, kind,
                                                   options_.enable_metadata_cache);
   if (world()->rank() == 0) {
     std::string listing;
     for (int v = 0; v < stages; ++v)
       listing += (v ? ", " : "") + std::to_string(v) + ": layers " + std::to_string(ranges[v].first) + "-" +
-                 std::to_string(ranges[v].second - 1);
+                 std::to_string(ranges[v].second - 1) + " on pp rank " + std::to_string(stage_rank(kind, topo_.pp, v));
     log::info("hybrid_parallel: " + std::to_string(state.runner ? ranges.size() : 0) + " pipeline stages (" + listing + ")");
   }
 }
