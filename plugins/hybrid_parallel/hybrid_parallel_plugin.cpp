@@ -172,8 +172,9 @@ class HybridHooks : public ModelHooks {
     }
   }
   // dp/pp/tp sizes, this rank's pp coordinate, tensors held on its stage, model chunks, and with
-  // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds) and the
-  // messages it sent or received through shared-memory rings so far.
+  // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds), the
+  // messages it sent or received through shared-memory rings so far, and (zbv) the W passes so far
+  // that ran as a whole backward (split_backward.h's fallback).
   std::map<std::string, int64_t> stats() const override {
     int64_t held = 0;
     for (const auto& [name, h] : state_->held) held += h;
@@ -184,6 +185,7 @@ class HybridHooks : public ModelHooks {
       out["pipeline_compute_us"] = static_cast<int64_t>(state_->runner->last_compute_seconds() * 1e6);
       out["pipeline_wall_us"] = static_cast<int64_t>(state_->runner->last_wall_seconds() * 1e6);
       out["pipeline_shm_messages"] = state_->runner->shared_memory_messages();
+      out["pipeline_w_fallbacks"] = state_->runner->weight_fallbacks();
     }
     return out;
   }

@@ -307,6 +307,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
         slot.split = std::make_shared<SplitBackward>(slot.output, last ? at::Tensor() : grad.to(slot.output.scalar_type()),
                                                      slot.input, chunk_params[a.chunk]);
         g = slot.split->input_gradient();
+        w_fallbacks_ += slot.split->split() ? 0 : 1;
       }
       compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
       if (!g.defined()) g = at::zeros_like(slot.input);

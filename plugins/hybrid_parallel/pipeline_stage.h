@@ -91,6 +91,8 @@ class PipelineRunner {
   double last_wall_seconds() const { return wall_s_; }  // of the whole last run()
   // Messages this rank sent and received through shared-memory rings, over all runs.
   int64_t shared_memory_messages() const { return shm_messages_; }
+  // zbv: the W passes, over all runs, that ran as a whole backward (SplitBackward's fallback).
+  int64_t weight_fallbacks() const { return w_fallbacks_; }
 
  private:
   at::Tensor run_chunk(int chunk, at::Tensor x) const;
@@ -125,6 +127,7 @@ class PipelineRunner {
   // Run key -> stream -> its ring, on the sending and the receiving rank.
   std::map<std::string, std::map<Stream, Channel>> send_rings_, recv_rings_;
   int64_t shm_messages_ = 0;
+  int64_t w_fallbacks_ = 0;
 };
 
 }  // namespace hybrid
