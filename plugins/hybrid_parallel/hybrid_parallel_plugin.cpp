@@ -232,6 +232,12 @@ class HybridParallelPlugin : public Plugin {
   // (a stage's share, with num_microbatches = pp in flight under 1F1B). Not data parallel: the model
   // is built for the mesh. Communication volume: the dp gradient traffic in Ψ; the activations' tp
   // allreduces and pp sends are extra (noted).
+  // Each pp > 1 mesh with at least 2 * pp layers also has a pp_style = "zbv" row (after its 1F1B
+  // rows, so auto prefers 1F1B at equal need): a rank holds the V's two stages of the 2 * pp stage
+  // partition (r and 2pp-1-r; the largest such pair when the layers' sizes are known), and its
+  // activations are counted as 1F1B's (ZB-V's peak equals 1F1B's at the same micro-batch size, Qi et
+  // al. 2024 section 6; with its num_microbatches = 2 * pp the micro-batches are half 1F1B's, so this
+  // is an upper bound).
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
     const int64_t bytes = precision_bytes(r.precision);
@@ -241,37 +247,49 @@ class HybridParallelPlugin : public Plugin {
         if (tp * pp == 1 || r.world_size % (tp * pp) != 0) continue;
         if (pp > 1 && pp > r.layers) continue;
         const int dp = r.world_size / (tp * pp);
-        // This rank's share: the stage holding the most parameters under the default (uniform)
-        // partition when the layers' sizes are known, else Ψ / pp; over tp.
-        int64_t stage = (r.parameters + pp - 1) / pp;
-        if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
-          stage = 0;
-          for (const auto& [begin, end] : partition_layers(static_cast<int>(r.layers), pp, false, {})) {
-            int64_t sum = 0;
-            for (int i = begin; i < end; ++i) sum += r.layer_parameters[static_cast<size_t>(i)];
-            stage = std::max(stage, sum);
+        // This rank's share: the ranks' largest under the default (uniform) partition when the
+        // layers' sizes are known, else Ψ / pp; over tp. zbv: the V's two stages per rank.
+        for (bool zbv : {false, true}) {
+          if (zbv && (pp == 1 || r.layers < 2 * pp)) continue;
+          int64_t stage = (r.parameters + pp - 1) / pp;
+          if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
+            const ScheduleKind kind = zbv ? ScheduleKind::kZeroBubbleV : ScheduleKind::k1F1B;
+            const int chunks = zbv ? 2 : 1;
+            std::vector<int64_t> per_rank(static_cast<size_t>(pp), 0);
+            const auto ranges = partition_layers(static_cast<int>(r.layers), pp * chunks, false, {});
+            for (int v = 0; v < pp * chunks; ++v)
+              for (int i = ranges[v].first; i < ranges[v].second; ++i)
+                per_rank[static_cast<size_t>(stage_rank(kind, pp, v))] += r.layer_parameters[static_cast<size_t>(i)];
+            stage = *std::max_element(per_rank.begin(), per_rank.end());
           }
-        }
-        const int64_t local = (stage + tp - 1) / tp;
-        const int64_t largest = (r.largest_parameter + tp - 1) / tp;
-        for (int zero : {0, 1}) {
-          if (zero == 1 && dp == 1) continue;
-          MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
-                                       : zero_estimate(r, 1, local, dp,
-                                                       bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
-                                                       largest);
-          e.activations = r.activation_bytes / tp / pp;
-          e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
-          e.data_parallel = false;
-          e.pipeline = tp == 1;
-          e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
-                            ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
-          e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
-                       "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
-          if (pp > 1) e.options.push_back("num_microbatches=" + std::to_string(pp));
-          e.note = tp == 1 ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
-                           : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
-          out.push_back(std::move(e));
+          const int64_t local = (stage + tp - 1) / tp;
+          const int64_t largest = (r.largest_parameter + tp - 1) / tp;
+          for (int zero : {0, 1}) {
+            if (zero == 1 && dp == 1) continue;
+            MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
+                                         : zero_estimate(r, 1, local, dp,
+                                                         bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
+                                                         largest);
+            e.activations = r.activation_bytes / tp / pp;
+            e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
+            e.data_parallel = false;
+            e.pipeline = tp == 1;
+            e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
+                              (zbv ? ", pp_style = \"zbv\", num_model_chunks = 2" : "") +
+                              ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
+            e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
+                         "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
+            if (zbv) {
+              e.options.push_back("pp_style=\"zbv\"");
+              e.options.push_back("num_model_chunks=2");
+              e.options.push_back("num_microbatches=" + std::to_string(2 * pp));
+            } else if (pp > 1) {
+              e.options.push_back("num_microbatches=" + std::to_string(pp));
+            }
+            e.note = tp == 1 ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
+                             : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
+            out.push_back(std::move(e));
+          }
         }
       }
     }
