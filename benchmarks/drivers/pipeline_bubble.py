@@ -157,6 +157,12 @@ def run(ctx):
                   "no posted receive and no third thread. What is left above the formula: the stages do identical "
                   "work but their compute differs from micro-batch to micro-batch and between the two cores (the "
                   "imbalance column), and the faster stage then waits for the slower, which the mean over stages "
-                  "counts and the slowest stage's bubble only partly."],
+                  "counts and the slowest stage's bubble only partly.",
+                  "zbv: each rank runs 2 chunks of 2 blocks in the V (the loss on rank 0) and splits every backward "
+                  "into B (input gradient, sent at once) and W (weight gradients, from B's recorded gradients at the "
+                  "weight-side nodes: plugins/hybrid_parallel/split_backward.h), which the schedule moves into the "
+                  "bubble; B + W cost one ordinary backward, so the bubble is the schedule's gain. The measured bubble "
+                  "is set against ZB-H1's formula (the issue's target) and beside ZB-V's own ideal and torch's "
+                  "ScheduleZBVZeroBubble, which runs the same order over Gloo (every message through loopback TCP)."],
         "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only pipeline_bubble",
     }
