@@ -2,11 +2,11 @@
 
 Ours: build/bin/bench_pipeline on pp = 2 ranks (hybrid_parallel, fp32, one intra-op thread each): 8
 equal MLP blocks (dim 512, hidden 2048, residual) split into equal stages, a batch of 512 rows in m
-micro-batches, booster.execute_pipeline with pp_style 1f1b, gpipe or interleaved (2 model chunks
-per rank). Peer: benchmarks/peers/pipelining_peer.py, torch 2.11's torch.distributed.pipelining on
+micro-batches, booster.execute_pipeline with pp_style 1f1b, gpipe, interleaved or zbv (2 model
+chunks per rank). Peer: benchmarks/peers/pipelining_peer.py, torch 2.11's torch.distributed.pipelining on
 the same 2 ranks (Gloo, one intra-op thread each): PipelineStage over the same blocks split by hand
-into the same stages (rank r holds virtual stages r, r + 2, ...), driven by Schedule1F1B,
-ScheduleGPipe or ScheduleInterleaved1F1B with the same m. Both use MSE loss (mean per micro-batch,
+into the same stages (rank r holds virtual stages r, r + 2, ...; zbv: r and 3 - r), driven by
+Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B or ScheduleZBVZeroBubble with the same m. Both use MSE loss (mean per micro-batch,
 gradients of the mean of the micro-batch losses) and SGD lr 1e-3.
 
 Equivalence (before any time counts): both sides start from one file of weights and batch (written
@@ -34,14 +34,15 @@ ID = "pipelining_peer"
 PP = 2
 LAYERS = 8
 CASES = [("1f1b", 1, 4), ("1f1b", 1, 8), ("gpipe", 1, 4), ("gpipe", 1, 8), ("interleaved", 2, 4),
-         ("interleaved", 2, 8)]
-SMOKE_CASES = [("1f1b", 1, 4), ("gpipe", 1, 4), ("interleaved", 2, 4)]
+         ("interleaved", 2, 8), ("zbv", 2, 4), ("zbv", 2, 8)]
+SMOKE_CASES = [("1f1b", 1, 4), ("gpipe", 1, 4), ("interleaved", 2, 4), ("zbv", 2, 4)]
 # Diagnostic (full runs only): ours with enable_metadata_cache = false, which also keeps every
 # message on Gloo (no shared-memory rings; micro-batch 0 carries a shape header and its receive is
 # posted only when needed), against the peer of this case.
 GLOO_ONLY_CASE = ("1f1b", 1, 8)
 ATOL, RTOL = 1e-5, 1e-4
-PEER_SCHEDULE = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved": "ScheduleInterleaved1F1B"}
+PEER_SCHEDULE = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved": "ScheduleInterleaved1F1B",
+                 "zbv": "ScheduleZBVZeroBubble"}
 
 
 def _label(style, chunks):
@@ -71,7 +72,9 @@ def _close(a, b):
 
 def _check_losses(ours, peer, what):
     """The last stage's loss of every iteration: ours vs torch's within the tolerance (BenchError otherwise)."""
-    lo, lp = ours[PP - 1]["losses"], peer[PP - 1]["losses"]
+    # The rank holding the last virtual stage (rank PP - 1; rank 0 under zbv's V placement).
+    lo = next((d["losses"] for d in ours if d["losses"]), [])
+    lp = next((d["losses"] for d in peer if d["losses"]), [])
     if len(lo) != len(lp) or not lp:
         raise bu.BenchError(f"{what}: {len(lo)} iteration losses from ours, {len(lp)} from torch")
     bad = [(i, a, b) for i, (a, b) in enumerate(zip(lo, lp)) if not _close(a, b)]
@@ -286,7 +289,8 @@ def run(ctx):
             "`schedule.step`) with the same stages, micro-batches, weights and batch: "
             f"{LAYERS} equal MLP blocks (dim {dim}, hidden {4 * dim}), a batch of {batch} rows in m micro-batches; "
             "1F1B vs `Schedule1F1B`, GPipe vs `ScheduleGPipe`, interleaved with 2 model chunks per rank vs "
-            "`ScheduleInterleaved1F1B`. Both sides start from the same weights and batch (one file) and must agree "
+            "`ScheduleInterleaved1F1B`, zbv (ZB-V: 2 chunks per rank in a V, backward split into input and weight "
+            "gradients) vs `ScheduleZBVZeroBubble`. Both sides start from the same weights and batch (one file) and must agree "
             "on the first iteration's gradients and every iteration's loss before their times count."),
         "columns": ["schedule (ours / torch)", "micro-batches m", "ours: execute_pipeline",
                     "torch.distributed.pipelining: schedule.step", "speed ratio (torch time / ours)", "verdict",

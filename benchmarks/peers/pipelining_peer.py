@@ -1,6 +1,6 @@
 """pipelining_peer.py -- the Python peer of the pipelining_peer benchmark: torch.distributed.pipelining
 (PipelineStage from manually split stage modules, ScheduleGPipe / Schedule1F1B /
-ScheduleInterleaved1F1B) training the model of bench_pipeline, run with the venv's python3 (torch 2.11).
+ScheduleInterleaved1F1B / ScheduleZBVZeroBubble) training the model of bench_pipeline, run with the venv's python3 (torch 2.11).
 
     python3 pipelining_peer.py init --out F --layers L --dim D --batch B [--seed S]
     python3 pipelining_peer.py rank --rank R --world_size P --port PORT --cases STYLE:V:M[,...]
@@ -13,15 +13,16 @@ registration order (h.0.fc.weight, h.0.fc.bias, h.0.proj.weight, h.0.proj.bias, 
 inputs and then the targets ([batch, dim] each). bench_pipeline --init_file reads the same file.
 
 rank: one rank of a P-rank job (Gloo on 127.0.0.1, one intra-op thread) that runs the cases one
-after the other, each from the init file (STYLE 1f1b, gpipe or interleaved; V model chunks per rank,
-used by interleaved only; M micro-batches; one --out prefix per case). The L blocks are split into
-P * V contiguous stages exactly as the hybrid_parallel plugin's uniform partition does (sizes differ
-by at most one, the larger first); rank r holds virtual stages r, r + P, ... . Each iteration is
+after the other, each from the init file (STYLE 1f1b, gpipe, interleaved or zbv; V model chunks per
+rank, used by interleaved and zbv (2) only; M micro-batches; one --out prefix per case). The L blocks
+are split into P * V contiguous stages exactly as the hybrid_parallel plugin's uniform partition does
+(sizes differ by at most one, the larger first); rank r holds virtual stages r, r + P, ..., under zbv
+the V: r and 2 P - 1 - r (torch's "v" stage-to-rank mapping, the plugin's). Each iteration is
 schedule.step on the whole batch (MSE loss, mean over each micro-batch; gradients scaled by 1/M, so
 they are those of the mean of the micro-batch losses, as ours), then SGD (lr 1e-3) step and
 zero_grad. Writes PREFIX.rank<r>.json in bench_pipeline's format: call_s (wall time of each timed
-schedule.step), compute_s (the time inside it spent in the stages' forward_one_chunk and
-backward_one_chunk calls), losses (each iteration's mean micro-batch loss, on the rank holding the last stage),
+schedule.step), compute_s (the time inside it spent in the stages' forward_one_chunk,
+backward_one_chunk and backward_weight_one_chunk calls), losses (each iteration's mean micro-batch loss, on the rank holding the last stage),
 dump_names, torch (its version); with --dump also PREFIX.rank<r>.bin: the first iteration's
 gradients (before the optimizer step) of the parameters this rank holds, raw float32 in registration
 order. With --check_against (ours' prefixes, one per case, dumped before this job), rank 0 finally
@@ -115,10 +116,11 @@ def load_init(torch, path, model, batch, dim):
 
 def run_case(torch, dist, a, style, chunks, m, out, dump):
     """One case (schedule style, chunks per rank, micro-batches) from the init file; writes out.rank<r>.json."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                              ScheduleZBVZeroBubble)
 
     pp = a.world_size
-    chunks = chunks if style == "interleaved" else 1
+    chunks = chunks if style in ("interleaved", "zbv") else 1
     model = build_model(torch, a.layers, a.dim)
     x, y = load_init(torch, a.init_file, model, a.batch, a.dim)
     num_stages = pp * chunks
@@ -136,7 +138,7 @@ def run_case(torch, dist, a, style, chunks, m, out, dump):
                 t = b(t)
             return t
 
-    local = [c * pp + a.rank for c in range(chunks)]
+    local = [a.rank, 2 * pp - 1 - a.rank] if style == "zbv" else [c * pp + a.rank for c in range(chunks)]
     modules = [StageModule(*ranges[v]) for v in local]
     stages = [PipelineStage(mod, v, num_stages, torch.device("cpu")) for mod, v in zip(modules, local)]
     loss_fn = torch.nn.functional.mse_loss
@@ -146,6 +148,15 @@ def run_case(torch, dist, a, style, chunks, m, out, dump):
         schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn)
     elif style == "interleaved":
         schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+    elif style == "zbv":
+        schedule = ScheduleZBVZeroBubble(stages, m, loss_fn=loss_fn)
+        # torch 2.11's first batched P2P (connecting the neighbours) includes a send and a receive to
+        # this rank itself for the V's two stages on rank P - 1, which Gloo cannot do ("Pair is not
+        # connected"); the schedule itself hands those tensors over in memory. Drop the self pair.
+        for st in stages:
+            def neighbours(orig=st._get_init_p2p_neighbors_ops):
+                return [op for op in orig() if op.group_peer != a.rank]
+            st._get_init_p2p_neighbors_ops = neighbours
     else:
         sys.exit(f"pipelining_peer: unknown style {style}")
     # Compute time inside step: the stages' forward_one_chunk / backward_one_chunk calls (each with
@@ -164,6 +175,7 @@ def run_case(torch, dist, a, style, chunks, m, out, dump):
     for st in stages:
         st.forward_one_chunk = timed(st.forward_one_chunk)
         st.backward_one_chunk = timed(st.backward_one_chunk)
+        st.backward_weight_one_chunk = timed(st.backward_weight_one_chunk)
     held = {id(p) for mod in modules for p in mod.parameters()}
     opt = torch.optim.SGD([p for mod in modules for p in mod.parameters()], lr=1e-3)
     has_first, has_last = 0 in local, num_stages - 1 in local

@@ -373,6 +373,7 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
   run.set_training(false);
   std::mt19937_64 rng(seed);
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  int last_stage_root = -1;  // pipelines: the lowest world rank holding the last stage
   for (auto& id : ids) id &= 0xff;
   if (ids.empty()) ids.push_back('\n');
   for (int64_t i = 0; i < length; ++i) {
@@ -401,9 +402,12 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
         next = dist(rng);
       }
     }
-    if (par.pp > 1) {  // the first last-stage rank's choice (dp 0, tp 0) for everyone
+    if (par.pp > 1) {  // the first last-stage rank's choice for everyone (pp rank pp-1; 0 under zbv)
+      if (last_stage_root < 0)
+        last_stage_root = static_cast<int>(par.world->allreduce_scalar(
+            local.defined() ? par.world->rank() : par.world->size(), booster::dist::ReduceOp::MIN));
       auto t = torch::tensor({next}, torch::kLong);
-      par.world->broadcast(t, static_cast<int>((par.pp - 1) * par.tp)).wait();
+      par.world->broadcast(t, last_stage_root).wait();
       next = t.item<int64_t>();
     }
     ids.push_back(next);

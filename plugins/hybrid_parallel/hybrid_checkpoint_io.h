@@ -6,7 +6,8 @@
 //  - save_model writes every parameter and buffer under its dense name in its full dense shape and
 //    the model's dtype: a tensor-parallel shard (nn::TensorParallelSpec) is all-gathered over its tp
 //    group along spec.dim, one tensor at a time, and its vocabulary padding (entries >= full_size)
-//    is dropped. Each pipeline stage's writer (the rank with dp = 0, tp = 0 on that stage) writes the
+//    is dropped. Each pipeline stage's writer (the rank with dp = 0, tp = 0 on that stage; a stage
+//    here is a pp rank, so under zbv the writer holds both of its V's virtual stages) writes the
 //    tensors whose owner_stage is its stage (a parameter shared by several stages: the first),
 //    split by ModelSaveOptions::shard / size_per_shard_mb with huggingface_hub's rule; the files of
 //    all stages are numbered as ONE checkpoint (stage 0's first): model-0000i-of-0000N.safetensors

@@ -1,6 +1,6 @@
 // hybrid_parallel_plugin.cpp — ColossalAI's HybridParallelPlugin in C++: Megatron-style tensor
 // parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
-// (a PipelineModule's layers split into stages, 1F1B / interleaved schedules, execute_pipeline) and
+// (a PipelineModule's layers split into stages, 1F1B / interleaved / ZB-V schedules, execute_pipeline) and
 // data parallelism over dp (gradients averaged after backward; zero_stage = 1 shards the optimizer
 // states across dp with the core's ZeroOptimizer), on a (dp, pp, tp) mesh with tp fastest.
 #include <torch/cuda.h>
@@ -30,7 +30,7 @@ struct HybridOptions {
   int tp_size = 1, pp_size = 1;
   int zero_stage = 0;                     // 0 | 1
   std::string precision = "fp16";         // "fp16" (CUDA only) | "bf16" | "fp32"
-  std::string pp_style = "1f1b";          // "1f1b" | "interleaved" (| "gpipe", the reference order)
+  std::string pp_style = "1f1b";          // "1f1b" | "interleaved" | "zbv" (| "gpipe", the reference order)
   int num_model_chunks = 1;
   bool enable_metadata_cache = true;      // pipeline: micro-batch 0's shapes cached across iterations
   int64_t num_microbatches = 0;           // 0 = unset
@@ -50,7 +50,7 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   t.pp_size = static_cast<int>(o.get_int("pp_size", 1, 1, 1 << 20));
   t.zero_stage = static_cast<int>(o.get_int("zero_stage", 0, 0, 2));
   t.precision = o.get_choice("precision", t.precision, {"fp16", "bf16", "fp32"});
-  t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "gpipe"});
+  t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "zbv", "gpipe"});
   t.num_model_chunks = static_cast<int>(o.get_int("num_model_chunks", 1, 1, 1024));
   t.enable_metadata_cache = o.get_bool("enable_metadata_cache", t.enable_metadata_cache);
   t.num_microbatches = o.get_int("num_microbatches", 0, 0);
@@ -78,9 +78,16 @@ static HybridOptions parse_options(const Options& o, int world_size) {
                       " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
                       std::to_string(world_size) + "; the data-parallel size is world / (tp_size * pp_size). Choose "
                       "sizes whose product divides " + std::to_string(world_size) + " (or launch more ranks)");
-  if (t.num_model_chunks > 1 && t.pp_style != "interleaved")
+  if (t.pp_style == "zbv" && t.num_model_chunks != 2)
+    throw PluginError(where + "pp_style = \"zbv\" needs num_model_chunks = 2 (the V placement: every pp rank holds "
+                      "exactly 2 model chunks), got num_model_chunks = " + std::to_string(t.num_model_chunks) +
+                      "; set plugin.num_model_chunks = 2");
+  if (t.pp_style == "zbv" && t.pp_size < 2)
+    throw PluginError(where + "pp_style = \"zbv\" needs pp_size > 1 (it is a pipeline schedule), got pp_size = " +
+                      std::to_string(t.pp_size) + "; set plugin.pp_size >= 2 or drop pp_style");
+  if (t.num_model_chunks > 1 && t.pp_style != "interleaved" && t.pp_style != "zbv")
     throw PluginError(where + "num_model_chunks = " + std::to_string(t.num_model_chunks) +
-                      " needs pp_style = \"interleaved\"");
+                      " needs pp_style = \"interleaved\" (or \"zbv\" with num_model_chunks = 2)");
   if (t.pp_style == "interleaved" && t.num_model_chunks < 2)
     throw PluginError(where + "pp_style = \"interleaved\" needs num_model_chunks >= 2 (ColossalAI's rule)");
   if (t.pp_size > 1 && t.num_microbatches == 0 && t.microbatch_size == 0)
@@ -88,7 +95,10 @@ static HybridOptions parse_options(const Options& o, int world_size) {
                       "microbatch_size (ColossalAI's rule): set plugin.num_microbatches (>= pp_size for 1f1b)");
   if (t.num_microbatches > 0 && t.microbatch_size > 0)
     throw PluginError(where + "set one of num_microbatches and microbatch_size, not both");
-  if (t.pp_size > 1 && t.pp_style != "gpipe" && t.num_microbatches > 0 && t.num_microbatches < t.pp_size)
+  // zbv runs any number of micro-batches (PyTorch's ScheduleZBVZeroBubble rule; the bubble is smallest
+  // from 2 * pp_size - 1 on); 1f1b and interleaved need one per stage.
+  if (t.pp_size > 1 && t.pp_style != "gpipe" && t.pp_style != "zbv" && t.num_microbatches > 0 &&
+      t.num_microbatches < t.pp_size)
     throw PluginError(where + "num_microbatches = " + std::to_string(t.num_microbatches) + " < pp_size = " +
                       std::to_string(t.pp_size) + ": the " + t.pp_style + " schedule needs at least one micro-batch "
                       "per stage; raise num_microbatches or lower pp_size");
@@ -162,8 +172,9 @@ class HybridHooks : public ModelHooks {
     }
   }
   // dp/pp/tp sizes, this rank's pp coordinate, tensors held on its stage, model chunks, and with
-  // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds) and the
-  // messages it sent or received through shared-memory rings so far.
+  // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds), the
+  // messages it sent or received through shared-memory rings so far, and (zbv) the W passes so far
+  // that ran as a whole backward (split_backward.h's fallback).
   std::map<std::string, int64_t> stats() const override {
     int64_t held = 0;
     for (const auto& [name, h] : state_->held) held += h;
@@ -174,6 +185,7 @@ class HybridHooks : public ModelHooks {
       out["pipeline_compute_us"] = static_cast<int64_t>(state_->runner->last_compute_seconds() * 1e6);
       out["pipeline_wall_us"] = static_cast<int64_t>(state_->runner->last_wall_seconds() * 1e6);
       out["pipeline_shm_messages"] = state_->runner->shared_memory_messages();
+      out["pipeline_w_fallbacks"] = state_->runner->weight_fallbacks();
     }
     return out;
   }
@@ -220,6 +232,12 @@ class HybridParallelPlugin : public Plugin {
   // (a stage's share, with num_microbatches = pp in flight under 1F1B). Not data parallel: the model
   // is built for the mesh. Communication volume: the dp gradient traffic in Ψ; the activations' tp
   // allreduces and pp sends are extra (noted).
+  // Each pp > 1 mesh with at least 2 * pp layers also has a pp_style = "zbv" row (after its 1F1B
+  // rows, so auto prefers 1F1B at equal need): a rank holds the V's two stages of the 2 * pp stage
+  // partition (r and 2pp-1-r; the largest such pair when the layers' sizes are known), and its
+  // activations are counted as 1F1B's (ZB-V's peak equals 1F1B's at the same micro-batch size, Qi et
+  // al. 2024 section 6; with its num_microbatches = 2 * pp the micro-batches are half 1F1B's, so this
+  // is an upper bound).
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
     const int64_t bytes = precision_bytes(r.precision);
@@ -229,37 +247,49 @@ class HybridParallelPlugin : public Plugin {
         if (tp * pp == 1 || r.world_size % (tp * pp) != 0) continue;
         if (pp > 1 && pp > r.layers) continue;
         const int dp = r.world_size / (tp * pp);
-        // This rank's share: the stage holding the most parameters under the default (uniform)
-        // partition when the layers' sizes are known, else Ψ / pp; over tp.
-        int64_t stage = (r.parameters + pp - 1) / pp;
-        if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
-          stage = 0;
-          for (const auto& [begin, end] : partition_layers(static_cast<int>(r.layers), pp, false, {})) {
-            int64_t sum = 0;
-            for (int i = begin; i < end; ++i) sum += r.layer_parameters[static_cast<size_t>(i)];
-            stage = std::max(stage, sum);
+        // This rank's share: the ranks' largest under the default (uniform) partition when the
+        // layers' sizes are known, else Ψ / pp; over tp. zbv: the V's two stages per rank.
+        for (bool zbv : {false, true}) {
+          if (zbv && (pp == 1 || r.layers < 2 * pp)) continue;
+          int64_t stage = (r.parameters + pp - 1) / pp;
+          if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
+            const ScheduleKind kind = zbv ? ScheduleKind::kZeroBubbleV : ScheduleKind::k1F1B;
+            const int chunks = zbv ? 2 : 1;
+            std::vector<int64_t> per_rank(static_cast<size_t>(pp), 0);
+            const auto ranges = partition_layers(static_cast<int>(r.layers), pp * chunks, false, {});
+            for (int v = 0; v < pp * chunks; ++v)
+              for (int i = ranges[v].first; i < ranges[v].second; ++i)
+                per_rank[static_cast<size_t>(stage_rank(kind, pp, v))] += r.layer_parameters[static_cast<size_t>(i)];
+            stage = *std::max_element(per_rank.begin(), per_rank.end());
           }
-        }
-        const int64_t local = (stage + tp - 1) / tp;
-        const int64_t largest = (r.largest_parameter + tp - 1) / tp;
-        for (int zero : {0, 1}) {
-          if (zero == 1 && dp == 1) continue;
-          MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
-                                       : zero_estimate(r, 1, local, dp,
-                                                       bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
-                                                       largest);
-          e.activations = r.activation_bytes / tp / pp;
-          e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
-          e.data_parallel = false;
-          e.pipeline = tp == 1;
-          e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
-                            ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
-          e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
-                       "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
-          if (pp > 1) e.options.push_back("num_microbatches=" + std::to_string(pp));
-          e.note = tp == 1 ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
-                           : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
-          out.push_back(std::move(e));
+          const int64_t local = (stage + tp - 1) / tp;
+          const int64_t largest = (r.largest_parameter + tp - 1) / tp;
+          for (int zero : {0, 1}) {
+            if (zero == 1 && dp == 1) continue;
+            MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
+                                         : zero_estimate(r, 1, local, dp,
+                                                         bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
+                                                         largest);
+            e.activations = r.activation_bytes / tp / pp;
+            e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
+            e.data_parallel = false;
+            e.pipeline = tp == 1;
+            e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
+                              (zbv ? ", pp_style = \"zbv\", num_model_chunks = 2" : "") +
+                              ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
+            e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
+                         "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
+            if (zbv) {
+              e.options.push_back("pp_style=\"zbv\"");
+              e.options.push_back("num_model_chunks=2");
+              e.options.push_back("num_microbatches=" + std::to_string(2 * pp));
+            } else if (pp > 1) {
+              e.options.push_back("num_microbatches=" + std::to_string(pp));
+            }
+            e.note = tp == 1 ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
+                             : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
+            out.push_back(std::move(e));
+          }
         }
       }
     }
@@ -335,11 +365,13 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
   } catch (const std::invalid_argument& e) {
     throw PluginError(std::string("hybrid_parallel: ") + e.what());
   }
-  // Virtual stage v runs on pp rank v % pp; a tensor's stages are those of the layers using it.
+  // Virtual stage v runs on pp rank stage_rank(kind, pp, v) (v % pp; zbv: the V); a tensor's stages
+  // are the pp ranks of the layers using it.
+  const ScheduleKind kind = schedule_kind_from_name(options_.pp_style, options_.num_model_chunks);
   std::map<const void*, std::set<int>> stages_of;
   for (int v = 0; v < stages; ++v)
     for (int i = ranges[v].first; i < ranges[v].second; ++i)
-      for (const void* t : layer_tensors[i]) stages_of[t].insert(v % topo_.pp);
+      for (const void* t : layer_tensors[i]) stages_of[t].insert(stage_rank(kind, topo_.pp, v));
   std::vector<std::string> orphans;
   for (auto* list : {&state.named_parameters, &state.named_buffers})
     for (const auto& [name, t] : *list)
@@ -378,15 +410,14 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
     }
   }
   std::vector<std::pair<int, int>> mine;
-  for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[c * topo_.pp + topo_.pp_rank]);
-  state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group,
-                                                  schedule_kind_from_name(options_.pp_style, options_.num_model_chunks),
+  for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[chunk_stage(kind, topo_.pp, topo_.pp_rank, c)]);
+  state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group, kind,
                                                   options_.enable_metadata_cache);
   if (world()->rank() == 0) {
     std::string listing;
     for (int v = 0; v < stages; ++v)
       listing += (v ? ", " : "") + std::to_string(v) + ": layers " + std::to_string(ranges[v].first) + "-" +
-                 std::to_string(ranges[v].second - 1);
+                 std::to_string(ranges[v].second - 1) + " on pp rank " + std::to_string(stage_rank(kind, topo_.pp, v));
     log::info("hybrid_parallel: " + std::to_string(state.runner ? ranges.size() : 0) + " pipeline stages (" + listing + ")");
   }
 }

@@ -9,10 +9,13 @@
 #include <chrono>
 #include <map>
 #include <numeric>
+#include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
+#include "split_backward.h"
 
 namespace booster::hybrid {
 
@@ -86,6 +89,18 @@ at::Tensor PipelineRunner::run_chunk(int chunk, at::Tensor x) const {
   return x;
 }
 
+std::vector<at::Tensor> PipelineRunner::chunk_parameters(int chunk) const {
+  std::vector<at::Tensor> out;
+  std::set<const void*> seen;
+  for (int i = ranges_[chunk].first; i < ranges_[chunk].second; ++i)
+    for (const auto& m : layers_[i].modules) {
+      if (!m) continue;
+      for (const auto& p : m->parameters(true))
+        if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    }
+  return out;
+}
+
 namespace {
 
 // Tags: one per (micro-batch, sending virtual stage, direction), unique within one run().
@@ -104,8 +119,10 @@ std::string run_key(const at::Tensor& inputs, const at::Tensor& targets, int mic
 }
 
 struct Slot {
-  at::Tensor input;   // received activation (requires grad) or the micro-batch's inputs
-  at::Tensor output;  // the chunk's output, or the scaled loss on the last virtual stage
+  at::Tensor input;        // received activation (requires grad) or the micro-batch's inputs
+  at::Tensor output;       // the chunk's output, or the scaled loss on the last virtual stage
+  at::Tensor grad_output;  // after B: the output's gradient, for W (undefined on the last stage)
+  std::shared_ptr<SplitBackward> split;  // after B on a stage with an input gradient: W's state
 };
 
 }  // namespace
@@ -133,8 +150,15 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   std::vector<at::Tensor> outputs;
   at::Tensor loss_sum;
   compute_s_ = 0;
-  int backwards_left = 0;
-  for (const auto& a : schedule) backwards_left += a.kind == PipelineAction::Kind::kBackward;
+  using Kind = PipelineAction::Kind;
+  int backwards_left = 0;  // the actions that accumulate weight gradients
+  for (const auto& a : schedule) backwards_left += a.kind == Kind::kBackward || a.kind == Kind::kBackwardWeight;
+  const auto rank_of = [&](int virtual_stage) { return stage_rank(kind_, pp_, virtual_stage); };
+  // Messages between two virtual stages of this rank (zbv's pp-1 -> pp and back) stay in memory:
+  // (microbatch, sending virtual stage, backward) -> the tensor.
+  std::map<std::tuple<int, int, bool>, at::Tensor> local;
+  std::vector<std::vector<at::Tensor>> chunk_params(chunks);
+  for (int c = 0; c < chunks; ++c) chunk_params[c] = chunk_parameters(c);
 
   // Micro-batch 0 of each stream (sending virtual stage, direction) carries a shape/dtype header
   // (isend_tensor / recv_tensor) unless the metadata cache knows the shape; the later ones, of the
@@ -159,11 +183,20 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     for (const auto& [stream, meta] : stream_meta_[key]) {
       if (recv_rings.count(stream)) continue;
       Pending first{0, at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)), {}};
-      first.work = pp_group_->irecv(first.tensor, stream.first % pp_, message_tag(0, stream.first, stages, stream.second));
+      first.work = pp_group_->irecv(first.tensor, rank_of(stream.first), message_tag(0, stream.first, stages, stream.second));
       ahead[stream] = std::move(first);
     }
   auto receive = [&](int microbatch, int from_vs, bool backward) {
-    const int peer = from_vs % pp_;
+    const int peer = rank_of(from_vs);
+    if (peer == rank_) {  // from this rank's other chunk, sent earlier in the schedule
+      auto it = local.find({microbatch, from_vs, backward});
+      if (it == local.end())
+        throw std::logic_error("pipeline: virtual stage " + std::to_string(from_vs) + " has not produced micro-batch " +
+                               std::to_string(microbatch) + " on this rank (schedule order)");
+      at::Tensor t = std::move(it->second);
+      local.erase(it);
+      return t;
+    }
     const std::pair<int, bool> stream{from_vs, backward};
     at::Tensor t;
     if (cached) {
@@ -194,6 +227,10 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     return t;
   };
   auto send = [&](const at::Tensor& t, int microbatch, int from_vs, int to_vs, bool backward) {
+    if (rank_of(to_vs) == rank_) {
+      local[{microbatch, from_vs, backward}] = t;
+      return;
+    }
     const int tag = message_tag(microbatch, from_vs, stages, backward);
     // Micro-batch 0 with the header; the receiver learns the shape from it and posts the rest plain.
     const bool header = microbatch == 0 && !cached;
@@ -207,12 +244,12 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     } else if (microbatch == 0) {
       sent_bytes[{from_vs, backward}] = static_cast<int64_t>(t.nbytes());
     }
-    sends.emplace_back(header ? pp_group_->isend_tensor(t, to_vs % pp_, tag) : pp_group_->isend(t, to_vs % pp_, tag), t);
+    sends.emplace_back(header ? pp_group_->isend_tensor(t, rank_of(to_vs), tag) : pp_group_->isend(t, rank_of(to_vs), tag), t);
   };
   std::optional<at::NoGradGuard> no_grad;
   if (!o.train) no_grad.emplace();
   for (const auto& a : schedule) {
-    const int vs = a.chunk * pp_ + rank_;
+    const int vs = chunk_stage(kind_, pp_, rank_, a.chunk);
     const bool first = vs == 0, last = vs == stages - 1;
     Slot& slot = slots[{a.microbatch, a.chunk}];
     if (a.kind == PipelineAction::Kind::kForward) {
@@ -243,11 +280,43 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
       if (!o.train) slots.erase({a.microbatch, a.chunk});
       continue;
     }
-    // Backward.
-    --backwards_left;
-    if (o.set_grad_sync) o.set_grad_sync(backwards_left == 0);
+    if (a.kind == Kind::kBackwardWeight) {  // W: the weight gradients from B's kept graph, then free it
+      --backwards_left;
+      if (o.set_grad_sync) o.set_grad_sync(backwards_left == 0);
+      const auto t0 = Clock::now();
+      if (slot.split) {
+        slot.split->weight_gradients();
+      } else if (slot.output.defined() && slot.output.requires_grad() && !chunk_params[a.chunk].empty()) {
+        if (last) torch::autograd::backward({slot.output}, {}, false, false, chunk_params[a.chunk]);
+        else
+          torch::autograd::backward({slot.output}, {slot.grad_output.to(slot.output.scalar_type())}, false, false,
+                                    chunk_params[a.chunk]);
+      }
+      compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      slots.erase({a.microbatch, a.chunk});
+      continue;
+    }
     at::Tensor grad;
     if (!last) grad = receive(a.microbatch, vs + 1, true);
+    if (a.kind == Kind::kBackwardInput) {  // B: the input gradient only, sent on at once; W follows
+      slot.grad_output = grad;
+      if (first) continue;  // nothing to send: W runs the whole backward
+      const auto t0 = Clock::now();
+      at::Tensor g;
+      if (slot.output.defined() && slot.output.requires_grad() && slot.input.requires_grad()) {
+        slot.split = std::make_shared<SplitBackward>(slot.output, last ? at::Tensor() : grad.to(slot.output.scalar_type()),
+                                                     slot.input, chunk_params[a.chunk]);
+        g = slot.split->input_gradient();
+        w_fallbacks_ += slot.split->split() ? 0 : 1;
+      }
+      compute_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!g.defined()) g = at::zeros_like(slot.input);
+      send(g.to(slot.input.scalar_type()).contiguous(), a.microbatch, vs, vs - 1, true);
+      continue;
+    }
+    // The whole backward.
+    --backwards_left;
+    if (o.set_grad_sync) o.set_grad_sync(backwards_left == 0);
     const auto t0 = Clock::now();
     if (slot.output.defined() && slot.output.requires_grad()) {
       if (last) torch::autograd::backward({slot.output});
@@ -284,7 +353,7 @@ void PipelineRunner::setup_shared_memory(const std::string& key, int microbatche
   constexpr int64_t kMaxRingBytes = int64_t{256} << 20;
   const int stages = pp_ * chunks();
   const auto index = [](const Stream& s) { return 2 * s.first + (s.second ? 1 : 0); };
-  const auto receiver_of = [&](const Stream& s) { return (s.first + (s.second ? -1 : 1) + stages) % stages % pp_; };
+  const auto receiver_of = [&](const Stream& s) { return stage_rank(kind_, pp_, s.first + (s.second ? -1 : 1)); };
   const int64_t pid = getpid();
   static std::atomic<int64_t> counter{0};
   auto name_of = [](int64_t owner_pid, int64_t n) {
@@ -337,7 +406,7 @@ void PipelineRunner::setup_shared_memory(const std::string& key, int microbatche
   auto& receives = recv_rings_[key];
   for (auto& [stream, channel] : created) {
     ShmRing::unlink(name_of(pid, record[2 + 2 * index(stream)]));
-    const int from = stream.first % pp_;
+    const int from = stage_rank(kind_, pp_, stream.first);
     if (confirmed[static_cast<size_t>(from)][static_cast<size_t>(index(stream))] != 1) continue;
     channel.peer_pid = static_cast<int>(all[static_cast<size_t>(from)][1]);
     channel.what = std::string(stream.second ? "gradients" : "activations") + " from virtual stage " +

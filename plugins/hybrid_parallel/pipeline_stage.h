@@ -32,8 +32,15 @@ namespace hybrid {
 // weights.size() != n for balanced, or stages < 1.
 std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanced, const std::vector<int64_t>& weights);
 
-// Runs schedules on this rank's model chunks. Chunk c of this rank is virtual stage c * pp + rank
-// and runs layers[ranges[c].first, ranges[c].second) in order.
+// Runs schedules on this rank's model chunks. Chunk c of this rank is virtual stage
+// chunk_stage(kind, pp, rank, c) (c * pp + rank; under zbv the V: rank, then 2*pp-1-rank) and runs
+// layers[ranges[c].first, ranges[c].second) in order. Consecutive virtual stages on the same rank
+// (zbv's stages pp-1 and pp) hand activations and gradients over in memory, without messages.
+// Backward: kBackward runs torch::autograd::backward of the chunk's output (or loss); zbv's B and W
+// are SplitBackward's input_gradient() (the input gradient, sent on at once; the graph kept) and
+// weight_gradients() (the weight gradients, then the graph and the slot are freed), split_backward.h.
+// B of virtual stage 0 (no input gradient to send) does nothing and its W runs the whole backward.
+// Gradients equal kBackward's up to the order in which parts of a parameter's gradient are summed.
 class PipelineRunner {
  public:
   // pp_group: the ranks that differ from this one only in the pipeline coordinate (rank = stage).
@@ -74,7 +81,8 @@ class PipelineRunner {
                      const Options& options);
 
   bool is_first_stage() const { return rank_ == 0; }
-  bool is_last_stage() const { return rank_ == pp_ - 1; }
+  // Whether this rank runs the last virtual stage (the loss): rank pp-1, or rank 0 under zbv.
+  bool is_last_stage() const { return stage_rank(kind_, pp_, pp_ * chunks() - 1) == rank_; }
   int chunks() const { return static_cast<int>(ranges_.size()); }
   const std::vector<std::pair<int, int>>& chunk_ranges() const { return ranges_; }
   // Seconds this rank spent computing (forward + backward of its chunks, loss included) in the last
@@ -83,9 +91,13 @@ class PipelineRunner {
   double last_wall_seconds() const { return wall_s_; }  // of the whole last run()
   // Messages this rank sent and received through shared-memory rings, over all runs.
   int64_t shared_memory_messages() const { return shm_messages_; }
+  // zbv: the W passes, over all runs, that ran as a whole backward (SplitBackward's fallback).
+  int64_t weight_fallbacks() const { return w_fallbacks_; }
 
  private:
   at::Tensor run_chunk(int chunk, at::Tensor x) const;
+  // The parameters requiring grad of chunk `chunk`'s layers (W's inputs), each once.
+  std::vector<at::Tensor> chunk_parameters(int chunk) const;
   using Stream = std::pair<int, bool>;  // (sending virtual stage, backward)
   struct StreamMeta {
     std::vector<int64_t> sizes;
@@ -115,6 +127,7 @@ class PipelineRunner {
   // Run key -> stream -> its ring, on the sending and the receiving rank.
   std::map<std::string, std::map<Stream, Channel>> send_rings_, recv_rings_;
   int64_t shm_messages_ = 0;
+  int64_t w_fallbacks_ = 0;
 };
 
 }  // namespace hybrid

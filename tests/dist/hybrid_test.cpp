@@ -1,6 +1,6 @@
 // hybrid_test.cpp — the hybrid_parallel plugin on 2 and 4 ranks (hybrid_worker processes) against
 // single-process LibTorch: every mesh shape that fits (tp, pp, dp·tp, dp·pp, pp·tp, tp4, pp4), the
-// 1F1B, interleaved and GPipe schedules, zero_stage 0 and 1, SGD and AdamW, clipping, bf16; and
+// 1F1B, interleaved, ZB-V and GPipe schedules, zero_stage 0 and 1, SGD and AdamW, clipping, bf16; and
 // checkpoints moving between mesh shapes and plugins.
 // Tolerances: float32 runs within kAtol = 1e-5 + kRtol = 1e-4 * |reference| (sums in another order:
 // tp splits the matmuls, dp and micro-batches split the batch); bf16 runs within 3e-2 absolute
@@ -31,10 +31,10 @@ struct Reference {
 // Single-process training of the dense TinyLM (tp = 1) on the whole global batch of each step.
 // short_step: that step's sequences are cut to their first kSeq / 2 tokens (other activation shapes).
 Reference reference_lm(int64_t steps, int64_t batch, const std::string& optimizer, double max_norm = 0,
-                       int64_t short_step = -1) {
+                       int64_t short_step = -1, int64_t blocks = kLayers) {
   booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
   torch::manual_seed(7);
-  TinyLM net;
+  TinyLM net(blocks);
   auto opt = make_lm_optimizer(optimizer, net->parameters());
   auto data = make_token_batches(steps, batch, 11);
   Reference ref;
@@ -92,6 +92,7 @@ struct HybridCase {
   double max_norm = 0;
   bool bf16 = false;
   int64_t short_step = -1;  // a step with shorter sequences (hybrid_worker's short_step)
+  int64_t blocks = kLayers;  // TinyLM's MLP blocks (pipeline layers: blocks + 2)
 };
 
 void check_hybrid(const HybridCase& c) {
@@ -110,9 +111,13 @@ void check_hybrid(const HybridCase& c) {
     what += " short_step=" + std::to_string(c.short_step);
   }
   args.push_back(std::string("set=plugin.precision=") + (c.bf16 ? "bf16" : "fp32"));
+  if (c.blocks != kLayers) {
+    args.push_back("blocks=" + std::to_string(c.blocks));
+    what += " blocks=" + std::to_string(c.blocks);
+  }
   auto results = run_hybrid(c.world, args);
   expect_all_ok(results);
-  const Reference ref = reference_lm(steps, batch, c.optimizer, c.max_norm, c.short_step);
+  const Reference ref = reference_lm(steps, batch, c.optimizer, c.max_norm, c.short_step, c.blocks);
   expect_model_close(dir.file("model"), ref, c.bf16 ? 3e-2 : kAtol, c.bf16 ? 0 : kRtol, what);
   // Losses (last stage) and clipping norms (every rank) match the reference's.
   int ranks_with_loss = 0;
@@ -143,6 +148,10 @@ void check_hybrid(const HybridCase& c) {
   for (int r = 0; pipelined && r < c.world; ++r) {
     auto log = read_log(dir.file("rank" + std::to_string(r) + ".txt"));
     ASSERT_EQ(log["shm_messages"].size(), static_cast<size_t>(steps)) << what << " rank " << r;
+    // zbv: every W of TinyLM's chunks is the split one (from B's boundary gradients), none a whole
+    // backward again.
+    ASSERT_EQ(log["w_fallbacks"].size(), static_cast<size_t>(steps)) << what << " rank " << r;
+    EXPECT_EQ(log["w_fallbacks"][steps - 1], 0) << what << " rank " << r;
     if (cache) {
       EXPECT_EQ(log["shm_messages"][0], 0) << what << " rank " << r << ": the first run goes through Gloo";
       EXPECT_GT(log["shm_messages"][2], log["shm_messages"][1]) << what << " rank " << r;
@@ -161,6 +170,10 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
       {"indivisible_mesh", {"tp_size * pp_size = 3 * 1 = 3 does not divide the world size 2"}},
       {"too_few_microbatches", {"num_microbatches = 1 < pp_size = 2", "raise num_microbatches"}},
       {"no_microbatches", {"needs num_microbatches or microbatch_size"}},
+      {"zbv_one_chunk", {"pp_style = \"zbv\" needs num_model_chunks = 2", "got num_model_chunks = 1",
+                         "set plugin.num_model_chunks = 2"}},
+      {"zbv_three_chunks", {"pp_style = \"zbv\" needs num_model_chunks = 2", "got num_model_chunks = 3"}},
+      {"zbv_without_pipeline", {"pp_style = \"zbv\" needs pp_size > 1", "got pp_size = 1"}},
       {"not_a_pipeline_module", {"booster::nn::PipelineModule", "pipeline_layers()"}},
       {"too_few_layers", {"6 pipeline layers", "fewer than pp_size * num_model_chunks = 8"}},
       {"forward_on_pipelined_model", {"use booster.execute_pipeline"}},
@@ -220,6 +233,25 @@ TEST(HybridParallel, Pipeline4MatchesSingleProcess) {
 TEST(HybridParallel, InterleavedPipeline2x2ChunksMatchesSingleProcess) {
   check_hybrid({4, {"plugin.pp_size=2", "plugin.pp_style=interleaved", "plugin.num_model_chunks=2",
                     "plugin.num_microbatches=4"}, "adamw"});
+}
+// ZB-V (pp_style = "zbv"): 8 virtual stages on 4 ranks in a V (rank 0 holds the embedding and the
+// tied head: the stage with the loss), backward split into B and W. 6 blocks = 8 pipeline layers, one
+// per stage; m = 4 < 2 * pp - 1 and m = 8 (the full steady state), AdamW with clipping (the norm and
+// the update see every W's gradients). Same float32 tolerances as the other meshes.
+TEST(HybridParallel, ZeroBubbleV4StagesMatchesSingleProcess) {
+  HybridCase c{4, {"plugin.pp_size=4", "plugin.pp_style=zbv", "plugin.num_model_chunks=2", "plugin.num_microbatches=8"},
+               "adamw", 0.05};
+  c.blocks = 6;
+  check_hybrid(c);
+  c.sets[3] = "plugin.num_microbatches=4";
+  c.optimizer = "sgd";
+  c.max_norm = 0;
+  check_hybrid(c);
+}
+// zbv with dp and the metadata cache's shape changes (step 1 shorter): pp2 x dp2, 3 micro-batches.
+TEST(HybridParallel, ZeroBubbleVDataPipeline2x2MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.pp_size=2", "plugin.pp_style=zbv", "plugin.num_model_chunks=2", "plugin.num_microbatches=2"},
+                "sgd", 0, false, 1});
 }
 TEST(HybridParallel, ZeroStage1DataTensor2x2MatchesSingleProcess) {
   check_hybrid({4, {"plugin.tp_size=2", "plugin.zero_stage=1"}, "adamw", 0.05});
@@ -298,6 +330,22 @@ TEST(HybridParallel, CheckpointPipelineTensor2x2ResumesInTorchDdp) {
                  EXPECT_NE(index.find("\"ln_f.weight\": \"model-00002-of-00002.safetensors\""), std::string::npos) << index;
                  EXPECT_NE(index.find("\"wte.weight\": \"model-00001-of-00002.safetensors\""), std::string::npos) << index;
                });
+}
+// A zbv checkpoint (pp2·tp2: rank 0 holds virtual stages 0 and 3, rank 1 stages 1 and 2) resumes in
+// 1F1B pp2 and in one process; a torch_ddp one resumes under zbv.
+const std::vector<std::string> kZbvTp2Pp2{"plugin.tp_size=2", "plugin.pp_size=2", "plugin.pp_style=zbv",
+                                          "plugin.num_model_chunks=2", "plugin.num_microbatches=4"};
+TEST(HybridParallel, CheckpointZeroBubbleVResumesIn1F1BAndTorchDdp) {
+  check_resume({4, kZbvTp2Pp2}, {2, {"plugin.pp_size=2", "plugin.num_microbatches=4"}}, "zbv tp2·pp2 -> 1f1b pp2",
+               [](const TempDir& ckpt) {
+                 // Two stage files; the V puts the embedding and ln_f (the tied head) on pp rank 0.
+                 const std::string index = read_file(ckpt.file("model/model.safetensors.index.json"));
+                 EXPECT_NE(index.find("\"ln_f.weight\": \"model-00001-of-00002.safetensors\""), std::string::npos) << index;
+                 EXPECT_NE(index.find("\"wte.weight\": \"model-00001-of-00002.safetensors\""), std::string::npos) << index;
+                 EXPECT_NE(index.find("\"h.1.fc.weight\": \"model-00002-of-00002.safetensors\""), std::string::npos) << index;
+               });
+  check_resume({4, kZbvTp2Pp2}, {1, {"plugin=torch_ddp"}}, "zbv tp2·pp2 -> torch_ddp 1 rank");
+  check_resume({1, {"plugin=torch_ddp"}}, {4, kZbvTp2Pp2}, "torch_ddp 1 rank -> zbv tp2·pp2");
 }
 TEST(HybridParallel, CheckpointTorchDdpResumesInPipelineTensor2x2) {
   check_resume({1, {"plugin=torch_ddp"}}, {4, kTp2Pp2}, "torch_ddp 1 rank (2 steps) -> tp2·pp2 (2 steps)");

@@ -4,6 +4,7 @@
 // rows; pp > 1 runs booster.execute_pipeline, else model.forward + booster.backward.
 // Arguments are key=value:
 //   out=DIR steps=K batch=B (global) optimizer=sgd|adamw first_step=F (skip the first F batches)
+//   blocks=N (TinyLM's MLP blocks, default kLayers)
 //   short_step=S (step S's sequences cut to their first kSeq / 2 tokens)
 //   load=DIR (load model_dir/ and optimizer/ from DIR before training) save=DIR (save them after)
 //   bad_load=DIR (booster.load_model from DIR/model expecting a CheckpointError: its message, or
@@ -59,6 +60,11 @@ int run_errors() {
   attempt("indivisible_mesh", [&] { booster::Booster b(config_with("tp_size = 3\n")); });
   attempt("too_few_microbatches", [&] { booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 1\n")); });
   attempt("no_microbatches", [&] { booster::Booster b(config_with("pp_size = 2\n")); });
+  attempt("zbv_one_chunk", [&] { booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 4\npp_style = \"zbv\"\n")); });
+  attempt("zbv_three_chunks", [&] {
+    booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 4\npp_style = \"zbv\"\nnum_model_chunks = 3\n"));
+  });
+  attempt("zbv_without_pipeline", [&] { booster::Booster b(config_with("pp_style = \"zbv\"\nnum_model_chunks = 2\n")); });
   attempt("not_a_pipeline_module", [&] {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
     torch::manual_seed(7);
@@ -120,7 +126,7 @@ int run() {
   auto world = booster::launch_from_config(config, no_args);
   booster::Booster booster(config);
   torch::manual_seed(7);
-  TinyLM net;  // after the Booster: the TP layers take its tp group
+  TinyLM net(iarg("blocks", kLayers));  // after the Booster: the TP layers take its tp group
   auto optimizer = make_lm_optimizer(arg("optimizer", "sgd"), net->parameters());
   auto [model, opt, criterion, loader, scheduler] = booster.boost(net, optimizer, tiny_lm_loss);
   if (arg("bad_load", "") != "") {
@@ -162,6 +168,7 @@ int run() {
           << "\n";
     if (opt->options().max_norm > 0) log << "norm " << s << " " << opt->last_grad_norm() << "\n";
     if (pipelined) log << "shm_messages " << s << " " << model.hooks().stats().at("pipeline_shm_messages") << "\n";
+    if (pipelined) log << "w_fallbacks " << s << " " << model.hooks().stats().at("pipeline_w_fallbacks") << "\n";
     opt->zero_grad();
   }
   booster.save_model(model, arg("out", ".") + "/model");

@@ -169,6 +169,26 @@ TEST(Estimate, InTreePluginsGiveTheZeroPaperModelStates) {
   // first holding half of Ψ, so stage 0 (layers 0 and 1) holds P/2 + P/14.
   r.layer_parameters = {P / 2, P / 14, P / 14, P / 14, P / 14, P / 14, P / 14, P / 14};
   EXPECT_EQ(rows_of(r)[pp4].states.model_states(), 16 * (P / 2 + P / 14));
+  // pp_style = "zbv" beside it: 8 stages of one layer, rank r holding layers r and 7 - r, so rank 0
+  // holds P/2 + P/14 as well; activations counted as 1F1B's; its options select the schedule.
+  const std::string zbv4 = "hybrid_parallel: tp_size = 1, pp_size = 4, pp_style = \"zbv\", num_model_chunks = 2, "
+                           "zero_stage = 0, precision = \"bf16\"";
+  r.activation_bytes = 4 << 20;
+  auto with_layers = rows_of(r);
+  ASSERT_TRUE(with_layers.count(zbv4));
+  EXPECT_EQ(with_layers[zbv4].states.model_states(), 16 * (P / 2 + P / 14));
+  EXPECT_EQ(with_layers[zbv4].activations, (4 << 20) / 4);
+  EXPECT_EQ(with_layers[zbv4].activations, with_layers[pp4].activations);
+  EXPECT_TRUE(with_layers[zbv4].pipeline);
+  EXPECT_THAT(with_layers[zbv4].options, ::testing::IsSupersetOf({std::string("pp_style=\"zbv\""),
+                                                                   std::string("num_model_chunks=2"),
+                                                                   std::string("num_microbatches=8")}));
+  // Without 2 * pp layers there is no zbv row (8 layers: pp 4 has one, pp 5 cannot).
+  r.world_size = 5;
+  EXPECT_TRUE(rows_of(r).count("hybrid_parallel: tp_size = 1, pp_size = 5, zero_stage = 0, precision = \"bf16\""));
+  EXPECT_FALSE(rows_of(r).count("hybrid_parallel: tp_size = 1, pp_size = 5, pp_style = \"zbv\", num_model_chunks = 2, "
+                                "zero_stage = 0, precision = \"bf16\""));
+  r.world_size = N;
   EXPECT_EQ(bf16["torch_ddp: gradient_as_bucket_view = true"].states.model_states(), 16 * P);  // autocast: fp32 weights
 }
 

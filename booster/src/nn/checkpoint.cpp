@@ -157,9 +157,13 @@ struct CheckpointBackward : torch::autograd::Node {
     for (size_t i = 0; i < inputs.size(); ++i)
       if (input_needs_grad[i]) result.push_back(g[k++]);
     for (size_t i = 0; i < params.size(); ++i) result.push_back(g[k++]);
-    inputs.clear();  // the graph runs backward once (as without checkpointing)
-    params.clear();
     return result;
+  }
+  // Called by the engine after apply unless the backward keeps the graph: a backward with
+  // retain_graph (the zbv pipeline's B pass, before its W) leaves the inputs for the next one.
+  void release_variables() override {
+    inputs.clear();
+    params.clear();
   }
 };
 
