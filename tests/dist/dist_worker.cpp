@@ -128,7 +128,7 @@ int run() {
             // The loss in fp32 (a bf16 autocast output is cast up, as the precision's criterion does).
             auto loss = torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y) / static_cast<double>(accum);
             booster.backward(loss, *boosted.optimizer);
-            losses.back() += loss.item<double>();
+            losses.back() += loss.template item<double>();
           };
           if (m + 1 < accum && arg("accum_sync", "false") != "true") {  // accum_sync: every pass synchronises
             auto guard = booster.no_sync(boosted.model);

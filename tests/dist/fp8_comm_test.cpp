@@ -29,8 +29,8 @@ using namespace booster::testing;
 using ::testing::HasSubstr;
 
 constexpr int64_t kSteps = 12, kBatch = 8;
-constexpr double kLossBand = 0.02;                   // relative, per step
-constexpr double kParamAtol = 2e-3, kParamRtol = 2e-2;  // fp8; bf16 gets a quarter of both
+constexpr double kLossBand = 0.01;                      // relative, per step
+constexpr double kParamAtol = 1e-2, kParamRtol = 2e-2;  // fp8; bf16 gets a quarter of both
 
 struct Reference {
   std::vector<double> losses;
@@ -64,8 +64,10 @@ double check_band(const std::vector<std::string>& sets, const std::string& what,
                                 "batch=" + std::to_string(kBatch), "optimizer=sgd"};
   for (const auto& s : sets) args.push_back("set=" + s);
   auto results = run_workers(world, args);
-  expect_all_ok(results);
-  if (::testing::Test::HasFailure()) return 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << what << " rank " << r << " output:\n" << results[r].output;
+    if (results[r].exit_code != 0) return 0;
+  }
   const Reference ref = reference_fp32(world);
   // The global loss of a step: the mean of the ranks' losses (equal batch sizes).
   auto l0 = load_tensors(dir.file("rank0_losses.pt"))[0], l1 = load_tensors(dir.file("rank1_losses.pt"))[0];
@@ -80,7 +82,8 @@ double check_band(const std::vector<std::string>& sets, const std::string& what,
   double max_diff = 0;
   for (int r = 0; r < world; ++r) {
     auto got = load_tensors(dir.file("rank" + std::to_string(r) + ".pt"));
-    ASSERT_EQ(got.size(), ref.params.size());
+    EXPECT_EQ(got.size(), ref.params.size());
+    if (got.size() != ref.params.size()) return worst;
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_TRUE(torch::allclose(got[i], ref.params[i], kParamRtol * scale, kParamAtol * scale))
           << what << " rank " << r << " tensor " << i << " max |d| "
@@ -138,7 +141,7 @@ TEST(Fp8Communication, GeminiTrainsWithinBandOfFp32) {
 // epoch within kExampleLossBand (relative) and test accuracy within 0.03; GPT validation loss of
 // each evaluation within kExampleLossBand (relative).
 
-constexpr double kExampleLossBand = 0.03;
+constexpr double kExampleLossBand = 0.01;
 
 // Column `col` of every data row of a metrics.csv.
 std::vector<double> csv_column(const std::string& path, size_t col) {
@@ -196,6 +199,7 @@ TEST(Fp8Communication, MainJobLossWithinBandOfFp32) {
     const auto acc = csv_column(b.file("metrics.csv"), 2), acc_ref = csv_column(a.file("metrics.csv"), 2);
     ASSERT_FALSE(acc.empty());
     EXPECT_NEAR(acc.back(), acc_ref.back(), 0.03) << what;
+    EXPECT_GT(loss, 0.0) << what << ": the same curve as fp32 communication (the setting was ignored?)";
     std::cout << "[ band     ] main job " << what << ": max relative train-loss deviation " << loss << ", accuracy "
               << acc.back() << " vs fp32 " << acc_ref.back() << std::endl;
   }
@@ -232,6 +236,7 @@ TEST(Fp8Communication, GptExampleLossWithinBandOfFp32) {
     // metrics.csv column 3: val_loss of each evaluation (every 20 steps, then the final one).
     const double worst = compare_curves(csv_column(b.file("metrics.csv"), 3), csv_column(a.file("metrics.csv"), 3),
                                         kExampleLossBand, "gpt " + config + " fp8 val loss");
+    EXPECT_GT(worst, 0.0) << config << ": the same curve as fp32 communication (the setting was ignored?)";
     std::cout << "[ band     ] gpt " << config << " fp8: max relative validation-loss deviation " << worst << std::endl;
   }
 }
