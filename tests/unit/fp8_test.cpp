@@ -37,6 +37,10 @@ TEST(Fp8Quantize, RoundTripWithinE4M3Precision) {
   EXPECT_NEAR(s.item<double>(), x.abs().max().item<double>() / 448.0, 1e-9);
   const at::Tensor q = bd::quantize_fp8(x, s);
   EXPECT_EQ(q.scalar_type(), at::kFloat8_e4m3fn);
+  // The CPU loop gives the bits of ATen's own cast (the path CUDA tensors take), and dequantizes
+  // as ATen does.
+  EXPECT_TRUE(at::equal(q.view(at::kByte), (x / s).clamp(-448, 448).to(at::kFloat8_e4m3fn).view(at::kByte)));
+  EXPECT_TRUE(at::equal(bd::dequantize_fp8(q, s, at::kFloat), q.to(at::kFloat) * s));
   const at::Tensor y = bd::dequantize_fp8(q, s, at::kFloat);
   const at::Tensor err = (y - x).abs();
   EXPECT_TRUE(err.le(bound_of(x, s.item<double>())).all().item<bool>()) << "max |d| " << err.max().item<double>();

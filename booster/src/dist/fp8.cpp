@@ -2,7 +2,12 @@
 #include "booster/dist/fp8.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
 
+#include <array>
+#include <cfloat>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -43,11 +48,57 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
   return o;
 }
 
+// CPU path: single passes over the data with c10's own e4m3fn
+// conversions (the same bits as Tensor::to), instead of a chain of ATen ops with temporaries.
+constexpr int64_t kGrain = 1 << 15;
+
+float amax_finite(const float* x, int64_t n) {
+  return at::parallel_reduce(0, n, kGrain, 0.0f, [x](int64_t b, int64_t e, float m) {
+    for (int64_t i = b; i < e; ++i) {
+      const float v = std::fabs(x[i]);
+      m = (v <= FLT_MAX && v > m) ? v : m;  // NaN and inf fail the first test
+    }
+    return m;
+  }, [](float a, float b) { return std::max(a, b); });
+}
+
+void quantize_cpu(const float* x, uint8_t* q, int64_t n, float scale) {
+  at::parallel_for(0, n, kGrain, [=](int64_t b, int64_t e) {
+    const float lim = static_cast<float>(kFp8E4M3Max);
+    for (int64_t i = b; i < e; ++i) {
+      const float v = x[i];
+      q[i] = std::isfinite(v) ? c10::detail::fp8e4m3fn_from_fp32_value(std::min(std::max(v / scale, -lim), lim))
+                              : c10::detail::fp8e4m3fn_from_fp32_value(std::numeric_limits<float>::quiet_NaN());
+    }
+  });
+}
+
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[static_cast<size_t>(b)] = c10::detail::fp8e4m3fn_to_fp32_value(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table;
+}
+
+void dequantize_cpu(const uint8_t* q, float* out, int64_t n, float scale) {
+  const std::array<float, 256>& t = e4m3_table();
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[i] = t[q[i]] * scale;
+  });
+}
+
 }  // namespace fp8_detail
 
 at::Tensor fp8_scale(const at::Tensor& x) {
   const at::TensorOptions opts = x.options().dtype(at::kFloat);
   if (x.numel() == 0) return at::ones({1}, opts);
+  if (x.device().is_cpu()) {
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    const float amax = fp8_detail::amax_finite(xf.data_ptr<float>(), xf.numel());
+    return at::full({1}, amax > 0 ? amax / static_cast<float>(kFp8E4M3Max) : 1.0f, opts);
+  }
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor amax = at::where(at::isfinite(xf), xf.abs(), at::zeros({}, opts)).amax().reshape({1});
   return at::where(amax > 0, amax / kFp8E4M3Max, at::ones({1}, opts));
@@ -56,6 +107,13 @@ at::Tensor fp8_scale(const at::Tensor& x) {
 at::Tensor quantize_fp8(const at::Tensor& x, const at::Tensor& scale) {
   if (!x.defined() || !at::isFloatingType(x.scalar_type()))
     throw std::invalid_argument("booster: quantize_fp8 needs a floating tensor");
+  if (x.device().is_cpu() && scale.device().is_cpu()) {
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+    fp8_detail::quantize_cpu(xf.data_ptr<float>(), static_cast<uint8_t*>(q.data_ptr()), x.numel(),
+                             scale.to(at::kFloat).item<float>());
+    return q;
+  }
   const at::Tensor xf = x.to(at::kFloat);
   at::Tensor y = (xf / scale.to(at::kFloat)).clamp(-kFp8E4M3Max, kFp8E4M3Max);
   y = at::where(at::isfinite(xf), y, at::full({}, std::numeric_limits<float>::quiet_NaN(), xf.options()));
@@ -63,6 +121,12 @@ at::Tensor quantize_fp8(const at::Tensor& x, const at::Tensor& scale) {
 }
 
 at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scale, at::ScalarType dtype) {
+  if (q.device().is_cpu() && q.is_contiguous() && scale.device().is_cpu()) {
+    at::Tensor out = at::empty(q.sizes(), q.options().dtype(at::kFloat));
+    fp8_detail::dequantize_cpu(static_cast<const uint8_t*>(q.data_ptr()), out.data_ptr<float>(), q.numel(),
+                               scale.to(at::kFloat).item<float>());
+    return dtype == at::kFloat ? out : out.to(dtype);
+  }
   at::Tensor y = q.to(at::kFloat) * scale.to(at::kFloat);
   return dtype == at::kFloat ? y : y.to(dtype);
 }

@@ -24,8 +24,10 @@
 // scale (fp8_wire_bytes(n) = n + 4 bytes). Pieces travel as uint8 tensors (Gloo has no float8).
 //
 // Devices: the tensors may live on any device the collectives of dist::ProcessGroup accept (CPU,
-// CUDA with NCCL or staged through host memory); quantization runs on the tensors' device without
-// a host synchronisation.
+// CUDA with NCCL or staged through host memory). On the CPU, the scale, quantization and
+// dequantization are single parallel passes (at::parallel_for) with c10's e4m3fn conversions (the
+// bits of Tensor::to); on other devices they are ATen ops on the tensors' device, without a host
+// synchronisation.
 #pragma once
 
 #include <ATen/core/Tensor.h>
