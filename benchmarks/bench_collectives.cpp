@@ -15,10 +15,13 @@
 // raw: the same written by hand). The raw column is what LibTorch 1.13's Gloo allowed. The native
 // column is LibTorch 2.11 Gloo's own op where it has one: _allgather_base into the flat output,
 // _reduce_scatter_base, allreduce of the bf16 tensor, allreduce with ReduceOp::AVG.
+// fp8 rows (dist/fp8.h): the float32 allreduce and allgather tensors with float8 e4m3 on the wire
+// (ours: fp8_allreduce, fp8_all_gather_into_tensor; peer: the raw float32 op on the same tensor).
 //
 // Correctness: before timing, every op runs once on every side with known inputs; each rank checks
 // ours == raw bit for bit and both == the analytic result, and native == the analytic result (bit
-// for bit, except bf16: Gloo sums in bf16, so within one bf16 ulp of the float32 sum rounded once),
+// for bit, except bf16: Gloo sums in bf16, so within one bf16 ulp of the float32 sum rounded once;
+// and fp8: ours within fp8.h's error bound of the analytic result, raw equal to it),
 // and exits non-zero on a mismatch.
 // Timing: ours, raw, native and memcpy are interleaved (the order alternates per repetition); a
 // sample is the mean of back-to-back ops worth --sample_bytes (32 MiB) after a barrier, inputs
@@ -34,6 +37,7 @@
 #include <iostream>
 
 #include "bench_common.h"
+#include "booster/dist/fp8.h"
 #include "booster/dist/process_group.h"
 
 using namespace booster::bench;
@@ -117,21 +121,29 @@ int run(const Args& a) {
                        sum.to(at::kBFloat16)});
     }
 
+    // Compressed communication (dist/fp8.h): the float32 tensor of the allreduce / allgather rows
+    // with float8 e4m3 on the wire; the peer is the raw float32 op, so the rows compare the same
+    // tensors. Checked against the analytic answer within the contract's bound (fp8_bound).
+    cases.push_back({"allreduce_fp8", n * 4, base + rank, at::empty({n}), at::Tensor(), reduced});
+    cases.push_back({"allgather_fp8", n * 4, cases[1].input, at::Tensor(), at::empty({n}), cases[1].expected});
+
     // Each side's op, including the untimed refill of in-place buffers.
     auto prepare = [&](Case& c) {
-      if (c.op != "allgather") c.work.copy_(c.input);
+      if (c.work.defined()) c.work.copy_(c.input);
     };
     auto run_ours = [&](Case& c) {
-      if (c.op == "allreduce" || c.op == "allreduce_bf16") ours->allreduce(c.work).wait();
+      if (c.op == "allreduce_fp8") booster::dist::fp8_allreduce(*ours, c.work).wait();
+      else if (c.op == "allgather_fp8") booster::dist::fp8_all_gather_into_tensor(*ours, c.output, c.input).wait();
+      else if (c.op == "allreduce" || c.op == "allreduce_bf16") ours->allreduce(c.work).wait();
       else if (c.op == "allreduce_avg") ours->allreduce(c.work, booster::dist::ReduceOp::AVG).wait();
       else if (c.op == "allgather") ours->all_gather_into_tensor(c.output, c.input).wait();
       else ours->reduce_scatter_tensor(c.output, c.input).wait();
     };
     auto run_raw = [&](Case& c) {
-      if (c.op == "allreduce") {
+      if (c.op == "allreduce" || c.op == "allreduce_fp8") {
         std::vector<at::Tensor> t{c.work};
         raw->allreduce(t)->wait();
-      } else if (c.op == "allgather") {
+      } else if (c.op == "allgather" || c.op == "allgather_fp8") {
         std::vector<std::vector<at::Tensor>> out(1);
         for (int r = 0; r < ws; ++r) out[0].push_back(c.output.narrow(0, r * chunk, chunk));
         std::vector<at::Tensor> in{c.input};
@@ -183,7 +195,14 @@ int run(const Args& a) {
       if (c.output.defined()) c.output.zero_();
       run_raw(c);
       at::Tensor got_raw = result(c).clone();
-      if (!at::equal(got_ours, got_raw) || !at::equal(got_ours, c.expected)) {
+      const bool fp8 = c.op == "allreduce_fp8" || c.op == "allgather_fp8";
+      // fp8: every element within 2^-4 of its rank values' and its sum's magnitudes plus the
+      // subnormal steps (fp8.h; the inputs here are non-negative, so sum |x_r| = |sum|).
+      const bool ours_ok = fp8 ? ((got_ours - c.expected).abs() <=
+                                  c.expected.abs() * (c.op == "allreduce_fp8" ? 0.125 : 0.0625) +
+                                      c.expected.abs().max() * (1.0 / 1024) * (ws + 1)).all().item<bool>()
+                               : at::equal(got_ours, got_raw);
+      if (!ours_ok || !at::equal(got_raw, c.expected) || (!fp8 && !at::equal(got_ours, c.expected))) {
         std::cerr << "bench_collectives: rank " << rank << ": " << c.op << " of " << c.bytes
                   << " bytes: ours and raw c10d disagree (max |ours-raw| = "
                   << (got_ours - got_raw).abs().max().item<double>() << ", max |ours-expected| = "

@@ -18,6 +18,22 @@ SMOKE_SIZES = [64 << 10]
 WORLD = 2
 
 
+def wire_bytes(op, nbytes, world):
+    """(ours, peer): payload bytes one rank sends for an op on an nbytes message, from the algorithms'
+    layouts (pairwise/ring: (N-1)/N of the buffer per pass; fp8: 1 byte per float32 element plus a
+    4-byte scale per piece, dist/fp8.h). The bf16 row's message is already bf16."""
+    part = (world - 1) / world
+    if op in ("allreduce", "allreduce_avg", "allreduce_bf16"):
+        return (2 * part * nbytes, 2 * part * nbytes if op != "allreduce_bf16" else 4 * part * nbytes)
+    if op in ("allgather", "reduce_scatter"):
+        return (part * nbytes, part * nbytes if op == "allgather" else 2 * part * nbytes)
+    if op == "allreduce_fp8":
+        return (2 * part * nbytes / 4 + 2 * 4 * (world - 1), 2 * part * nbytes)
+    if op == "allgather_fp8":
+        return (part * nbytes / 4 + 4 * (world - 1), part * nbytes)
+    raise ValueError(op)
+
+
 def run(ctx):
     exe = bu.program(ctx, "bench_collectives")
     sizes = SMOKE_SIZES if ctx.smoke else SIZES
@@ -37,16 +53,21 @@ def run(ctx):
     rows = []
     for res in data["results"]:
         nbytes = res["bytes"]
+        sent = wire_bytes(res["op"], nbytes, WORLD)
         ours, raw, copy = bu.median(res["ours_s"]), bu.median(res["raw_s"]), bu.median(res["memcpy_s"])
         native = bu.median(res["native_s"]) if res.get("native_s") else None
         op = {"allreduce": "allreduce", "allgather": "allgather (into one tensor)",
               "reduce_scatter": "reduce-scatter (pairwise; peer: raw allreduce of the same buffer)",
               "allreduce_bf16": "bf16 allreduce (ours: bf16 reduce-scatter + all-gather; peer: fp32 allreduce of "
                                 "the cast buffer)",
-              "allreduce_avg": "AVG allreduce (ours: SUM, then divide; peer: the same by hand)"}[res["op"]]
+              "allreduce_avg": "AVG allreduce (ours: SUM, then divide; peer: the same by hand)",
+              "allreduce_fp8": "fp8 allreduce of the float32 tensor (ours: e4m3 reduce-scatter + all-gather, "
+                               "per-range scales; peer: fp32 allreduce)",
+              "allgather_fp8": "fp8 allgather of the float32 tensor (ours: e4m3 pieces + scales; peer: fp32 "
+                               "allgather)"}[res["op"]]
         native_cells = (["—", "—"] if native is None else
                         [f"{bu.fmt_s(native)} ({bu.fmt_bw(nbytes, native)})", bu.ratio(ours, native)])
-        rows.append([op, bu.fmt_bytes(nbytes),
+        rows.append([op, bu.fmt_bytes(nbytes), f"{bu.fmt_bytes(sent[0])} / {bu.fmt_bytes(sent[1])}",
                      f"{bu.fmt_s(ours)} ({bu.fmt_bw(nbytes, ours)})",
                      f"{bu.fmt_s(raw)} ({bu.fmt_bw(nbytes, raw)})",
                      bu.ratio(ours, raw), bu.verdict_vs_peer(ours, raw)] + native_cells +
@@ -68,13 +89,19 @@ def run(ctx):
             "Gloo had no bf16), so the bound is 2x. *Native 2.11* is LibTorch 2.11 Gloo's own operation where it "
             "has one: `_allgather_base`, `_reduce_scatter_base`, allreduce of the bf16 tensor (summed in bf16), "
             "allreduce with `ReduceOp::AVG` (SUM then a division inside Gloo's backend). "
+            "The fp8 rows move the float32 allreduce / allgather tensors with float8 e4m3 on the wire "
+            "(`booster/dist/fp8.h`, ColossalAI's fp8_communication: one scale per piece per rank, dequantized "
+            "and summed in float32); their peer is the raw float32 op on the same tensor, and their result is "
+            "checked against the analytic answer within fp8.h's error bound instead of bit for bit. "
+            "*Bytes sent per rank* is computed from each algorithm's layout (the peer's reduce-scatter is a "
+            "full allreduce; the bf16 peer sends the float32 cast). "
             "*Limit* is a single-process memcpy "
             "(`at::Tensor::copy_`) of the same bytes. Size is the message size: the allreduce tensor, the "
             "allgather output, the reduce-scatter input. Bandwidth = size / time. Before timing, each op runs once "
             "on both sides; results must be bit-identical and equal to the analytic answer. Each sample is the "
             f"mean of back-to-back ops worth about {bu.fmt_bytes(sample_bytes)} after a barrier; ours, raw and memcpy are interleaved; "
             "the median of the samples is shown (rank 0's clock)."),
-        "columns": ["op", "size", "ours (time, bandwidth)", "raw c10d Gloo (peer)", "ours / peer",
+        "columns": ["op", "size", "bytes sent per rank (ours / peer)", "ours (time, bandwidth)", "raw c10d Gloo (peer)", "ours / peer",
                     "verdict", "native 2.11 Gloo op", "ours / native", "memcpy of the same bytes (limit)",
                     "ours / limit"],
         "rows": rows,

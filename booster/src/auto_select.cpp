@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 
 #include "booster/config.h"
 
@@ -101,6 +102,27 @@ AutoSelection select_auto_configuration(const std::vector<MemoryEstimate>& rows,
                                            : "") +
                       "; `booster estimate` lists every configuration's need");
   out.chosen = chosen->row;
+  return out;
+}
+
+std::vector<MemoryEstimate> rows_for_communication_dtype(const std::vector<MemoryEstimate>& rows,
+                                                         const std::string& dtype) {
+  if (dtype.empty()) return rows;
+  if (dtype != "bf16" && dtype != "fp8")
+    throw std::invalid_argument("booster: auto.communication_dtype must be \"bf16\" or \"fp8\", got \"" + dtype + "\"");
+  std::vector<MemoryEstimate> out;
+  for (const MemoryEstimate& r : rows) {
+    if (r.pipeline || !r.data_parallel) continue;
+    const bool bucket_view =
+        std::find(r.options.begin(), r.options.end(), "gradient_as_bucket_view=true") != r.options.end();
+    const bool takes = (r.plugin == "torch_ddp" && (dtype == "fp8" || !bucket_view)) || r.plugin == "low_level_zero" ||
+                       (dtype == "fp8" && (r.plugin == "torch_fsdp" || r.plugin == "gemini"));
+    if (!takes) continue;
+    MemoryEstimate e = r;
+    e.options.push_back("communication_dtype=\"" + dtype + "\"");
+    e.configuration += ", communication_dtype = \"" + dtype + "\"";
+    out.push_back(std::move(e));
+  }
   return out;
 }
 

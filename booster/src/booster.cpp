@@ -150,6 +150,7 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
     impl_->auto_activation_mb = auto_options.get_double("activation_mb", 0.0, 0.0, 1e12);
     impl_->auto_runtime_mb = auto_options.get_double("runtime_mb", -1.0, -1.0, 1e12);
     impl_->auto_offload_dir = auto_options.get_string("offload_dir", "");
+    impl_->auto_communication_dtype = auto_options.get_choice("communication_dtype", "", {"", "bf16", "fp8"});
     auto_options.check_unknown();
     Options plugin_options = config.section("plugin");
     const std::vector<std::string> keys = plugin_options.keys();

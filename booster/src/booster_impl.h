@@ -51,6 +51,7 @@ struct Booster::Impl {
   double auto_activation_mb = 0;
   double auto_runtime_mb = -1;         // < 0: measured at boost()
   std::string auto_offload_dir;
+  std::string auto_communication_dtype;  // [auto] communication_dtype: "" | "bf16" | "fp8"
   std::set<const torch::nn::Module*> boosted;  // models boost() configured (enable_lora refuses them)
 };
 

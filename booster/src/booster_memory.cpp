@@ -56,6 +56,14 @@ void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* opt
       budget_given ? impl_->auto_budget_mb * kMiB
                    : w.allreduce_scalar(static_cast<double>(available_memory_bytes() / local), dist::ReduceOp::MIN));
   EstimateTable table = estimate_installed_plugins(request, impl_->world);
+  if (!impl_->auto_communication_dtype.empty()) {
+    // Only the configurations that can send that dtype compete; the chosen one gets the option.
+    table.rows = rows_for_communication_dtype(table.rows, impl_->auto_communication_dtype);
+    if (table.rows.empty())
+      throw ConfigError("booster: auto.communication_dtype = \"" + impl_->auto_communication_dtype +
+                        "\": no installed plugin offers a configuration that can send it (torch_ddp and "
+                        "low_level_zero take \"bf16\" and \"fp8\", torch_fsdp and gemini \"fp8\"); remove it");
+  }
   AutoSelection selection = select_auto_configuration(table.rows, runtime, budget, impl_->auto_offload_dir,
                                                       !impl_->world_sharded_before_boost);
   const MemoryEstimate& chosen = selection.chosen;

@@ -37,6 +37,9 @@ struct GeminiOptions {
   double gpu_margin_mem_ratio = 0.0;  // auto: share of the compute margin for optimizer sides
   std::string offload_dir;
   double max_norm = 0.0, norm_type = 2.0;
+  // "" | "fp8": float8 e4m3 chunk all-gathers and gradient reduce-scatters (dist/fp8.h); ColossalAI's
+  // fp8_communication = true is "fp8". bf16 on the wire is precision = "bf16".
+  std::string communication_dtype;
   std::shared_ptr<mixed_precision::MixedPrecision> mixed;
 };
 
@@ -59,6 +62,11 @@ static GeminiOptions parse_options(const Options& o) {
   t.offload_dir = o.get_string("offload_dir", "");
   t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
   t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
+  t.communication_dtype = mixed_precision::communication_dtype_option(o, {"", "fp32", "bf16", "fp16", "fp8"});
+  if (!t.communication_dtype.empty() && t.communication_dtype != "fp8")
+    throw PluginError(w + o.where("communication_dtype") + ": gemini takes communication_dtype = \"fp8\" only; its "
+                      "chunks travel in the compute dtype, so set precision = \"" + t.communication_dtype +
+                      "\" for that wire dtype instead");
   if (o.has("pin_memory") && o.get_bool("pin_memory", false))
     throw PluginError(w + o.where("pin_memory") + ": pin_memory = true needs CUDA (page-locked host memory for "
                       "device copies); this build runs on CPU, where there is nothing to pin. Remove it.");
@@ -220,6 +228,7 @@ class GeminiPlugin : public Plugin {
     GeminiConfig config;
     config.group = world();
     config.compute_dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    config.fp8_communication = options_.communication_dtype == "fp8";
     config.search_range = std::llround(options_.search_range_m * (1 << 20));
     config.min_chunk_size = std::llround(options_.min_chunk_size_m * (1 << 20));
     config.search_interval = options_.hidden_dim > 0 ? options_.hidden_dim : 1024;

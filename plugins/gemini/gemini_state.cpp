@@ -162,6 +162,7 @@ void GeminiState::build_chunks(const std::vector<std::pair<std::string, at::Tens
         if (p.scalar_type() != key.second) p.set_data(p.detach().to(key.second));
       FlatParameterOptions fo;
       fo.compute_dtype = key.second;
+      fo.fp8_communication = config_.fp8_communication;
       c.flat = std::make_unique<FlatParameter>(std::move(members), config_.group, fo);
       c.arrived.assign(c.flat->params().size(), 0);
       chunks_.push_back(std::move(c));

@@ -84,6 +84,9 @@ struct GeminiConfig {
   std::string offload_dir;          // "" : the offload tier is host memory
   int max_prefetch = 0;
   bool enable_gradient_accumulation = false;
+  // Float8 e4m3 chunk all-gathers and gradient reduce-scatters (FlatParameterOptions::
+  // fp8_communication; ColossalAI's fp8_communication); the fp32 masters stay exact.
+  bool fp8_communication = false;
 };
 
 struct Chunk {

@@ -61,6 +61,16 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
   t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
   t.make_vocab_size_divisible_by = o.get_int("make_vocab_size_divisible_by", 64, 1, 1 << 20);
+  // ColossalAI's fp8_communication (and communication_dtype) are not implemented on the tp, pp and
+  // dp paths of this plugin: refused instead of ignored.
+  const std::string wire = mixed_precision::communication_dtype_option(o, {"", "fp32", "bf16", "fp16", "fp8"});
+  if (!wire.empty())
+    throw PluginError("hybrid_parallel: " + std::string(o.get_bool("fp8_communication", false) ? "fp8_communication = true"
+                                                                                 : "communication_dtype = \"" + wire + "\"") +
+                      " is not supported by this plugin (its tensor-parallel, pipeline and data-parallel "
+                      "collectives send the compute dtype). Remove it; set precision = \"bf16\" for bf16 on the "
+                      "wire, or use plugin = \"torch_ddp\", \"low_level_zero\", \"torch_fsdp\" or \"gemini\" "
+                      "with communication_dtype = \"fp8\"");
   mixed_precision::DynamicGradScalerOptions scaler_defaults;
   scaler_defaults.initial_scale = 65536.0;  // HybridParallelPlugin's initial_scale = 2^16
   t.mixed = mixed_precision::make_mixed_precision(t.precision, o, scaler_defaults);  // + check_unknown

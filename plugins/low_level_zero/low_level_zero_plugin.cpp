@@ -24,7 +24,9 @@ struct LowLevelZeroOptions {
   double max_norm = 0.0;                // > 0: clip gradients to this global norm in step()
   double norm_type = 2.0;               // 2.0 or inf
   double reduce_bucket_size_in_m = 12;  // gradient bucket, millions (2^20) of elements
-  std::string communication_dtype;      // "" (the parameters' dtype) | "fp32" | "bf16" | "fp16"
+  // "" (the parameters' dtype) | "fp32" | "bf16" | "fp16" (CUDA) | "fp8" (float8 e4m3 with one
+  // scale per bucket per rank, dist/fp8.h); ColossalAI's fp8_communication = true is "fp8".
+  std::string communication_dtype;
   bool overlap_communication = true;    // reduce buckets during backward
   bool cpu_offload = false;             // master slice, optimizer states and step in host memory
   bool master_weights = true;           // fp32 master slice for bf16/fp16 models
@@ -38,7 +40,7 @@ static LowLevelZeroOptions parse_options(const Options& o) {
   t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
   t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
   t.reduce_bucket_size_in_m = o.get_double("reduce_bucket_size_in_m", t.reduce_bucket_size_in_m, 1e-6, 1e6);
-  t.communication_dtype = o.get_choice("communication_dtype", "", {"", "fp32", "bf16", "fp16"});
+  t.communication_dtype = mixed_precision::communication_dtype_option(o, {"", "fp32", "bf16", "fp16", "fp8"});
   t.overlap_communication = o.get_bool("overlap_communication", t.overlap_communication);
   t.cpu_offload = o.get_bool("cpu_offload", t.cpu_offload);
   t.master_weights = o.get_bool("master_weights", t.master_weights);
@@ -52,7 +54,7 @@ static LowLevelZeroOptions parse_options(const Options& o) {
                       "machine has none: LibTorch has no fp16 kernels for most CPU ops. Set plugin.precision = "
                       "\"bf16\" (bf16 weights, fp32 master slices) or \"fp32\".");
   if (t.communication_dtype == "fp16" && !torch::cuda::is_available())
-    throw PluginError("low_level_zero: communication_dtype = \"fp16\" needs CUDA; use \"bf16\" or \"fp32\" on CPU");
+    throw PluginError("low_level_zero: communication_dtype = \"fp16\" needs CUDA; use \"bf16\", \"fp8\" or \"fp32\" on CPU");
   return t;
 }
 

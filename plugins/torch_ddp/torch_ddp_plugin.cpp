@@ -1,12 +1,14 @@
 // torch_ddp_plugin.cpp — the TorchDDP plugin: data parallelism with bucketed, overlapped gradient
 // averaging (PyTorch DistributedDataParallel semantics), built on the core's GradientReducer,
 // sync_replicas and broadcast_coalesced. Options and defaults are ColossalAI's TorchDDPPlugin.
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "booster/core/grad_reducer.h"
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
+#include "booster/mixed_precision/precision.h"
 #include "booster/plugin.h"
 
 namespace booster::plugins {
@@ -22,6 +24,10 @@ struct TorchDDPOptions {
   bool gradient_as_bucket_view = false; // param.grad() is a view into its bucket
   bool static_graph = false;            // the graph never changes: buckets rebuilt even with find_unused_parameters
   bool check_reduction = false;         // deprecated in PyTorch; accepted and ignored
+  // Gradient buckets on the wire: "" (the parameters' dtype) | "fp32" | "bf16" | "fp16" (CUDA) |
+  // "fp8" (float8 e4m3, one scale per bucket per rank: dist/fp8.h). ColossalAI's
+  // fp8_communication = true is "fp8".
+  std::string communication_dtype;
 };
 
 static TorchDDPOptions parse_options(const Options& o) {
@@ -33,6 +39,14 @@ static TorchDDPOptions parse_options(const Options& o) {
   t.gradient_as_bucket_view = o.get_bool("gradient_as_bucket_view", t.gradient_as_bucket_view);
   t.static_graph = o.get_bool("static_graph", t.static_graph);
   t.check_reduction = o.get_bool("check_reduction", t.check_reduction);
+  t.communication_dtype = mixed_precision::communication_dtype_option(o, {"", "fp32", "bf16", "fp16", "fp8"});
+  if (t.communication_dtype == "fp16" && !torch::cuda::is_available())
+    throw PluginError("torch_ddp: communication_dtype = \"fp16\" needs CUDA; use \"bf16\", \"fp8\" or \"fp32\" on CPU");
+  if (t.gradient_as_bucket_view && !t.communication_dtype.empty() && t.communication_dtype != "fp8")
+    throw PluginError("torch_ddp: gradient_as_bucket_view = true makes the buckets the gradients, so they keep the "
+                      "parameters' dtype; communication_dtype = \"" + t.communication_dtype + "\" cannot be combined "
+                      "with it (use communication_dtype = \"fp8\", which quantizes on the wire only, or "
+                      "gradient_as_bucket_view = false)");
   if (t.check_reduction)
     log::warn("torch_ddp: check_reduction = true has no effect (deprecated in PyTorch DDP, where it does nothing "
               "either); unused parameters are found with find_unused_parameters = true");
@@ -57,6 +71,7 @@ class DDPModelHooks : public ModelHooks {
     ro.gradient_as_bucket_view = options.gradient_as_bucket_view;
     ro.rebuild_buckets = true;  // PyTorch DDP: buckets follow the gradient-ready order after iteration 1
     ro.static_graph = options.static_graph;
+    ro.communication_dtype = mixed_precision::dtype_from_name(options.communication_dtype);
     if (world_->size() > 1)
       reducer_ = std::make_unique<GradientReducer>(named_parameters_of(*model_, true), world_, ro);
   }

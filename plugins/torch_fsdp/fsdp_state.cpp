@@ -73,6 +73,7 @@ FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimize
   mixed.compute_dtype = config_.param_dtype;
   mixed.reduce_dtype = config_.reduce_dtype;
   mixed.replicate_group = full.replicate_group = config_.replicate_group;
+  mixed.fp8_communication = full.fp8_communication = config_.fp8_communication;
   for (size_t u = 0; u < unit_params.size(); ++u) {
     FsdpUnit unit;
     unit.path = unit_params[u].first;

@@ -53,6 +53,9 @@ struct FsdpConfig {
   at::ScalarType reduce_dtype = at::ScalarType::Undefined;  // Undefined: param_dtype
   std::shared_ptr<dist::ProcessGroup> shard_group;          // FlatParameters shard over it
   std::shared_ptr<dist::ProcessGroup> replicate_group;      // gradients are averaged over it too
+  // Float8 e4m3 all-gathers of the parameters and reduce-scatters of the gradients over the shard
+  // group (FlatParameterOptions::fp8_communication; ColossalAI's fp8_communication).
+  bool fp8_communication = false;
 };
 
 // One shard unit: a booster::nn::Unit, or the root unit (unit == nullptr).

@@ -34,6 +34,9 @@ struct FsdpOptions {
   std::string param_dtype, reduce_dtype, buffer_dtype;  // [plugin.mixed_precision]; "" = unchanged
   double max_norm = 0.0;
   double norm_type = 2.0;
+  // "" | "fp8": float8 e4m3 parameter all-gathers and gradient reduce-scatters (dist/fp8.h);
+  // ColossalAI's fp8_communication = true is "fp8". bf16 on the wire is param_dtype / reduce_dtype.
+  std::string communication_dtype;
 };
 
 static FsdpOptions parse_options(const Options& o) {
@@ -52,6 +55,11 @@ static FsdpOptions parse_options(const Options& o) {
   t.cpu_offload = o.get_bool("cpu_offload", t.cpu_offload);
   t.max_norm = o.get_double("max_norm", t.max_norm, 0.0);
   t.norm_type = o.get_double("norm_type", t.norm_type, 1e-9, INFINITY);
+  t.communication_dtype = mixed_precision::communication_dtype_option(o, {"", "fp32", "bf16", "fp16", "fp8"});
+  if (!t.communication_dtype.empty() && t.communication_dtype != "fp8")
+    throw ConfigError(o.where("communication_dtype") + ": torch_fsdp takes communication_dtype = \"fp8\" only; "
+                      "it all-gathers parameters in [plugin.mixed_precision] param_dtype and reduce-scatters "
+                      "gradients in reduce_dtype, so set those to \"" + t.communication_dtype + "\" instead");
   if (o.has("mixed_precision")) {
     Options mp = o.table("mixed_precision");
     t.param_dtype = mp.get_choice("param_dtype", "", {"", "fp32", "bf16", "fp16"});
@@ -241,6 +249,7 @@ class TorchFSDPPlugin : public Plugin {
     config.limit_all_gathers = options_.limit_all_gathers;
     config.param_dtype = mixed_precision::dtype_from_name(options_.param_dtype);
     config.reduce_dtype = mixed_precision::dtype_from_name(options_.reduce_dtype);
+    config.fp8_communication = options_.communication_dtype == "fp8";
     config.shard_group = mesh_->group("shard");
     config.replicate_group = mesh_->group("replicate");
 

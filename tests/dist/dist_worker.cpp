@@ -117,7 +117,9 @@ int run() {
       auto boosted = booster.boost(net, opt);
       auto batches = make_batches(steps, b * ws * accum, 11);
       std::vector<torch::Tensor> norms;  // last_grad_norm after each step (clipping via booster.max_norm)
+      std::vector<double> losses;        // this rank's loss of each step (its micro-batches summed)
       for (int64_t s = 0; s < steps; ++s) {
+        losses.push_back(0.0);
         for (int64_t m = 0; m < accum; ++m) {
           int64_t row = (m * ws + rank) * b;
           auto x = batches.inputs[s].narrow(0, row, b).to(booster.device());
@@ -126,6 +128,7 @@ int run() {
             // The loss in fp32 (a bf16 autocast output is cast up, as the precision's criterion does).
             auto loss = torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y) / static_cast<double>(accum);
             booster.backward(loss, *boosted.optimizer);
+            losses.back() += loss.template item<double>();
           };
           if (m + 1 < accum && arg("accum_sync", "false") != "true") {  // accum_sync: every pass synchronises
             auto guard = booster.no_sync(boosted.model);
@@ -141,6 +144,7 @@ int run() {
       const auto stats = boosted.model.hooks().stats();  // as the last step left them (a save moves state)
       save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
       save_named(prefix + "_norms.pt", {{"norms", torch::cat(norms)}});
+      save_named(prefix + "_losses.pt", {{"losses", torch::tensor(losses, torch::kDouble)}});
       write_stats(prefix + ".txt", stats);
     };
     torch::manual_seed(7);

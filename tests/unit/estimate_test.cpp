@@ -325,3 +325,34 @@ TEST(AutoSelect, LeastCommunicationThatFitsThenTheSimplerPlugin) {
   }
   EXPECT_THROW(chosen({row("hybrid_parallel", "tp 2", 1, 5, {}, false)}, 1000), booster::ConfigError);
 }
+
+// [auto] communication_dtype: only the configurations that can send the dtype compete, and the
+// chosen one carries the option.
+TEST(AutoSelect, CommunicationDtypeKeepsThePluginsThatCanSendIt) {
+  MemoryEstimate pp2 = row("hybrid_parallel", "pp 2", 0, 30, {"pp_size=2"}, /*data_parallel=*/false);
+  pp2.pipeline = true;
+  const std::vector<MemoryEstimate> rows{pp2,
+                                         row("torch_fsdp", "FULL_SHARD", 3, 40),
+                                         row("gemini", "chunks", 3, 35),
+                                         row("low_level_zero", "stage 2", 2, 50),
+                                         row("torch_ddp", "default", 2, 100),
+                                         row("torch_ddp", "view", 2, 80, {"gradient_as_bucket_view=true"})};
+  auto names = [](const std::vector<MemoryEstimate>& rs) {
+    std::string s;
+    for (const auto& r : rs) s += r.plugin + " (" + r.configuration + ");";
+    return s;
+  };
+  const auto fp8 = booster::rows_for_communication_dtype(rows, "fp8");
+  EXPECT_EQ(names(fp8), "torch_fsdp (FULL_SHARD, communication_dtype = \"fp8\");"
+                        "gemini (chunks, communication_dtype = \"fp8\");"
+                        "low_level_zero (stage 2, communication_dtype = \"fp8\");"
+                        "torch_ddp (default, communication_dtype = \"fp8\");"
+                        "torch_ddp (view, communication_dtype = \"fp8\");");
+  for (const auto& r : fp8) EXPECT_THAT(r.options, ::testing::Contains("communication_dtype=\"fp8\""));
+  const auto bf16 = booster::rows_for_communication_dtype(rows, "bf16");
+  EXPECT_EQ(names(bf16), "low_level_zero (stage 2, communication_dtype = \"bf16\");"
+                         "torch_ddp (default, communication_dtype = \"bf16\");");
+  EXPECT_EQ(booster::select_auto_configuration(bf16, 10, 1000, "").chosen.options.back(), "communication_dtype=\"bf16\"");
+  EXPECT_EQ(booster::rows_for_communication_dtype(rows, "").size(), rows.size());
+  EXPECT_THROW(booster::rows_for_communication_dtype(rows, "fp16"), std::invalid_argument);
+}

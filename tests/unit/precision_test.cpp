@@ -246,3 +246,31 @@ TEST(Precision, DtypeFromNameMapsConfigNames) {
   EXPECT_EQ(dtype_from_name(""), at::ScalarType::Undefined);
   EXPECT_THROW(dtype_from_name("float32"), std::invalid_argument);
 }
+
+TEST(Precision, CommunicationDtypeOptionAcceptsColossalAIsAliasAndRefusesDisagreement) {
+  using booster::mixed_precision::communication_dtype_option;
+  using booster::mixed_precision::dtype_from_name;
+  EXPECT_EQ(dtype_from_name("fp8"), at::kFloat8_e4m3fn);
+  const std::vector<std::string> choices{"", "fp32", "bf16", "fp8"};
+  auto section = [](const std::string& body) { return Config::from_string("[plugin]\n" + body).section("plugin"); };
+  EXPECT_EQ(communication_dtype_option(section(""), choices), "");
+  EXPECT_EQ(communication_dtype_option(section("communication_dtype = \"bf16\"\n"), choices), "bf16");
+  EXPECT_EQ(communication_dtype_option(section("fp8_communication = true\n"), choices), "fp8");
+  EXPECT_EQ(communication_dtype_option(section("fp8_communication = true\ncommunication_dtype = \"fp8\"\n"), choices), "fp8");
+  EXPECT_EQ(communication_dtype_option(section("fp8_communication = false\ncommunication_dtype = \"bf16\"\n"), choices),
+            "bf16");
+  try {
+    communication_dtype_option(section("fp8_communication = true\ncommunication_dtype = \"bf16\"\n"), choices);
+    ADD_FAILURE() << "no error";
+  } catch (const booster::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin.fp8_communication = true"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("set only one of them"), std::string::npos) << e.what();
+  }
+  try {
+    communication_dtype_option(section("fp8_communication = false\ncommunication_dtype = \"fp8\"\n"), choices);
+    ADD_FAILURE() << "no error";
+  } catch (const booster::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("remove fp8_communication or set it to true"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(communication_dtype_option(section("communication_dtype = \"fp16\"\n"), choices), booster::ConfigError);
+}

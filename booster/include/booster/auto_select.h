@@ -35,4 +35,13 @@ BOOSTER_API AutoSelection select_auto_configuration(const std::vector<MemoryEsti
                                                     int64_t budget_bytes, const std::string& offload_dir,
                                                     bool allow_pipeline = true);
 
+// [auto] communication_dtype: the rows of `rows` whose plugin can send that wire dtype, each with
+// `communication_dtype="<dtype>"` added to its options and configuration. "bf16": torch_ddp (not its
+// gradient_as_bucket_view rows: the buckets are then the gradients) and low_level_zero; "fp8":
+// those (all rows) and torch_fsdp and gemini (dist/fp8.h); pipeline and tensor-parallel rows
+// (hybrid_parallel) never. "" returns `rows` unchanged. Throws std::invalid_argument for another
+// dtype. Communication volumes (elements) are unchanged; the bytes per element are the dtype's.
+BOOSTER_API std::vector<MemoryEstimate> rows_for_communication_dtype(const std::vector<MemoryEstimate>& rows,
+                                                                     const std::string& dtype);
+
 }  // namespace booster

@@ -10,6 +10,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "booster/dist/fp8.h"
+
 namespace booster {
 
 FlatParameter::FlatParameter(std::vector<std::pair<std::string, at::Tensor>> params,
@@ -90,7 +92,8 @@ void FlatParameter::unshard_async() {
   Pending p;
   p.input = options_.compute_dtype == local_shard_.scalar_type() ? local_shard_ : local_shard_.to(options_.compute_dtype);
   at::Tensor out = full_;  // the collective's output argument
-  p.work = group_->all_gather_into_tensor(out, p.input);
+  p.work = options_.fp8_communication && group_->size() > 1 ? dist::fp8_all_gather_into_tensor(*group_, out, p.input)
+                                      : group_->all_gather_into_tensor(out, p.input);
   pending_ = std::move(p);
 }
 
@@ -130,8 +133,15 @@ void FlatParameter::reduce_gradients() {
   if (group_->size() == 1) {
     shard_grad = flat_grad;
   } else {
-    shard_grad = at::empty({layout_.shard_numel}, reduce_options);
-    group_->reduce_scatter_tensor_consuming(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
+    if (options_.fp8_communication) {
+      flat_grad.div_(group_->size());
+      const std::vector<int64_t> counts(static_cast<size_t>(group_->size()), layout_.shard_numel);
+      dist::fp8_reduce_scatter_in_place(*group_, flat_grad, counts).wait();
+      shard_grad = flat_grad.narrow(0, group_->rank() * layout_.shard_numel, layout_.shard_numel).clone();
+    } else {
+      shard_grad = at::empty({layout_.shard_numel}, reduce_options);
+      group_->reduce_scatter_tensor_consuming(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
+    }
   }
   flat_grad = at::Tensor();
   if (options_.replicate_group && options_.replicate_group->size() > 1)

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "booster/dist/fp8.h"
 #include "booster/dist/process_group.h"
 
 namespace booster {
@@ -27,10 +28,10 @@ namespace {
 // DDP / ZeRO-1: SUM-allreduce of the bucket (values already divided by the world size).
 class AllreduceReduction : public BucketReduction {
  public:
-  explicit AllreduceReduction(std::shared_ptr<dist::ProcessGroup> group) : group_(std::move(group)) {}
+  AllreduceReduction(std::shared_ptr<dist::ProcessGroup> group, bool fp8) : group_(std::move(group)), fp8_(fp8) {}
   void launch(size_t index, BucketView& bucket) override {
     if (works_.size() <= index) works_.resize(index + 1);
-    works_[index] = group_->allreduce(bucket.flat, dist::ReduceOp::SUM);
+    works_[index] = fp8_ ? dist::fp8_allreduce(*group_, bucket.flat) : group_->allreduce(bucket.flat, dist::ReduceOp::SUM);
   }
   void finish(size_t index, BucketView&) override {
     dist::Work w = std::move(works_.at(index));
@@ -41,12 +42,13 @@ class AllreduceReduction : public BucketReduction {
 
  private:
   std::shared_ptr<dist::ProcessGroup> group_;
+  bool fp8_;  // float8 e4m3 on the wire (dist/fp8.h)
   std::vector<dist::Work> works_;
 };
 }  // namespace
 
-std::shared_ptr<BucketReduction> make_allreduce_reduction(std::shared_ptr<dist::ProcessGroup> group) {
-  return std::make_shared<AllreduceReduction>(std::move(group));
+std::shared_ptr<BucketReduction> make_allreduce_reduction(std::shared_ptr<dist::ProcessGroup> group, bool fp8) {
+  return std::make_shared<AllreduceReduction>(std::move(group), fp8);
 }
 
 struct GradientReducer::State {
@@ -297,7 +299,7 @@ struct GradientReducer::State {
         numel += params[i].numel();
       }
       auto dtype = params[g.front()].scalar_type();
-      if (options.communication_dtype != at::ScalarType::Undefined) {
+      if (options.communication_dtype != at::ScalarType::Undefined && !is_fp8_wire(options.communication_dtype)) {
         if (options.gradient_as_bucket_view && options.communication_dtype != dtype)
           throw std::invalid_argument("booster: gradient_as_bucket_view needs communication_dtype equal to the "
                                       "parameters' dtype");
@@ -355,7 +357,7 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.inv_world = 1.0 / group->size();
   s.inv_world_tensor = c10::scalar_to_tensor(at::Scalar(s.inv_world));
   s.inv_world_tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
-  s.reduction = options.reduction ? options.reduction : make_allreduce_reduction(group);
+  s.reduction = options.reduction ? options.reduction : make_allreduce_reduction(group, is_fp8_wire(options.communication_dtype));
   s.transient = !s.reduction->writes_back();
   if (s.transient && options.gradient_as_bucket_view)
     throw std::invalid_argument("booster: gradient_as_bucket_view needs a reduction that writes gradients back");

@@ -40,6 +40,7 @@ namespace {
 
 constexpr int kReduceScatterTag = (1 << 30) + 1;
 constexpr int kAllGatherTag = (1 << 30) + 2;
+constexpr int kAllToAllTag = (1 << 30) + 3;
 // Tags of the all-gather halves of bf16 allreduces: kAllreduceGatherTag + (sequence mod 2^20).
 constexpr int kAllreduceGatherTag = (1 << 30) + (1 << 20);
 constexpr int64_t kAllreduceGatherTags = 1 << 20;
@@ -251,6 +252,53 @@ Work ProcessGroup::all_gather_in_place(at::Tensor& buffer, const std::vector<int
     return detail::make_work(w, [outputs, inputs]() {}, detail::describe("all_gather_in_place", buffer), impl_.get());
   }
   return all_gather_ranges(ref_of(*impl_), buffer.view({-1}), counts, kAllGatherTag, detail::describe("all_gather_in_place", buffer));
+}
+
+Work ProcessGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                                     const std::vector<int64_t>& output_counts, const std::vector<int64_t>& input_counts) {
+  check_contiguous(output, "all_to_all_single");
+  check_contiguous(input, "all_to_all_single");
+  check_counts(output_counts, impl_->size, output.numel(), "all_to_all_single (output)");
+  check_counts(input_counts, impl_->size, input.numel(), "all_to_all_single (input)");
+  if (output.scalar_type() != input.scalar_type())
+    throw DistError(std::string("booster: all_to_all_single needs the input's dtype for the output, got ") +
+                    c10::toString(output.scalar_type()) + " and " + c10::toString(input.scalar_type()));
+  if (detail::needs_staging(*impl_, input))
+    return detail::staged({output, input}, {true, false}, [this, output_counts, input_counts](std::vector<at::Tensor>& h) {
+      return all_to_all_single(h[0], h[1], output_counts, input_counts);
+    });
+  if (detail::on_device_backend(*impl_, input)) {
+    at::Tensor in = input;
+    std::vector<int64_t> oc = output_counts, ic = input_counts;
+    auto w = impl_->pg->alltoall_base(output, in, oc, ic);
+    return detail::make_work(w, [in]() {}, detail::describe("all_to_all_single", input), impl_.get());
+  }
+  const GroupRef g = ref_of(*impl_);
+  const std::string what = detail::describe("all_to_all_single", input);
+  const std::vector<int64_t> in_off = offsets_of(input_counts), out_off = offsets_of(output_counts);
+  const at::Tensor in_flat = input.view({-1});
+  at::Tensor out_flat = output.view({-1});
+  const size_t me = static_cast<size_t>(g.rank);
+  if (output_counts[me] != input_counts[me])
+    throw DistError("booster: all_to_all_single: this rank sends itself " + std::to_string(input_counts[me]) +
+                    " elements but expects " + std::to_string(output_counts[me]));
+  if (g.health && g.world) g.health->note_collective();
+  auto works = std::make_shared<std::vector<Work>>();
+  if (g.pg && g.size > 1) {
+    for (int p = 0; p < g.size; ++p) {
+      if (p == g.rank) continue;
+      const size_t q = static_cast<size_t>(p);
+      if (input_counts[q] > 0)
+        works->push_back(detail::post_p2p(g.pg, true, in_flat.narrow(0, in_off[q], input_counts[q]), p, kAllToAllTag, what));
+      if (output_counts[q] > 0)
+        works->push_back(
+            detail::post_p2p(g.pg, false, out_flat.narrow(0, out_off[q], output_counts[q]), p, kAllToAllTag, what));
+    }
+  }
+  if (output_counts[me] > 0) out_flat.narrow(0, out_off[me], output_counts[me]).copy_(in_flat.narrow(0, in_off[me], input_counts[me]));
+  return composite_work(g, what, [works, in_flat]() {
+    for (auto& w : *works) w.wait();
+  }, [works]() { return all_completed(*works); });
 }
 
 namespace {

@@ -188,8 +188,26 @@ at::ScalarType dtype_from_name(const std::string& name) {
   if (name == "fp32") return at::kFloat;
   if (name == "bf16") return at::kBFloat16;
   if (name == "fp16") return at::kHalf;
+  if (name == "fp8") return at::kFloat8_e4m3fn;
   if (name.empty()) return at::ScalarType::Undefined;
-  throw std::invalid_argument("booster: unknown precision name \"" + name + "\" (expected \"fp32\", \"bf16\" or \"fp16\")");
+  throw std::invalid_argument("booster: unknown precision name \"" + name +
+                              "\" (expected \"fp32\", \"bf16\", \"fp16\" or, for communication, \"fp8\")");
+}
+
+std::string communication_dtype_option(const Options& o, const std::vector<std::string>& choices) {
+  std::string dtype = o.get_choice("communication_dtype", "", choices);
+  const bool fp8 = o.get_bool("fp8_communication", false);
+  const std::string section = o.section().empty() ? "" : o.section() + ".";
+  if (fp8 && !dtype.empty() && dtype != "fp8")
+    throw ConfigError("booster: " + section + "fp8_communication = true (" + o.where("fp8_communication") +
+                      ") conflicts with " + section + "communication_dtype = \"" + dtype + "\" (" +
+                      o.where("communication_dtype") + "): fp8_communication = true means communication_dtype = "
+                      "\"fp8\"; set only one of them");
+  if (o.has("fp8_communication") && !fp8 && dtype == "fp8")
+    throw ConfigError("booster: " + section + "fp8_communication = false (" + o.where("fp8_communication") +
+                      ") conflicts with " + section + "communication_dtype = \"fp8\" (" +
+                      o.where("communication_dtype") + "); remove fp8_communication or set it to true");
+  return fp8 ? std::string("fp8") : dtype;
 }
 
 void cast_floating_point(torch::nn::Module& module, at::ScalarType dtype) {

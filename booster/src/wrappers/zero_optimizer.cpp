@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "booster/core/grad_reducer.h"
+#include "booster/dist/fp8.h"
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
 #include "booster/optim/cpu_adam.h"
@@ -43,9 +44,9 @@ class OwnerReduction : public BucketReduction {
  public:
   using Group = ZeroOptimizer::Group;
   OwnerReduction(std::vector<std::shared_ptr<Group>> groups, std::vector<size_t> group_of, std::vector<size_t> local_of,
-                 std::shared_ptr<dist::ProcessGroup> world, bool keep_buckets)
+                 std::shared_ptr<dist::ProcessGroup> world, bool keep_buckets, bool fp8)
       : groups_(std::move(groups)), group_of_(std::move(group_of)), local_of_(std::move(local_of)),
-        world_(std::move(world)), keep_buckets_(keep_buckets) {}
+        world_(std::move(world)), keep_buckets_(keep_buckets), fp8_(fp8) {}
 
   void launch(size_t index, BucketView& bucket) override {
     if (pending_.size() <= index) pending_.resize(index + 1);
@@ -67,7 +68,8 @@ class OwnerReduction : public BucketReduction {
     p.bucket_offset = std::min(std::max<int64_t>(0, g.layout.shard_begin(rank) - begin), bucket.flat.numel());
     p.shard_offset = std::max<int64_t>(0, begin - g.layout.shard_begin(rank));
     p.count = counts[static_cast<size_t>(rank)];
-    p.work = world_->reduce_scatter_in_place(bucket.flat, counts, dist::ReduceOp::SUM);
+    p.work = fp8_ ? dist::fp8_reduce_scatter_in_place(*world_, bucket.flat, counts)
+                  : world_->reduce_scatter_in_place(bucket.flat, counts, dist::ReduceOp::SUM);
   }
 
   void finish(size_t index, BucketView& bucket) override {
@@ -93,6 +95,7 @@ class OwnerReduction : public BucketReduction {
   std::vector<size_t> group_of_, local_of_;  // per reducer parameter index
   std::shared_ptr<dist::ProcessGroup> world_;
   bool keep_buckets_;
+  bool fp8_;  // float8 e4m3 on the wire (dist/fp8.h)
   std::vector<Pending> pending_;  // per bucket
 };
 
@@ -219,10 +222,12 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
     grads_are_buckets_ = true;
     for (const auto& [name, p] : trainable)
       grads_are_buckets_ = grads_are_buckets_ && (zero_.communication_dtype == at::ScalarType::Undefined ||
+                                                  is_fp8_wire(zero_.communication_dtype) ||
                                                   zero_.communication_dtype == p.scalar_type());
     ro.gradient_as_bucket_view = grads_are_buckets_;
   }
-  ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world, zero_.stage == 1);
+  ro.reduction = std::make_shared<OwnerReduction>(groups_, red_group, red_local, world, zero_.stage == 1,
+                                                is_fp8_wire(zero_.communication_dtype));
   reducer_ = std::make_unique<GradientReducer>(trainable, world, ro);
   if (has_state) load_param_states(existing);
   if (zero_.cpu_offload) log_offload_step(*optimizer_);

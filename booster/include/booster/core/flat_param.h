@@ -56,6 +56,14 @@ struct FlatParameterOptions {
   // Ranks holding the same shard (HYBRID_SHARD's replicas, NO_SHARD's whole world): shard gradients
   // are averaged over it after the reduce-scatter. null or one rank: none.
   std::shared_ptr<dist::ProcessGroup> replicate_group;
+  // Float8 e4m3 on the wire (ColossalAI's fp8_communication, dist/fp8.h): unshard quantizes the
+  // local shard (cast to the compute dtype first) with its own scale and all-gathers fp8 + scales
+  // (dist::fp8_all_gather_into_tensor), so the gathered parameters are the shards rounded to e4m3
+  // (relative error <= 2^-4, see fp8.h) while local_shard() keeps full precision; reduce_gradients
+  // reduce-scatters the flat gradient (divided by the group size first) with
+  // dist::fp8_reduce_scatter_in_place. The replicate group's allreduce and gather_full (checkpoints)
+  // stay exact. No effect on a shard group of one rank.
+  bool fp8_communication = false;
 };
 
 class BOOSTER_API FlatParameter {

@@ -61,8 +61,15 @@ class BOOSTER_API BucketReduction {
   virtual bool writes_back() const = 0;
 };
 
-// The default strategy: SUM-allreduce of the whole bucket (its values were divided by world size).
-BOOSTER_API std::shared_ptr<BucketReduction> make_allreduce_reduction(std::shared_ptr<dist::ProcessGroup> group);
+// The default strategy: SUM-allreduce of the whole bucket (its values were divided by world size);
+// fp8 = true: dist::fp8_allreduce (float8 e4m3 on the wire, one scale per bucket per rank,
+// dist/fp8.h) instead of ProcessGroup::allreduce.
+BOOSTER_API std::shared_ptr<BucketReduction> make_allreduce_reduction(std::shared_ptr<dist::ProcessGroup> group,
+                                                                      bool fp8 = false);
+
+// Whether a communication dtype means "float8 e4m3 on the wire" (at::kFloat8_e4m3fn): buckets then
+// stay in the parameters' dtype and the reduction strategy quantizes them (dist/fp8.h).
+inline bool is_fp8_wire(at::ScalarType t) { return t == at::kFloat8_e4m3fn; }
 
 struct ReducerOptions {
   int64_t bucket_cap_bytes = 25LL << 20;   // bytes; ColossalAI/PyTorch bucket_cap_mb = 25
@@ -76,7 +83,10 @@ struct ReducerOptions {
   // (ColossalAI's overlap_communication = false).
   bool overlap_communication = true;
   // Bucket dtype on the wire (e.g. at::kBFloat16 to halve the bytes); undefined (kUndefined) = the
-  // parameters' dtype. Must equal the parameters' dtype with gradient_as_bucket_view.
+  // parameters' dtype. Must equal the parameters' dtype with gradient_as_bucket_view, except
+  // at::kFloat8_e4m3fn: the buckets keep the parameters' dtype and the default strategy sends them
+  // as fp8 with one scale per bucket per rank (dist::fp8_allreduce; a quarter of fp32's bytes);
+  // a custom `reduction` must honour it itself (ZeRO's does).
   at::ScalarType communication_dtype = at::ScalarType::Undefined;
   // Optional key per parameter (size = number of parameters): a new bucket starts where the key
   // changes (ZeRO: the optimizer's parameter group), as it does where the dtype changes.

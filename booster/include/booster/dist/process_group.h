@@ -137,6 +137,19 @@ class BOOSTER_API ProcessGroup {
   // `buffer` (laid out as in reduce_scatter_in_place) is sent to every rank; after wait() every range
   // holds its owner's values. Same errors as reduce_scatter_in_place.
   Work all_gather_in_place(at::Tensor& buffer, const std::vector<int64_t>& counts);
+  // torch.distributed.all_to_all_single with split sizes (MPI_Alltoallv): `input` (contiguous,
+  // numel = input_counts[0] + ... + input_counts[size()-1]) is split into consecutive ranges,
+  // input_counts[p] elements for rank p; after wait() `output` (contiguous, the input's dtype,
+  // numel = the sum of output_counts) holds, at offset output_counts[0] + ... +
+  // output_counts[p-1], the range rank p sent to this rank (this rank's own range is copied).
+  // input_counts[p] on this rank must equal output_counts[rank] on rank p; a mismatch is not
+  // detected (as point-to-point below). Any dtype: the bytes travel as they are (float8 as uint8
+  // views, see dist/fp8.h). Gloo: pairwise point-to-point, all messages posted at once, each rank
+  // sends and receives (N-1)/N of its buffers; NCCL: its all-to-all. `input` must stay unchanged
+  // until wait(). Throws DistError for count lists of the wrong length, negative counts, or counts
+  // that do not add up to the tensors' numel, or a dtype mismatch.
+  Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_counts,
+                         const std::vector<int64_t>& input_counts);
   // The split those two use for an even division: numel / size elements per rank, the first
   // numel % size ranks one more.
   static std::vector<int64_t> even_counts(int64_t numel, int size);

@@ -53,8 +53,16 @@ BOOSTER_API std::shared_ptr<MixedPrecision> make_mixed_precision(
 BOOSTER_API void cast_floating_point(torch::nn::Module& module, at::ScalarType dtype);
 
 // The dtype a precision name stands for in configs: "fp32" -> Float, "bf16" -> BFloat16, "fp16" ->
-// Half; "" (unset) -> Undefined. Throws std::invalid_argument for any other name.
+// Half, "fp8" -> Float8_e4m3fn (communication only: dist/fp8.h); "" (unset) -> Undefined. Throws
+// std::invalid_argument for any other name.
 BOOSTER_API at::ScalarType dtype_from_name(const std::string& name);
+
+// A plugin's wire dtype from its table `o`: `communication_dtype` (one of `choices`, default "")
+// and ColossalAI's alias `fp8_communication` (bool, default false; true means communication_dtype =
+// "fp8"). Returns the name ("" when neither is set). Throws ConfigError naming both options and the
+// fix when they disagree: fp8_communication = true with communication_dtype set to another dtype,
+// or fp8_communication = false (set explicitly) with communication_dtype = "fp8".
+BOOSTER_API std::string communication_dtype_option(const Options& o, const std::vector<std::string>& choices);
 
 // RAII: CPU autocast to `dtype` on this thread while alive (restores the previous state).
 class BOOSTER_API CpuAutocastGuard {

@@ -52,7 +52,10 @@ struct ZeroOptions {
   int64_t reduce_bucket_elements = 12LL << 20;    // elements per gradient bucket (ColossalAI
                                                   // reduce_bucket_size_in_m = 12 -> 12 * 2^20)
   bool overlap_communication = true;              // launch bucket reductions from backward hooks
-  at::ScalarType communication_dtype = at::ScalarType::Undefined;  // wire dtype; Undefined = param dtype
+  // Wire dtype of the gradient buckets; Undefined = param dtype. at::kFloat8_e4m3fn: buckets keep the
+  // parameters' dtype and each bucket's reduce-scatter sends float8 e4m3 with one scale per bucket
+  // per rank (dist::fp8_reduce_scatter_in_place, ColossalAI's fp8_communication).
+  at::ScalarType communication_dtype = at::ScalarType::Undefined;
   // Master slice, optimizer states and the step live in host memory. The step of an Adam, AdamW
   // (amsgrad off), CPUAdam or HybridAdam runs through the CPU Adam kernel (optim/cpu_adam.h,
   // step_with_cpu_adam_kernel) on the optimizer's own options and state; other optimizers use their
