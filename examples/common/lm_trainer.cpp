@@ -380,7 +380,7 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
     // of S within n_ctx and padded on the right with zeros (causal attention: padding after the last
     // byte does not change its logits).
     const auto& tpc = booster::nn::tensor_parallel_context();
-    const int64_t S = tpc.sequence_parallel_size();
+    const int64_t S = booster::nn::sequence_parallel_size();
     const int64_t T = std::min<int64_t>(run.n_ctx / S * S, static_cast<int64_t>(ids.size()));
     const int64_t padded = (T + S - 1) / S * S;
     auto ctx = torch::zeros({1, padded}, torch::kLong);

@@ -51,7 +51,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
     if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
         ctx.sp_group->size() > 1) {
       sp_group = ctx.sp_group;
-      const int64_t sp = sp_group->size(), local_heads = config.n_head / ctx.size();
+      const int64_t sp = sp_group->size(), local_heads = config.n_head / (ctx.group ? ctx.group->size() : 1);
       if (local_heads % sp != 0)
         throw std::invalid_argument("gpt: sequence_parallelism_mode = \"all_to_all\" exchanges attention heads over "
                                     "the sp group, but n_head = " + std::to_string(config.n_head) + " (" +

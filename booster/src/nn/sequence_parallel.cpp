@@ -196,6 +196,10 @@ SequenceShard sequence_shard(int64_t seq_len) {
   return {c.sequence_parallel_rank() * length, length};
 }
 
+int sequence_parallel_size() {
+  return has_tensor_parallel_context() ? tensor_parallel_context().sequence_parallel_size() : 1;
+}
+
 at::Tensor shard_sequence_input(const at::Tensor& x) {
   if (!has_tensor_parallel_context() || tensor_parallel_context().sequence_parallel != SequenceParallelMode::kAllToAll)
     return x;

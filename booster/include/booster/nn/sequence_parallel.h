@@ -76,6 +76,11 @@ struct SequenceShard {
 };
 BOOSTER_API SequenceShard sequence_shard(int64_t seq_len);
 
+// The context's sequence_parallel_size() (the number of sequence shards; 1 without a context or
+// without sequence parallelism), callable from outside the library (TensorParallelContext's member
+// functions are not exported).
+BOOSTER_API int sequence_parallel_size();
+
 // all_to_all: this rank's slice x.narrow(1, offset, length) of a batch-first input (token ids
 // [B, T], targets, any dtype; a view, differentiable); every other mode: x itself. Errors as
 // sequence_shard (T = x.size(1)); std::invalid_argument for x with fewer than 2 dims.
