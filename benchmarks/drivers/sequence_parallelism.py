@@ -2,8 +2,8 @@
 hybrid_parallel on 2 ranks: tensor parallelism alone (tp 2), Megatron-SP (tp 2, split_gather) and
 Ulysses (sp 2, all_to_all).
 
-Runs build/bin/gpt under `booster run --nproc_per_node 2` (float32, 4 layers, n_embd 256, 4 heads,
-8 windows per step, a few optimizer steps) under /usr/bin/time, whose peak RSS is the largest rank's
+Runs build/bin/gpt under `booster run --nproc_per_node 2` (float32, 8 windows per step, a few
+optimizer steps; two model shapes, SHAPES) under /usr/bin/time, whose peak RSS is the largest rank's
 (ru_maxrss of the launcher's children). The activation memory of a configuration is that peak minus
 the peak of the same configuration at n_ctx 16 (weights, gradients, AdamW state, LibTorch's runtime:
 what does not scale with the sequence). Expected (Korthikanti et al. 2022): split_gather holds the
@@ -26,14 +26,19 @@ CONFIGS = [
 ]
 
 
+# (label, model width settings, n_ctx, steps): attention scores [B, heads, T, T] dominate the first;
+# the hidden-size activations (what split_gather shards beyond tp) the second.
+SHAPES = [
+    ("4 layers, n_embd 256, 4 heads, n_ctx 1024", ["train.n_layer=4", "train.n_embd=256", "train.n_head=4"], 1024, 4),
+    ("2 layers, n_embd 768, 4 heads, n_ctx 256", ["train.n_layer=2", "train.n_embd=768", "train.n_head=4"], 256, 2),
+]
+
+
 def run(ctx):
     corpus = os.path.join(ctx.build_dir, "data", "kjv.txt")
-    steps = 2 if ctx.smoke else 4
-    n_ctx = 64 if ctx.smoke else 1024
-    width = ["train.n_layer=2", "train.n_embd=32", "train.n_head=2"] if ctx.smoke else \
-        ["train.n_layer=4", "train.n_embd=256", "train.n_head=4"]
+    shapes = [("smoke", ["train.n_layer=2", "train.n_embd=32", "train.n_head=2"], 64, 2)] if ctx.smoke else SHAPES
 
-    def one(name, plugin_sets, ctx_len):
+    def one(name, width, plugin_sets, ctx_len, steps):
         sets = width + plugin_sets + [
             f"train.n_ctx={ctx_len}", "train.batch_size=8", f"train.max_steps={steps}", "train.eval_interval=100000",
             "train.final_eval_windows=2", "train.sample_length=0", "train.save_model=false", "train.warmup_steps=1",
@@ -54,28 +59,31 @@ def run(ctx):
         return int(rss.group(1)) / 1024.0, float(tok.group(1)) if tok else float("nan")
 
     rows = []
-    measured = []
-    for name, plugin_sets in CONFIGS:
-        base, _ = one(name, plugin_sets, 16)
-        peak, tok = one(name, plugin_sets, n_ctx)
-        measured.append((name, base, peak, peak - base, tok))
-    tp_act = max(measured[0][3], 1e-9)
-    for name, base, peak, act, tok in measured:
-        rows.append([name, f"{peak:,.0f}", f"{base:,.0f}", f"{act:,.0f}", f"{act / tp_act:.2f}x", f"{tok:,.0f}"])
+    for label, width, n_ctx, steps in shapes:
+        measured = []
+        for name, plugin_sets in CONFIGS:
+            base, _ = one(name, width, plugin_sets, 16, steps)
+            peak, tok = one(name, width, plugin_sets, n_ctx, steps)
+            measured.append((name, base, peak, peak - base, tok))
+        tp_act = max(measured[0][3], 1e-9)
+        for name, base, peak, act, tok in measured:
+            rows.append([label, name, f"{peak:,.0f}", f"{base:,.0f}", f"{act:,.0f}", f"{act / tp_act:.2f}x",
+                         f"{tok:,.0f}"])
     return {
         "id": ID,
         "title": "Sequence parallelism: per-rank activation memory of the GPT example",
         "description": (
-            f"build/bin/gpt on 2 ranks (booster run, hybrid_parallel, fp32), 4 layers, n_embd 256, 4 heads, n_ctx "
-            f"{n_ctx}, 8 windows per step, {steps} optimizer steps. Peak RSS of the largest rank; activation memory = "
-            "peak RSS - the same configuration's peak at n_ctx 16."),
-        "columns": ["configuration", "peak RSS MiB (largest rank)", "peak at n_ctx 16", "activation MiB",
+            "build/bin/gpt on 2 ranks (booster run, hybrid_parallel, fp32), 8 windows per step, a few optimizer "
+            "steps, in two shapes. Peak RSS of the largest rank; activation memory = peak RSS - the same "
+            "configuration's peak at n_ctx 16."),
+        "columns": ["model", "configuration", "peak RSS MiB (largest rank)", "peak at n_ctx 16", "activation MiB",
                     "vs tp alone", "training tokens/s"],
         "rows": rows,
-        "notes": ["The attention scores [B, heads, T, T] dominate at this length: tensor parallelism and Ulysses "
-                  "split them by heads, Megatron-SP does not shard them further (its saving is the LayerNorm, "
-                  "dropout and residual activations, which tp alone keeps whole).",
-                  "ln_f's output is gathered for the vocab-parallel head under split_gather, and the logits "
-                  "[B, T, 256 / tp] are whole sequences there; under all_to_all they are T / sp shards."],
+        "notes": ["Where the attention scores [B, heads, T, T] dominate (first shape), tensor parallelism and Ulysses "
+                  "both split them by heads and Megatron-SP adds little; its saving is the LayerNorm, dropout and "
+                  "residual activations that tp alone keeps whole, which dominate the second shape.",
+                  "ln_f's output is gathered for the vocab-parallel head under split_gather (the logits "
+                  "[B, T, 256 / tp] are whole sequences there); under all_to_all they are T / sp shards.",
+                  "training tokens/s on this shared 2-core machine are indicative only."],
         "command": "~/.cache/booster/venv/bin/python3 benchmarks/run_benchmarks.py --only sequence_parallelism --out /tmp/x.md",
     }

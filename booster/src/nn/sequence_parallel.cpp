@@ -123,6 +123,31 @@ struct SequenceAllToAll : torch::autograd::Function<SequenceAllToAll> {
   }
 };
 
+// Megatron-SP's column-parallel matmul (Korthikanti et al. 2022, section 4.2.2): y = gather(x) W^T + b
+// with only the shard x saved; backward gathers x again for the weight gradient and reduce-scatters
+// the input gradient, so the full sequence is never kept between forward and backward.
+struct GatherLinear : torch::autograd::Function<GatherLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            const SpGroup& group) {
+    sp_save_group(ctx, group);
+    ctx->saved_data["bias"] = bias.defined();
+    ctx->save_for_backward({x, weight});
+    return at::linear(all_gather_dim(x, group, 1), weight, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const SpGroup group = sp_saved_group(ctx);
+    const at::Tensor full = all_gather_dim(x, group, 1);  // [B, T, in]
+    const at::Tensor& gy = grads[0];                        // [B, T, out]
+    at::Tensor gx = reduce_scatter_dim(at::matmul(gy, weight), group, 1, "ColumnParallelLinear (backward)");
+    at::Tensor gy2 = gy.reshape({-1, gy.size(-1)});
+    at::Tensor gw = gy2.t().mm(full.reshape({-1, full.size(-1)}));
+    at::Tensor gb = ctx->saved_data["bias"].toBool() ? gy2.sum(0) : at::Tensor();
+    return {gx, gw, gb, at::Tensor()};
+  }
+};
+
 // Forward: the mean over the group; backward: identity.
 struct MeanLossIdentityBackward : torch::autograd::Function<MeanLossIdentityBackward> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& loss, const SpGroup& group) {
@@ -134,6 +159,15 @@ struct MeanLossIdentityBackward : torch::autograd::Function<MeanLossIdentityBack
 };
 
 }  // namespace
+
+// ColumnParallelLinear's forward under split_gather (tensor_parallel.cpp): x [B, T/P, in] -> [B, T, out/P].
+at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                           const SpGroup& group) {
+  sp_check_floating(x, "ColumnParallelLinear");
+  if (x.dim() < 2) throw std::invalid_argument("booster::nn::ColumnParallelLinear: sequence parallelism needs x [B, T, ...]");
+  if (!sp_active(group)) return at::linear(x, weight, bias);
+  return GatherLinear::apply(x, weight, bias, group);
+}
 
 const char* sequence_parallel_mode_name(SequenceParallelMode mode) {
   switch (mode) {

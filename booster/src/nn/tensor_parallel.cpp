@@ -19,6 +19,9 @@ namespace booster::nn {
 using Group = std::shared_ptr<dist::ProcessGroup>;
 
 void reset_tensor_parallel_dropout_generator();  // tensor_parallel_ops.cpp
+// sequence_parallel.cpp: gather(x) W^T + b keeping only the shard x for backward.
+at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                           const Group& group);
 
 // ---------------------------------------------------------------------------------------------
 // The context
@@ -249,7 +252,7 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   } else if (sequence_parallel) {
     if (options.gather_output()) refuse_under_sequence_parallel("ColumnParallelLinear", "gather_output");
     if (forward_hook) refuse_under_sequence_parallel("ColumnParallelLinear", "a forward_hook (LoRA)");
-    return at::linear(gather_sequence(x, group, 1), weight, bias);
+    return sequence_parallel_column_linear(x, weight, bias, group);
   } else {
     y = at::linear(copy_to_tensor_parallel_region(x, group), weight, bias);
     if (options.gather_output()) y = gather_from_tensor_parallel_region(y, group);
