@@ -81,7 +81,8 @@ def run(ctx):
         "rows": rows,
         "notes": ["Where the attention scores [B, heads, T, T] dominate (first shape), tensor parallelism and Ulysses "
                   "both split them by heads and Megatron-SP adds little; its saving is the LayerNorm, dropout and "
-                  "residual activations that tp alone keeps whole, which dominate the second shape.",
+                  "residual activations that tp alone keeps whole, a larger share of the second shape. All-to-all keeps "
+                  "the model whole on each rank (its n_ctx 16 peak is higher: replicated weights and AdamW state).",
                   "ln_f's output is gathered for the vocab-parallel head under split_gather (the logits "
                   "[B, T, 256 / tp] are whole sequences there); under all_to_all they are T / sp shards.",
                   "training tokens/s on this shared 2-core machine are indicative only."],
