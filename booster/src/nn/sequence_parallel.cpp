@@ -127,12 +127,11 @@ struct SequenceAllToAll : torch::autograd::Function<SequenceAllToAll> {
 // with only the shard x saved; backward gathers x again for the weight gradient and reduce-scatters
 // the input gradient, so the full sequence is never kept between forward and backward.
 struct GatherLinear : torch::autograd::Function<GatherLinear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                            const SpGroup& group) {
+  // y = gather(x) W^T (the bias is added outside, by autograd).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const SpGroup& group) {
     sp_save_group(ctx, group);
-    ctx->saved_data["bias"] = bias.defined();
     ctx->save_for_backward({x, weight});
-    return at::linear(all_gather_dim(x, group, 1), weight, bias);
+    return at::linear(all_gather_dim(x, group, 1), weight);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
@@ -141,10 +140,8 @@ struct GatherLinear : torch::autograd::Function<GatherLinear> {
     const at::Tensor full = all_gather_dim(x, group, 1);  // [B, T, in]
     const at::Tensor& gy = grads[0];                        // [B, T, out]
     at::Tensor gx = reduce_scatter_dim(at::matmul(gy, weight), group, 1, "ColumnParallelLinear (backward)");
-    at::Tensor gy2 = gy.reshape({-1, gy.size(-1)});
-    at::Tensor gw = gy2.t().mm(full.reshape({-1, full.size(-1)}));
-    at::Tensor gb = ctx->saved_data["bias"].toBool() ? gy2.sum(0) : at::Tensor();
-    return {gx, gw, gb, at::Tensor()};
+    at::Tensor gw = gy.reshape({-1, gy.size(-1)}).t().mm(full.reshape({-1, full.size(-1)}));
+    return {gx, gw, at::Tensor()};
   }
 };
 
@@ -166,7 +163,8 @@ at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor
   sp_check_floating(x, "ColumnParallelLinear");
   if (x.dim() < 2) throw std::invalid_argument("booster::nn::ColumnParallelLinear: sequence parallelism needs x [B, T, ...]");
   if (!sp_active(group)) return at::linear(x, weight, bias);
-  return GatherLinear::apply(x, weight, bias, group);
+  at::Tensor y = GatherLinear::apply(x, weight, group);
+  return bias.defined() ? y + bias : y;
 }
 
 const char* sequence_parallel_mode_name(SequenceParallelMode mode) {
