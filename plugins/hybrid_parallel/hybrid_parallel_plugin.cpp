@@ -2,7 +2,8 @@
 // parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
 // (a PipelineModule's layers split into stages, 1F1B / interleaved schedules, execute_pipeline) and
 // data parallelism over dp (gradients averaged after backward; zero_stage = 1 shards the optimizer
-// states across dp with the core's ZeroOptimizer), on a (dp, pp, tp) mesh with tp fastest.
+// states across dp with the core's ZeroOptimizer) and sequence parallelism (split_gather over tp,
+// all_to_all over sp; booster/nn/sequence_parallel.h), on a (dp, pp, sp, tp) mesh with tp fastest.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
