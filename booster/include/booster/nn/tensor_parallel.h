@@ -180,8 +180,10 @@ struct LinearParallelOptions {
 // over tp (f). Default init: torch::nn::Linear's (kaiming_uniform(a=sqrt(5)) on the full weight,
 // bias uniform(+-1/sqrt(in))), then sliced.
 // Sequence parallel (split_gather): x [B, T/T_tp, in] (sequence dim 1) is all-gathered along the
-// sequence to [B, T, in] first (backward: reduce-scatter), output [B, T, out/T_tp]; gather_output
-// and a forward_hook are then refused (std::logic_error at forward).
+// sequence to [B, T, in] for the matmul, output [B, T, out/T_tp]; only the shard is kept for backward,
+// which gathers it again for the weight gradient and reduce-scatters the input gradient (Korthikanti
+// et al. 2022, 4.2.2). Every rank's shard must have the same length. gather_output and a
+// forward_hook are refused (std::logic_error at forward).
 class BOOSTER_API ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinearImpl> {
  public:
   ColumnParallelLinearImpl(int64_t in_features, int64_t out_features)
