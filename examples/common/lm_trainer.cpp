@@ -13,6 +13,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "booster/nn/sequence_parallel.h"
 #include "booster/nn/tensor_parallel.h"
 #include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
@@ -377,8 +378,16 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
   for (auto& id : ids) id &= 0xff;
   if (ids.empty()) ids.push_back('\n');
   for (int64_t i = 0; i < length; ++i) {
-    const int64_t T = std::min<int64_t>(run.n_ctx, static_cast<int64_t>(ids.size()));
-    auto ctx = torch::from_blob(ids.data() + ids.size() - T, {1, T}, torch::kLong).to(run.booster->device());
+    // Sequence parallelism needs a multiple of its size S: the context is cut to the last multiple
+    // of S within n_ctx and padded on the right with zeros (causal attention: padding after the last
+    // byte does not change its logits).
+    const auto& tpc = booster::nn::tensor_parallel_context();
+    const int64_t S = booster::nn::sequence_parallel_size();
+    const int64_t T = std::min<int64_t>(run.n_ctx / S * S, static_cast<int64_t>(ids.size()));
+    const int64_t padded = (T + S - 1) / S * S;
+    auto ctx = torch::zeros({1, padded}, torch::kLong);
+    ctx.narrow(1, 0, T).copy_(torch::from_blob(ids.data() + ids.size() - T, {1, T}, torch::kLong));
+    ctx = ctx.to(run.booster->device());
     torch::Tensor local;  // [1, T, V / tp] on the ranks that computed logits
     if (par.pp > 1) {
       auto batch = ctx.repeat({par.pipeline_batch, 1});
@@ -386,6 +395,9 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
       if (out.is_last_stage) local = out.outputs.narrow(0, 0, 1);
     } else {
       local = run.forward(ctx);
+      // all_to_all: each sp rank holds its shard of the positions.
+      if (tpc.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll)
+        local = booster::nn::gather_sequence(local, tpc.sp_group, 1);
     }
     int64_t next = 0;
     if (local.defined()) {

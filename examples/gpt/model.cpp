@@ -1,6 +1,9 @@
 // model.cpp — the GPT-2-style model of model.h.
 #include "model.h"
 
+#include "booster/dist/process_group.h"
+#include "booster/nn/sequence_parallel.h"
+
 #include <cmath>
 #include <stdexcept>
 #include <unordered_set>
@@ -28,8 +31,10 @@ booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t 
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size) {
-  return booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                                                   vocab_size);
+  // all_to_all: the logits are this rank's sequence shard; its targets, and the mean over sp ranks.
+  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets) : targets;
+  return booster::nn::sequence_parallel_loss(booster::nn::vocab_parallel_cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}), vocab_size));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -41,13 +46,32 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
                                 std::to_string(config.n_head) + ")");
   c_attn = register_module("c_attn", column_parallel_linear(config.n_embd, 3 * config.n_embd, kInitStd));
   c_proj = register_module("c_proj", row_parallel_linear(config.n_embd, config.n_embd, proj_init_std(config)));
+  if (booster::nn::has_tensor_parallel_context()) {
+    const auto& ctx = booster::nn::tensor_parallel_context();
+    if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
+        ctx.sp_group->size() > 1) {
+      sp_group = ctx.sp_group;
+      const int64_t sp = sp_group->size(), local_heads = config.n_head / (ctx.group ? ctx.group->size() : 1);
+      if (local_heads % sp != 0)
+        throw std::invalid_argument("gpt: sequence_parallelism_mode = \"all_to_all\" exchanges attention heads over "
+                                    "the sp group, but n_head = " + std::to_string(config.n_head) + " (" +
+                                    std::to_string(local_heads) + " per tp rank) is not divisible by sp_size = " +
+                                    std::to_string(sp) + "; choose an sp_size that divides the heads per tp rank");
+    }
+  }
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1);
   // [B, T, H * 3 * D] (rows of c_attn ordered [head, q|k|v, head_dim]) -> [3, B, H, T, D]; H is
-  // whatever this rank's c_attn produces (n_head / tp).
-  auto qkv = c_attn(x).view({B, T, -1, 3, head_dim}).permute({3, 0, 2, 1, 4});
+  // whatever this rank's c_attn produces (n_head / tp). Under split_gather c_attn gathers the
+  // sequence (x holds T / tp positions, its output T); under all_to_all the sequence shards are
+  // exchanged for head shards here (T / sp positions, H heads -> T positions, H / sp heads).
+  auto qkv = c_attn(x);
+  const int64_t B = qkv.size(0);
+  if (sp_group)
+    qkv = booster::nn::sequence_all_to_all(qkv.view({B, qkv.size(1), -1, 3 * head_dim}), sp_group, 2, 1);
+  const int64_t T = qkv.size(1);
+  qkv = qkv.reshape({B, T, -1, 3, head_dim}).permute({3, 0, 2, 1, 4});
   auto q = qkv[0], k = qkv[1], v = qkv[2];
   const int64_t H = q.size(1);
   // Scores with the causal mask fused into the GEMM: mask + (q kᵀ) / sqrt(D), mask = -inf above the
@@ -61,8 +85,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // Attention probabilities are split by head across tp ranks: a different mask per tp rank.
   att = booster::nn::tensor_parallel_dropout(att, dropout, is_training());
   auto y = torch::bmm(att.to(v.scalar_type()), v.reshape({B * H, T, head_dim}));  // [B H, T, D]
-  y = y.view({B, H, T, head_dim}).transpose(1, 2).reshape({B, T, -1});           // [B, T, H * D]
-  y = c_proj(y);
+  y = y.view({B, H, T, head_dim}).transpose(1, 2);                                // [B, T, H, D]
+  if (sp_group) y = booster::nn::sequence_all_to_all(y, sp_group, 1, 2);           // [B, T / sp, H sp, D]
+  y = c_proj(y.reshape({B, y.size(1), -1}));
   if (dropout > 0 && is_training()) y = torch::dropout(y, dropout, true);
   return y;
 }
@@ -129,8 +154,12 @@ torch::Tensor GPTImpl::embed(const torch::Tensor& idx) {
   if (T > config.n_ctx)
     throw std::invalid_argument("gpt: sequence length " + std::to_string(T) + " exceeds n_ctx " +
                                 std::to_string(config.n_ctx));
-  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  auto x = transformer->wte(idx) + transformer->wpe(pos);  // [B, T, C] + [T, C]
+  // Sequence parallelism: this rank's positions [offset, offset + T / sp) (booster/nn/sequence_parallel.h);
+  // wte returns that shard (split_gather: reduce-scattered; all_to_all: looked up from the shard's ids).
+  const auto shard = booster::nn::sequence_shard(T);
+  auto pos = torch::arange(shard.offset, shard.offset + shard.length,
+                           torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto x = transformer->wte(booster::nn::shard_sequence_input(idx)) + transformer->wpe(pos);  // [B, t, C] + [t, C]
   if (config.dropout > 0 && is_training()) x = torch::dropout(x, config.dropout, true);
   return x;
 }

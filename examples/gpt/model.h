@@ -31,6 +31,11 @@
 //    and lm_loss the vocab-parallel cross entropy; at tp = 1 (every other plugin) they are the dense
 //    layers. c_attn's [head, q|k|v, head_dim] row order (Megatron-LM's) makes the column split give
 //    each rank n_head / tp whole heads. Build the model after the Booster (the layers take its tp group).
+//  - Sequence parallelism (hybrid_parallel enable_sequence_parallelism; booster/nn/sequence_parallel.h):
+//    "split_gather" keeps [B, T/tp, C] between the tensor-parallel regions (the layers communicate;
+//    embed adds the shard's positions); "all_to_all" keeps [B, T/sp, C] everywhere, exchanging
+//    sequence shards for head shards around attention, and lm_loss averages the shards' losses.
+//    T must be a multiple of the sequence-parallel size (std::invalid_argument from embed).
 //  - Pipeline parallelism (pp_size > 1): pipeline_layers() lists embed, each block, and ln_f + the
 //    tied head (which lists wte again: it lives on the first and the last stage).
 // Dtypes: token ids int64 (bytes 0..255); activations and logits in the parameters' dtype (float32,
@@ -72,7 +77,9 @@ booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t 
 
 // Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, V / tp] (this rank's
 // vocabulary columns, any floating dtype), targets int64 [B, T]; vocab_size: the real vocabulary
-// (padding columns excluded). Collective over the tp group.
+// (padding columns excluded). Collective over the tp group. Under sequence_parallelism_mode =
+// "all_to_all" the logits are this rank's shard [B, T/sp, V / tp]: the loss is taken on the same
+// shard of the targets and averaged over the sp group (sequence_parallel_loss).
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size);
 
 // ---- Modules.
@@ -88,6 +95,9 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   booster::nn::RowParallelLinear c_proj{nullptr};  // C -> C
   int64_t head_dim;
   double dropout;
+  // sequence_parallelism_mode = "all_to_all": the context's sp group (null otherwise); the
+  // constructor throws std::invalid_argument when sp_size does not divide n_head / tp.
+  std::shared_ptr<booster::dist::ProcessGroup> sp_group;
 };
 TORCH_MODULE(CausalSelfAttention);
 

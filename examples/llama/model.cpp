@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "booster/dist/process_group.h"
+#include "booster/nn/sequence_parallel.h"
 
 namespace llama {
 
@@ -99,8 +100,10 @@ void validate(const LlamaConfig& c) {
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size) {
-  return booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                                                   vocab_size);
+  // all_to_all: the logits are this rank's sequence shard; its targets, and the mean over sp ranks.
+  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets) : targets;
+  return booster::nn::sequence_parallel_loss(booster::nn::vocab_parallel_cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}), vocab_size));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -130,15 +133,41 @@ AttentionImpl::AttentionImpl(const LlamaConfig& config)
   const int64_t layer_tp = config.n_head * D / q_proj->weight.size(0);
   require_tp_divides("n_head", config.n_head, layer_tp, "each rank needs whole query heads");
   require_tp_divides("n_kv_head", config.n_kv_head, layer_tp, "each rank needs whole key/value heads");
+  if (booster::nn::has_tensor_parallel_context()) {
+    const auto& ctx = booster::nn::tensor_parallel_context();
+    if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
+        ctx.sp_group->size() > 1) {
+      sp_group = ctx.sp_group;
+      const int64_t sp = sp_group->size();
+      for (const auto& [field, heads] : {std::pair<const char*, int64_t>{"n_head", config.n_head},
+                                         std::pair<const char*, int64_t>{"n_kv_head", config.n_kv_head}})
+        if ((heads / layer_tp) % sp != 0)
+          throw std::invalid_argument(std::string("llama: sequence_parallelism_mode = \"all_to_all\" exchanges "
+                                                  "attention heads over the sp group, but ") + field + " = " +
+                                      std::to_string(heads) + " (" + std::to_string(heads / layer_tp) +
+                                      " per tp rank) is not divisible by sp_size = " + std::to_string(sp) +
+                                      "; choose an sp_size that divides the heads per tp rank");
+    }
+  }
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), D = head_dim;
-  // This rank's heads (n_head / tp, n_kv_head / tp), from the layers' local output sizes.
-  auto q = q_proj(x).view({B, T, -1, D});  // [B, T, H, D]
-  auto k = k_proj(x).view({B, T, -1, D});  // [B, T, KV, D]
-  auto v = v_proj(x).view({B, T, -1, D});
-  const int64_t H = q.size(2), KV = k.size(2);
+  const int64_t D = head_dim;
+  // This rank's heads (n_head / tp, n_kv_head / tp), from the layers' local output sizes. Under
+  // split_gather the projections gather the sequence (x holds T / tp positions, q/k/v all T); under
+  // all_to_all the sequence shards are exchanged for head shards (T / sp positions, H heads -> T
+  // positions, H / sp heads), so the rotary angles below are those of the whole sequence.
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  const int64_t B = q.size(0);
+  q = q.view({B, q.size(1), -1, D});  // [B, T, H, D]
+  k = k.view({B, k.size(1), -1, D});  // [B, T, KV, D]
+  v = v.view({B, v.size(1), -1, D});
+  if (sp_group) {
+    q = booster::nn::sequence_all_to_all(q, sp_group, 2, 1);
+    k = booster::nn::sequence_all_to_all(k, sp_group, 2, 1);
+    v = booster::nn::sequence_all_to_all(v, sp_group, 2, 1);
+  }
+  const int64_t T = q.size(1), H = q.size(2), KV = k.size(2);
 
   // Rotary angles in float32 (transformers' LlamaRotaryEmbedding: inv_freq = 1 / theta^(arange(0, D,
   // 2) / D), freqs = pos · inv_freq), cos / sin cast to the dtype of the hidden states (transformers
@@ -166,8 +195,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
   att = torch::softmax(att, -1, torch::kFloat32).to(q.scalar_type());
   auto y = torch::matmul(att, v);                  // [B, H, T, D]
-  y = y.transpose(1, 2).reshape({B, T, H * D});    // [B, T, H·D]
-  return o_proj(y);
+  y = y.transpose(1, 2);                           // [B, T, H, D]
+  if (sp_group) y = booster::nn::sequence_all_to_all(y, sp_group, 1, 2);  // [B, T / sp, H sp, D]
+  return o_proj(y.reshape({B, y.size(1), -1}));    // [B, T, H·D]
 }
 
 MLPImpl::MLPImpl(const LlamaConfig& config) {
@@ -225,7 +255,8 @@ torch::Tensor LlamaImpl::embed(const torch::Tensor& idx) {
   if (T > config.n_ctx)
     throw std::invalid_argument("llama: sequence length " + std::to_string(T) + " exceeds n_ctx " +
                                 std::to_string(config.n_ctx));
-  return model->embed_tokens(idx);
+  booster::nn::sequence_shard(T);  // sequence parallelism: the error naming T and sp_size
+  return model->embed_tokens(booster::nn::shard_sequence_input(idx));  // split_gather / all_to_all: [B, T/sp, C]
 }
 
 torch::Tensor LlamaImpl::run_blocks(torch::Tensor x, int64_t first, int64_t last) {

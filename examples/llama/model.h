@@ -58,6 +58,12 @@
 //    VocabParallelEmbedding pads it when tp does not divide V; Vp = V otherwise), exactly what
 //    lm_loss (vocab_parallel_cross_entropy) takes. The RMSNorm weights are replicated. Build the model
 //    after the Booster (the layers take its tp group).
+//  - Sequence parallelism (hybrid_parallel enable_sequence_parallelism; booster/nn/sequence_parallel.h):
+//    "split_gather" keeps [B, T/tp, C] between the tensor-parallel regions (the layers communicate;
+//    the RMSNorm weights' gradients are per-shard parts the plugin sums); "all_to_all" keeps
+//    [B, T/sp, C] everywhere and exchanges q, k, v (sequence shards -> head shards) before the rotary
+//    embedding and attention, and the output back; lm_loss averages the shards' losses. T must be a
+//    multiple of the sequence-parallel size, sp_size must divide n_head / tp and n_kv_head / tp.
 //  - Pipeline parallelism (pp_size > 1): pipeline_layers() lists embed, each decoder layer, and
 //    norm + lm_head (the head is untied: no parameter is listed twice).
 // Dtypes: token ids int64 (bytes 0..255); activations and logits in the parameters' dtype (float32,
@@ -130,6 +136,9 @@ struct AttentionImpl : torch::nn::Module {
   booster::nn::RowParallelLinear o_proj{nullptr};     // H·D -> C
   int64_t head_dim;
   double rope_theta;
+  // sequence_parallelism_mode = "all_to_all": the context's sp group (null otherwise); the
+  // constructor throws std::invalid_argument when sp_size does not divide n_head / tp or n_kv_head / tp.
+  std::shared_ptr<booster::dist::ProcessGroup> sp_group;
 };
 TORCH_MODULE(Attention);
 

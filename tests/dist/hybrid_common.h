@@ -4,6 +4,8 @@
 //   tokens [B, S] int64 in [0, kVocab) -> embed (VocabParallelEmbedding wte + Embedding wpe)
 //   -> kLayers (or the constructor's `blocks`) pre-LN MLP blocks (ColumnParallelLinear -> GELU -> RowParallelLinear, residual)
 //   -> ln_f -> tied LM head (wte.lm_logits) -> this rank's logits [B, S, Vp / tp].
+// Sequence parallelism: split_gather through the layers (activations [B, S/tp, kDim] between them),
+// all_to_all through shard_sequence_input (no attention: the blocks act per token).
 // kVocab = 37 is not divisible by 2 or 4, so at tp > 1 the vocabulary is padded (to 128).
 #pragma once
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "booster/nn/pipeline.h"
+#include "booster/nn/sequence_parallel.h"
 #include "booster/nn/tensor_parallel.h"
 
 namespace booster::testing {
@@ -40,8 +43,11 @@ struct TinyLMImpl : torch::nn::Module, booster::nn::PipelineModule {
     for (int64_t i = 0; i < blocks; ++i) h->push_back(TinyBlock());
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
   }
+  // Sequence parallelism (booster/nn/sequence_parallel.h): this rank's shard of the positions.
   torch::Tensor embed(const torch::Tensor& ids) {
-    return wte(ids) + wpe(torch::arange(ids.size(1), torch::kLong)).unsqueeze(0);
+    const auto shard = booster::nn::sequence_shard(ids.size(1));
+    return wte(booster::nn::shard_sequence_input(ids)) +
+           wpe(torch::arange(shard.offset, shard.offset + shard.length, torch::kLong)).unsqueeze(0);
   }
   torch::Tensor block(size_t i, const torch::Tensor& x) { return h[i]->as<TinyBlock>()->forward(x); }
   torch::Tensor head(const torch::Tensor& x) { return wte->lm_logits(ln_f(x)); }
@@ -65,9 +71,12 @@ struct TinyLMImpl : torch::nn::Module, booster::nn::PipelineModule {
 };
 TORCH_MODULE(TinyLM);
 
-// Mean token cross entropy of this rank's logits [B, S, Vp/tp] against targets [B, S].
+// Mean token cross entropy of this rank's logits [B, S, Vp/tp] against targets [B, S] (all_to_all:
+// logits [B, S/sp, Vp/tp], the targets' shard, averaged over sp).
 inline torch::Tensor tiny_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), kVocab);
+  const torch::Tensor local = booster::nn::shard_sequence_input(targets);
+  return booster::nn::sequence_parallel_loss(
+      booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), local.reshape({-1}), kVocab));
 }
 
 // Global batches of the language-model task: tokens[s] and targets[s] int64 [global_batch, kSeq].

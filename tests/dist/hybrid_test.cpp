@@ -180,6 +180,13 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
       {"backward_on_pipelined_model", {"booster.backward does not work on a pipelined model"}},
       {"batch_not_divisible", {"batch size 3", "num_microbatches = 2"}},
       {"valid_pipeline_after_errors", {"no error"}},
+      {"sp_mode_without_enable", {"sequence_parallelism_mode = \"split_gather\" is set but enable_sequence_parallelism is false"}},
+      {"sp_size_without_enable", {"sp_size = 2 is set but enable_sequence_parallelism is false"}},
+      {"split_gather_without_tp", {"needs tp_size > 1", "sequence_parallelism_mode = \"all_to_all\""}},
+      {"split_gather_sp_size", {"sp_size = 1 with sequence_parallelism_mode = \"split_gather\"", "remove sp_size"}},
+      {"sp_size_not_dividing_world", {"tp_size * pp_size * sp_size = 4 does not divide the world size 2"}},
+      {"sequence_not_divisible_split_gather", {"sequence length T = 7 is not divisible by sp_size = 2", "tp_size"}},
+      {"sequence_not_divisible_all_to_all", {"sequence length T = 7 is not divisible by sp_size = 2", "all_to_all"}},
       {"data_iter_form", {"no error"}}};
   for (int r = 0; r < 2; ++r) {
     std::map<std::string, std::string> got;
@@ -258,6 +265,26 @@ TEST(HybridParallel, ZeroStage1DataTensor2x2MatchesSingleProcess) {
 }
 TEST(HybridParallel, ZeroStage1DataPipeline2x2MatchesSingleProcess) {
   check_hybrid({4, {"plugin.pp_size=2", "plugin.zero_stage=1", "plugin.num_microbatches=2"}, "sgd"});
+}
+// Sequence parallelism on 4 ranks. split_gather (Megatron-SP over tp): the tp-replicated parameters'
+// gradients are per-shard parts summed over tp; with a step of shorter sequences (other shard shapes)
+// and clipping. all_to_all (Ulysses over sp): every gradient is its shard's, averaged over dp x sp;
+// ZeRO-1 then shards over dp x sp.
+TEST(HybridParallel, SequenceParallelSplitGatherDataTensor2x2MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.tp_size=2", "plugin.enable_sequence_parallelism=true",
+                    "plugin.sequence_parallelism_mode=split_gather"}, "adamw", 0.05, false, 1});
+}
+TEST(HybridParallel, SequenceParallelSplitGatherTensor4MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.tp_size=4", "plugin.enable_sequence_parallelism=true",
+                    "plugin.sequence_parallelism_mode=split_gather"}, "sgd"});
+}
+TEST(HybridParallel, SequenceParallelAllToAllDataSequence2x2MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.sp_size=2", "plugin.enable_sequence_parallelism=true",
+                    "plugin.sequence_parallelism_mode=all_to_all"}, "adamw", 0.05, false, 1});
+}
+TEST(HybridParallel, SequenceParallelAllToAllSequence4ZeroStage1MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.sp_size=4", "plugin.enable_sequence_parallelism=true", "plugin.zero_stage=1",
+                    "plugin.sequence_parallelism_mode=all_to_all"}, "adamw", 0.05});
 }
 TEST(HybridParallel, Bf16PipelineTensor2x2TracksSingleProcess) {
   check_hybrid({4, {"plugin.pp_size=2", "plugin.tp_size=2", "plugin.num_microbatches=2"}, "sgd", 0, true});

@@ -77,6 +77,28 @@ int run_errors() {
     TinyLM net;  // 6 layers < 2 * 4 stages
     b.boost(net);
   });
+  // Sequence parallelism's options (ColossalAI's rules; a setting is never ignored).
+  attempt("sp_mode_without_enable", [&] { booster::Booster b(config_with("tp_size = 2\nsequence_parallelism_mode = \"split_gather\"\n")); });
+  attempt("sp_size_without_enable", [&] { booster::Booster b(config_with("sp_size = 2\n")); });
+  attempt("split_gather_without_tp",
+          [&] { booster::Booster b(config_with("enable_sequence_parallelism = true\nsequence_parallelism_mode = \"split_gather\"\n")); });
+  attempt("split_gather_sp_size", [&] {
+    booster::Booster b(config_with("tp_size = 2\nsp_size = 1\nenable_sequence_parallelism = true\n"
+                                   "sequence_parallelism_mode = \"split_gather\"\n"));
+  });
+  attempt("sp_size_not_dividing_world",
+          [&] { booster::Booster b(config_with("enable_sequence_parallelism = true\nsp_size = 4\n")); });
+  for (const std::string mode : {"split_gather", "all_to_all"}) {
+    attempt("sequence_not_divisible_" + mode, [&] {
+      booster::Booster b(config_with(std::string(mode == "split_gather" ? "tp_size = 2\n" : "sp_size = 2\n") +
+                                     "enable_sequence_parallelism = true\nsequence_parallelism_mode = \"" + mode + "\"\n"));
+      torch::manual_seed(7);
+      TinyLM net;
+      auto [model, opt, criterion, loader, scheduler] = b.boost(net, make_lm_optimizer("sgd", net->parameters()), tiny_lm_loss);
+      const auto data = make_token_batches(1, 2, 11);
+      model.forward(data.tokens[0].narrow(1, 0, kSeq - 1));
+    });
+  }
   {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
     torch::manual_seed(7);

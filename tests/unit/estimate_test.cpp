@@ -192,6 +192,41 @@ TEST(Estimate, InTreePluginsGiveTheZeroPaperModelStates) {
   EXPECT_EQ(bf16["torch_ddp: gradient_as_bucket_view = true"].states.model_states(), 16 * P);  // autocast: fp32 weights
 }
 
+// Sequence parallelism in hybrid_parallel's rows (Korthikanti et al. 2022 without the attention-score
+// term): tp alone keeps 10 of the 34 activation units whole, split_gather shards them all over tp,
+// all_to_all everything over sp (then as tp alone over tp). Model states are those of the same tp;
+// all_to_all's ZeRO-1 shards over dp x sp. None is data parallel (auto never picks them).
+TEST(Estimate, SequenceParallelRowsShardTheActivations) {
+  EstimateRequest r;
+  const int64_t P = 1 << 20, A = 340 << 20;
+  r.parameters = P;
+  r.largest_parameter = P / 4;
+  r.largest_unit = P / 4;
+  r.world_size = 4;
+  r.activation_bytes = A;
+  auto rows = rows_of(r);
+  const std::string tp2 = "hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\"";
+  const std::string sg = tp2 + ", sequence_parallelism_mode = \"split_gather\"";
+  const std::string a2a = "hybrid_parallel: tp_size = 1, pp_size = 1, zero_stage = 1, precision = \"fp32\", "
+                          "sequence_parallelism_mode = \"all_to_all\", sp_size = 4";
+  const std::string a2a_tp = "hybrid_parallel: tp_size = 2, pp_size = 1, zero_stage = 0, precision = \"fp32\", "
+                             "sequence_parallelism_mode = \"all_to_all\", sp_size = 2";
+  for (const auto& key : {tp2, sg, a2a, a2a_tp}) ASSERT_TRUE(rows.count(key)) << key;
+  EXPECT_EQ(rows[tp2].activations, A / 34 * 22);  // (10 + 24 / 2) / 34
+  EXPECT_EQ(rows[sg].activations, A / 2);
+  EXPECT_EQ(rows[a2a].activations, A / 4);
+  EXPECT_EQ(rows[a2a_tp].activations, A / 34 * 11);  // (10 + 12) / 34 / 2
+  EXPECT_EQ(rows[sg].states.model_states(), rows[tp2].states.model_states());
+  EXPECT_EQ(rows[a2a].states.model_states(), 8 * P + 8 * P / 4);  // ZeRO-1 over dp x sp = 4, as low_level_zero
+  EXPECT_THAT(rows[sg].options, ::testing::IsSupersetOf({std::string("enable_sequence_parallelism=true"),
+                                                         std::string("sequence_parallelism_mode=\"split_gather\"")}));
+  EXPECT_THAT(rows[a2a].options, ::testing::Contains("sp_size=4"));
+  for (const auto& key : {sg, a2a, a2a_tp}) {
+    EXPECT_FALSE(rows[key].data_parallel) << key;
+    EXPECT_FALSE(rows[key].pipeline) << key;
+  }
+}
+
 TEST(Estimate, TheTableListsPluginsWithoutAnEstimateAndThoseThatFail) {
   bt::ScopedEnv env;
   env.set("BOOSTER_PLUGIN_PATH", BOOSTER_TEST_PLUGIN_DIR);

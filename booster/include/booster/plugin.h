@@ -53,7 +53,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // 12: CheckpointIO::load_model takes ModelLoadOptions; ModelSaveOptions has a state-dict adapter.
 // 13: StateDictAdapter has an AdapterFormat (file names, partial formats such as PEFT's LoRA files)
 // that checkpoint IOs honour; ModelSaveOptions / OptimizerSaveOptions have use_async and async_policy.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 13;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 14;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {

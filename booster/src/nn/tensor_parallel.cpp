@@ -12,12 +12,16 @@
 #include <unordered_map>
 
 #include "booster/dist/process_group.h"
+#include "booster/nn/sequence_parallel.h"
 
 namespace booster::nn {
 
 using Group = std::shared_ptr<dist::ProcessGroup>;
 
 void reset_tensor_parallel_dropout_generator();  // tensor_parallel_ops.cpp
+// sequence_parallel.cpp: gather(x) W^T + b keeping only the shard x for backward.
+at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                           const Group& group);
 
 // ---------------------------------------------------------------------------------------------
 // The context
@@ -125,6 +129,20 @@ Group resolve_group(const Group& explicit_group) {
   return g && g->size() > 1 ? g : nullptr;
 }
 
+// Megatron-SP for a layer over `g`: the option, else the context's mode; never at T = 1.
+bool resolve_sequence_parallel(const std::optional<bool>& option, const Group& g) {
+  if (!g) return false;
+  if (option) return *option;
+  return has_tensor_parallel_context() &&
+         tensor_parallel_context().sequence_parallel == SequenceParallelMode::kSplitGather;
+}
+
+void refuse_under_sequence_parallel(const char* layer, const char* what) {
+  throw std::logic_error(std::string("booster::nn::") + layer + ": " + what +
+                         " is not supported with sequence parallelism (sequence_parallelism_mode = \"split_gather\"); "
+                         "disable enable_sequence_parallelism or use sequence_parallelism_mode = \"all_to_all\"");
+}
+
 int tp_size(const Group& g) { return g ? g->size() : 1; }
 int tp_rank(const Group& g) { return g ? g->rank() : 0; }
 
@@ -208,7 +226,9 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
 }
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(LinearParallelOptions options_)
-    : options(std::move(options_)), group(resolve_group(options.group())) {
+    : options(std::move(options_)),
+      group(resolve_group(options.group())),
+      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), group)) {
   check_positive("ColumnParallelLinear", "in_features", options.in_features());
   check_divisible("ColumnParallelLinear", "out_features", options.out_features(), tp_size(group));
   reset();
@@ -229,6 +249,10 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   at::Tensor y;
   if (!group) {
     y = at::linear(x, weight, bias);
+  } else if (sequence_parallel) {
+    if (options.gather_output()) refuse_under_sequence_parallel("ColumnParallelLinear", "gather_output");
+    if (forward_hook) refuse_under_sequence_parallel("ColumnParallelLinear", "a forward_hook (LoRA)");
+    return sequence_parallel_column_linear(x, weight, bias, group);
   } else {
     y = at::linear(copy_to_tensor_parallel_region(x, group), weight, bias);
     if (options.gather_output()) y = gather_from_tensor_parallel_region(y, group);
@@ -237,7 +261,9 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(LinearParallelOptions options_)
-    : options(std::move(options_)), group(resolve_group(options.group())) {
+    : options(std::move(options_)),
+      group(resolve_group(options.group())),
+      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), group)) {
   check_positive("RowParallelLinear", "out_features", options.out_features());
   check_divisible("RowParallelLinear", "in_features", options.in_features(), tp_size(group));
   reset();
@@ -255,6 +281,12 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   at::Tensor y;
   if (!group) {
     y = at::linear(x, weight, bias);
+  } else if (sequence_parallel) {
+    if (!options.input_is_parallel()) refuse_under_sequence_parallel("RowParallelLinear", "input_is_parallel = false");
+    if (forward_hook) refuse_under_sequence_parallel("RowParallelLinear", "a forward_hook (LoRA)");
+    sequence_shard(x.size(1));  // the error naming T and sp_size
+    y = reduce_scatter_sequence(at::linear(x, weight), group, 1);
+    return bias.defined() ? y + bias : y;
   } else {
     at::Tensor in = options.input_is_parallel() ? x : scatter_to_tensor_parallel_region(x, group);
     y = reduce_from_tensor_parallel_region(at::linear(in, weight), group);
@@ -264,7 +296,9 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions options_)
-    : options(std::move(options_)), group(resolve_group(options.group())) {
+    : options(std::move(options_)),
+      group(resolve_group(options.group())),
+      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), group)) {
   check_positive("VocabParallelEmbedding", "num_embeddings", options.num_embeddings());
   check_positive("VocabParallelEmbedding", "embedding_dim", options.embedding_dim());
   if (options.make_vocab_size_divisible_by() < 0)
@@ -313,10 +347,17 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   at::Tensor outside = (ids < vocab_start_).logical_or_(ids >= vocab_start_ + local);
   at::Tensor local_ids = (ids - vocab_start_).masked_fill_(outside, 0);
   at::Tensor y = at::embedding(weight, local_ids).masked_fill(outside.unsqueeze(-1), 0);
+  if (sequence_parallel) {
+    if (ids.dim() < 2)
+      throw std::invalid_argument("booster::nn::VocabParallelEmbedding: sequence parallelism needs ids [B, T, ...]");
+    sequence_shard(ids.size(1));  // the error naming T and sp_size
+    return reduce_scatter_sequence(y, group, 1);
+  }
   return reduce_from_tensor_parallel_region(y, group);
 }
 
 at::Tensor VocabParallelEmbeddingImpl::lm_logits(const at::Tensor& hidden) {
+  if (sequence_parallel) return at::linear(gather_sequence(hidden, group, 1), weight);
   return at::linear(copy_to_tensor_parallel_region(hidden, group), weight);
 }
 

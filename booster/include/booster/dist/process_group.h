@@ -156,6 +156,15 @@ class BOOSTER_API ProcessGroup {
   // As reduce_scatter_tensor, but `input` is scratch: its contents are unspecified once the work is
   // waited for (the pairwise exchange only reads it; a backend may reduce in place).
   Work reduce_scatter_tensor_consuming(at::Tensor& output, at::Tensor& input, ReduceOp op = ReduceOp::SUM);
+  // All-to-all of equal ranges (torch.distributed.all_to_all_single without split sizes; MPI_Alltoall):
+  // `input` and `output` (contiguous, same numel and dtype, numel divisible by size(), distinct
+  // memory) are each cut into size() consecutive ranges of numel / size() elements; range p of this
+  // rank's input goes to rank p, and range p of this rank's output receives rank p's range rank().
+  // Gloo's alltoall on CPU (bf16 travels as float32 when the backend has no bf16), the device
+  // backend's on its device, host staging otherwise. A group of one rank copies input to output.
+  // DistError for mismatched numel or dtype, a numel not divisible by size(), or a non-contiguous
+  // tensor. Sequence parallelism's head/sequence exchange (booster/nn/sequence_parallel.h).
+  Work all_to_all_single(at::Tensor& output, const at::Tensor& input);
   // Reduces `tensor` across ranks into root's `tensor` (in place there); on other ranks the
   // contents of `tensor` are unspecified afterwards (the backend may use it as scratch). Gloo has
   // it natively (SUM/MAX/MIN/PRODUCT; AVG and bf16 emulated as above).

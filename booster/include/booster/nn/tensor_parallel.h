@@ -51,14 +51,35 @@ namespace nn {
 // ---------------------------------------------------------------------------------------------
 // The tensor-parallel context
 
+// Sequence parallelism (hybrid_parallel's enable_sequence_parallelism / sequence_parallelism_mode;
+// booster/nn/sequence_parallel.h has the operators and the model-side calls):
+//   kSplitGather: Megatron-SP (Korthikanti et al., "Reducing Activation Recomputation in Large
+//     Transformer Models", 2022) over the tp group: activations outside the tensor-parallel regions
+//     are [B, T/T_tp, ...] sequence shards (sequence dim 1); ColumnParallelLinear all-gathers the
+//     sequence before its matmul (backward: reduce-scatter), RowParallelLinear and
+//     VocabParallelEmbedding reduce-scatter along the sequence instead of all-reducing (backward:
+//     all-gather), lm_logits all-gathers the sequence. Needs T_tp > 1.
+//   kAllToAll: DeepSpeed-Ulysses (Jacobs et al., "DeepSpeed Ulysses", 2023) over `sp_group`: the
+//     model keeps [B, T/sp, ...] shards everywhere and exchanges sequence shards for head shards
+//     around attention (sequence_all_to_all); the tensor-parallel layers are unchanged.
+enum class SequenceParallelMode { kNone, kSplitGather, kAllToAll };
+// "none", "split_gather", "all_to_all" (ColossalAI's sequence_parallelism_mode names).
+BOOSTER_API const char* sequence_parallel_mode_name(SequenceParallelMode mode);
+
 struct TensorParallelContext {
   // The tp group; null means T = 1 (dense layers, no communication).
   std::shared_ptr<dist::ProcessGroup> group;
+  SequenceParallelMode sequence_parallel = SequenceParallelMode::kNone;
+  // kAllToAll: the sequence-parallel group (sp_size ranks); null otherwise (or sp_size = 1).
+  std::shared_ptr<dist::ProcessGroup> sp_group;
   // VocabParallelEmbedding pads the vocabulary to a multiple of make_vocab_size_divisible_by * T
   // when T does not divide it (ColossalAI's / Megatron's make_vocab_size_divisible_by, default 64).
   int64_t make_vocab_size_divisible_by = 64;
   int size() const;  // T (1 when group is null)
   int rank() const;  // this rank in the tp group (0 when group is null)
+  // The number of sequence shards: size() under kSplitGather, sp_group's size under kAllToAll, else 1.
+  int sequence_parallel_size() const;
+  int sequence_parallel_rank() const;  // this rank's shard index in [0, sequence_parallel_size())
 };
 
 // The context TP layers built now on this thread use. Throws std::logic_error when none was set
@@ -148,6 +169,9 @@ struct LinearParallelOptions {
   TORCH_ARG(InitMethod, init_method) = nullptr;
   TORCH_ARG(InitMethod, bias_init_method) = nullptr;
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
+  // Megatron-SP (SequenceParallelMode::kSplitGather) over the layer's group: nullopt takes it from
+  // the context (its sequence_parallel == kSplitGather; false without a context). Ignored at T = 1.
+  TORCH_ARG(std::optional<bool>, sequence_parallel) = std::nullopt;
 };
 
 // Y = X A^T + b with A split by rows of the [out, in] weight (= output columns): this rank holds
@@ -155,6 +179,11 @@ struct LinearParallelOptions {
 // forward: x [..., in] -> [..., out/T] (or [..., out] with gather_output). Input gradient all-reduced
 // over tp (f). Default init: torch::nn::Linear's (kaiming_uniform(a=sqrt(5)) on the full weight,
 // bias uniform(+-1/sqrt(in))), then sliced.
+// Sequence parallel (split_gather): x [B, T/T_tp, in] (sequence dim 1) is all-gathered along the
+// sequence to [B, T, in] for the matmul, output [B, T, out/T_tp]; only the shard is kept for backward,
+// which gathers it again for the weight gradient and reduce-scatters the input gradient (Korthikanti
+// et al. 2022, 4.2.2). Every rank's shard must have the same length. gather_output and a
+// forward_hook are refused (std::logic_error at forward).
 class BOOSTER_API ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinearImpl> {
  public:
   ColumnParallelLinearImpl(int64_t in_features, int64_t out_features)
@@ -166,12 +195,18 @@ class BOOSTER_API ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnP
   at::Tensor weight, bias;
   LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
   std::shared_ptr<dist::ProcessGroup> group;  // resolved at construction (null: T = 1)
+  bool sequence_parallel = false;  // resolved at construction: split_gather and T > 1
 };
 TORCH_MODULE(ColumnParallelLinear);
 
 // Y = X A^T + b with A split by input columns: this rank holds weight [out, in/T] and the full bias
 // [out] (replicated); T must divide in_features. forward: x [..., in/T] (input_is_parallel) or
 // [..., in] -> [..., out]; the partial products are all-reduced (g), then the bias is added once.
+// Sequence parallel (split_gather): x [B, T, in/T_tp] -> [B, T/T_tp, out]: the partial products are
+// reduce-scattered along the sequence (dim 1; backward: all-gather), then the bias is added; the
+// bias gradient is then this shard's part (the hybrid_parallel plugin sums it over tp). T_tp must
+// divide T (std::invalid_argument naming T and sp_size); input_is_parallel = false and a
+// forward_hook are refused (std::logic_error).
 class BOOSTER_API RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl> {
  public:
   RowParallelLinearImpl(int64_t in_features, int64_t out_features)
@@ -183,6 +218,7 @@ class BOOSTER_API RowParallelLinearImpl : public torch::nn::Cloneable<RowParalle
   at::Tensor weight, bias;
   LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
   std::shared_ptr<dist::ProcessGroup> group;
+  bool sequence_parallel = false;  // resolved at construction: split_gather and T > 1
 };
 TORCH_MODULE(RowParallelLinear);
 
@@ -215,6 +251,8 @@ struct VocabParallelEmbeddingOptions {
   // 0: the context's make_vocab_size_divisible_by (64 when the layer is built with an explicit group
   // and no context). The constructor writes the value it used here.
   TORCH_ARG(int64_t, make_vocab_size_divisible_by) = 0;
+  // Megatron-SP over the layer's group, as LinearParallelOptions::sequence_parallel.
+  TORCH_ARG(std::optional<bool>, sequence_parallel) = std::nullopt;
 };
 
 // An embedding table split by vocabulary rows: the vocabulary is padded to padded_vocab_size(V, T,
@@ -225,6 +263,10 @@ struct VocabParallelEmbeddingOptions {
 // lm_logits: the tied language-model head (Megatron's parallel_lm_logits): hidden [..., dim] ->
 // this rank's logits [..., Vp/T] = f(hidden) @ weight^T; feed them to vocab_parallel_cross_entropy.
 // Padding rows start at zero and receive no gradient from forward or from the cross entropy.
+// Sequence parallel (split_gather): forward ids [B, T] -> [B, T/T_tp, dim], the lookups
+// reduce-scattered along the sequence (dim 1) instead of all-reduced (T_tp must divide T:
+// std::invalid_argument naming T and sp_size); lm_logits hidden [B, T/T_tp, dim] -> [B, T, Vp/T_tp],
+// the sequence all-gathered first (backward: reduce-scatter).
 // ids not int64: std::invalid_argument.
 class BOOSTER_API VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbeddingImpl> {
  public:
@@ -239,6 +281,7 @@ class BOOSTER_API VocabParallelEmbeddingImpl : public torch::nn::Cloneable<Vocab
   VocabParallelEmbeddingOptions options;
   at::Tensor weight;
   std::shared_ptr<dist::ProcessGroup> group;
+  bool sequence_parallel = false;  // resolved at construction: split_gather and T_tp > 1
 
  private:
   int64_t padded_vocab_ = 0, vocab_start_ = 0;
