@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "booster/dist/process_group.h"
+#include "autograd_group.h"
 
 namespace booster::nn {
 
@@ -19,18 +20,8 @@ using SpGroup = std::shared_ptr<dist::ProcessGroup>;
 
 namespace {
 
-struct SpGroupHolder : torch::CustomClassHolder {
-  explicit SpGroupHolder(SpGroup g) : group(std::move(g)) {}
-  SpGroup group;
-};
-
-void sp_save_group(AutogradContext* ctx, const SpGroup& group) {
-  ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<SpGroupHolder>(group));
-}
-
-SpGroup sp_saved_group(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<SpGroupHolder>(ctx->saved_data["group"].toCapsule())->group;
-}
+using detail::save_group;
+using detail::saved_group;
 
 bool sp_active(const SpGroup& group) { return group && group->size() > 1; }
 
@@ -87,37 +78,37 @@ at::Tensor all_to_all_dims(const at::Tensor& x, const SpGroup& group, int64_t sc
 
 struct GatherSequence : torch::autograd::Function<GatherSequence> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const SpGroup& group, int64_t dim) {
-    sp_save_group(ctx, group);
+    save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
     return all_gather_dim(x, group, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {reduce_scatter_dim(grads[0], sp_saved_group(ctx), ctx->saved_data["dim"].toInt(), "gather_sequence (backward)"),
+    return {reduce_scatter_dim(grads[0], saved_group(ctx), ctx->saved_data["dim"].toInt(), "gather_sequence (backward)"),
             at::Tensor(), at::Tensor()};
   }
 };
 
 struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const SpGroup& group, int64_t dim) {
-    sp_save_group(ctx, group);
+    save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
     return reduce_scatter_dim(x, group, dim, "reduce_scatter_sequence");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_gather_dim(grads[0], sp_saved_group(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {all_gather_dim(grads[0], saved_group(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
 struct SequenceAllToAll : torch::autograd::Function<SequenceAllToAll> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const SpGroup& group, int64_t scatter_dim,
                             int64_t gather_dim) {
-    sp_save_group(ctx, group);
+    save_group(ctx, group);
     ctx->saved_data["scatter"] = scatter_dim;
     ctx->saved_data["gather"] = gather_dim;
     return all_to_all_dims(x, group, scatter_dim, gather_dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_to_all_dims(grads[0], sp_saved_group(ctx), ctx->saved_data["gather"].toInt(),
+    return {all_to_all_dims(grads[0], saved_group(ctx), ctx->saved_data["gather"].toInt(),
                             ctx->saved_data["scatter"].toInt()),
             at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -129,14 +120,14 @@ struct SequenceAllToAll : torch::autograd::Function<SequenceAllToAll> {
 struct GatherLinear : torch::autograd::Function<GatherLinear> {
   // y = gather(x) W^T (the bias is added outside, by autograd).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const SpGroup& group) {
-    sp_save_group(ctx, group);
+    save_group(ctx, group);
     ctx->save_for_backward({x, weight});
     return at::linear(all_gather_dim(x, group, 1), weight);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
-    const SpGroup group = sp_saved_group(ctx);
+    const SpGroup group = saved_group(ctx);
     const at::Tensor full = all_gather_dim(x, group, 1);  // [B, T, in]
     const at::Tensor& gy = grads[0];                        // [B, T, out]
     at::Tensor gx = reduce_scatter_dim(at::matmul(gy, weight), group, 1, "ColumnParallelLinear (backward)");

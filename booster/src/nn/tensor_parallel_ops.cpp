@@ -16,6 +16,7 @@
 
 #include "booster/dist/process_group.h"
 #include "booster/nn/tensor_parallel.h"
+#include "autograd_group.h"
 
 namespace booster::nn {
 
@@ -25,21 +26,8 @@ using Group = std::shared_ptr<dist::ProcessGroup>;
 
 namespace {
 
-// A Function's backward needs the group; AutogradContext::saved_data holds IValues only, so the
-// group travels in a capsule.
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(Group g) : group(std::move(g)) {}
-  Group group;
-};
-
-void save_group(AutogradContext* ctx, const Group& group) {
-  ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
-}
-
-Group saved_group(AutogradContext* ctx) {
-  auto holder = c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
-  return holder->group;
-}
+using detail::save_group;
+using detail::saved_group;
 
 // A group of one rank behaves as no group (T = 1).
 bool active(const Group& group) { return group && group->size() > 1; }
