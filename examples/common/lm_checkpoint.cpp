@@ -1,8 +1,6 @@
 // lm_checkpoint.cpp — the language-model trainer's training checkpoints (lm_trainer.h): one
 // committed directory per step through booster/checkpoint/checkpoint_manager.h.
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "booster/checkpoint/checkpoint_manager.h"

@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include <map>
@@ -54,6 +56,20 @@ std::string error_of(const std::function<void()>& f) {
   return "(no std::invalid_argument)";
 }
 
+// `steps` SGD steps (learning rate lr) on the parameters of `net` that require grad (the adapters
+// after enable_lora), each minimising loss().
+void train_trainable(torch::nn::Module& net, double lr, int steps, const std::function<torch::Tensor()>& loss) {
+  std::vector<torch::Tensor> trainable;
+  for (auto& p : net.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  torch::optim::SGD opt(trainable, torch::optim::SGDOptions(lr));
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    loss().backward();
+    opt.step();
+  }
+}
+
 TEST(Lora, InitKeepsOutputsAndOnlyAdaptersTrain) {
   LoraNet net = make_net();
   torch::Tensor x = torch::randn({5, 8});
@@ -84,15 +100,7 @@ TEST(Lora, TrainingChangesOutputsAndMergeMatches) {
   std::map<std::string, torch::Tensor> base_copy;
   for (const auto& p : base) base_copy[p.key()] = p.value().detach().clone();
   booster::nn::enable_lora(*net, config_of({"fc1", "fc2"}, 4, 16));
-  std::vector<torch::Tensor> trainable;
-  for (auto& p : net->parameters())
-    if (p.requires_grad()) trainable.push_back(p);
-  torch::optim::SGD opt(trainable, torch::optim::SGDOptions(0.1));
-  for (int i = 0; i < 5; ++i) {
-    opt.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    opt.step();
-  }
+  train_trainable(*net, 0.1, 5, [&] { return torch::mse_loss(net->forward(x), y); });
   torch::Tensor after = net->forward(x).detach();
   EXPECT_GT((after - before).abs().max().item<double>(), 1e-3);
   for (const auto& p : net->named_parameters())  // base parameters untouched
@@ -180,16 +188,10 @@ TEST(Lora, BoosterLinearIsTorchLinearWithAHookPointAndTakesLora) {
   auto train = [&](auto net) {
     torch::manual_seed(12);
     booster::nn::enable_lora(*net, config_of({"lin"}, 2, 4));
-    std::vector<torch::Tensor> trainable;
-    for (auto& p : net->parameters())
-      if (p.requires_grad()) trainable.push_back(p);
-    EXPECT_EQ(trainable.size(), 2u);  // A and B
-    torch::optim::SGD sgd(trainable, torch::optim::SGDOptions(0.1));
-    for (int step = 0; step < 3; ++step) {
-      sgd.zero_grad();
-      net->forward(x).pow(2).mean().backward();
-      sgd.step();
-    }
+    int64_t trainable = 0;
+    for (auto& p : net->parameters()) trainable += p.requires_grad();
+    EXPECT_EQ(trainable, 2);  // A and B
+    train_trainable(*net, 0.1, 3, [&] { return net->forward(x).pow(2).mean(); });
     torch::Tensor y = net->forward(x).detach();
     EXPECT_EQ(booster::nn::merge_lora(*net).size(), 1u);
     EXPECT_LT((net->forward(x) - y).abs().max().template item<double>(), 1e-6);  // merged = unmerged
@@ -253,15 +255,7 @@ TpRun train_tp(const std::shared_ptr<booster::dist::ProcessGroup>& g) {
     booster::nn::enable_lora(*net, config_of({"fc1", "fc2", "fc3", "fc4"}, 2, 4));
   }
   torch::Tensor x = torch::linspace(-1, 1, 6 * 8).reshape({6, 8}), y = torch::cos(torch::arange(24.0)).reshape({6, 4});
-  std::vector<torch::Tensor> trainable;
-  for (auto& p : net->parameters())
-    if (p.requires_grad()) trainable.push_back(p);
-  torch::optim::SGD opt(trainable, torch::optim::SGDOptions(0.5));
-  for (int i = 0; i < 3; ++i) {
-    opt.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    opt.step();
-  }
+  train_trainable(*net, 0.5, 3, [&] { return torch::mse_loss(net->forward(x), y); });
   TpRun r;
   r.out = net->forward(x).detach();
   for (const auto& p : net->named_parameters())
