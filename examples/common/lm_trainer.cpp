@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "booster/nn/sequence_parallel.h"
+#include "booster/optim/cpu_adam.h"
 #include "booster/nn/tensor_parallel.h"
 #include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
@@ -69,6 +70,8 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& ou
   o.min_lr_ratio = t.get_double("min_lr_ratio", 0.1, 0.0, 1.0);  // the cosine ends at lr * this
   o.warmup_steps = t.get_int("warmup_steps", 100, 0);
   o.weight_decay = t.get_double("weight_decay", 0.1, 0.0, 10.0);  // matrices and embeddings only
+  // "hybrid_adam": booster::optim::HybridAdam (one multi-tensor launch per group on CUDA)
+  o.optimizer = t.get_choice("optimizer", "adamw", {"adamw", "hybrid_adam"});
   o.beta1 = t.get_double("beta1", 0.9, 0.0, 1.0);
   o.beta2 = t.get_double("beta2", 0.95, 0.0, 1.0);
   o.max_steps = t.get_int("max_steps", 100000, 1);
@@ -199,14 +202,23 @@ std::string fmt(double v, int precision) {
   return buf;
 }
 
-std::shared_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& net, const TrainOptions& o) {
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& net, const TrainOptions& o) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : net.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (o.optimizer == "hybrid_adam") {
+    auto options = [&](double wd) {
+      return std::make_unique<booster::optim::CPUAdamOptions>(
+          booster::optim::CPUAdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(1e-8).weight_decay(wd));
+    };
+    groups.emplace_back(decay, options(o.weight_decay));
+    groups.emplace_back(no_decay, options(0.0));
+    return std::make_shared<booster::optim::HybridAdam>(groups, booster::optim::CPUAdamOptions(o.lr));
+  }
   auto options = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(1e-8).weight_decay(wd));
   };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, options(o.weight_decay));
   groups.emplace_back(no_decay, options(0.0));
   return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr));

@@ -112,6 +112,7 @@ struct TrainOptions {
   double lr, min_lr_ratio, weight_decay, beta1, beta2, max_minutes, sample_temperature;
   bool save_model;
   std::string corpus, val_books, output_dir, sample_prompt;
+  std::string optimizer;  // "adamw" | "hybrid_adam"
   int64_t lora_r;  // 0: no LoRA
   double lora_alpha, lora_dropout;
   std::string lora_target_modules;  // comma-separated
@@ -151,9 +152,11 @@ std::optional<booster::nn::LoraConfig> lora_config(const std::string& name, cons
 
 std::string fmt(double v, int precision);
 
-// AdamW with two parameter groups: weight decay on tensors of rank >= 2 (matrices, embeddings),
-// none on biases and norm parameters.
-std::shared_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& net, const TrainOptions& o);
+// [train] optimizer ("adamw": LibTorch's torch::optim::AdamW; "hybrid_adam": booster::optim::HybridAdam,
+// the same AdamW arithmetic as one multi-tensor kernel launch per group on CUDA and the fused CPU
+// kernel on the CPU) with two parameter groups: weight decay on tensors of rank >= 2 (matrices,
+// embeddings), none on biases and norm parameters.
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& net, const TrainOptions& o);
 // Warmup, then cosine over progress = max(step / max_steps, elapsed / budget) (*progress, set by
 // the loop), down to min_lr_ratio.
 std::shared_ptr<booster::LambdaLR> make_scheduler(torch::optim::Optimizer& optimizer, const TrainOptions& o,
@@ -307,7 +310,7 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
   auto net = std::make_shared<ModelImpl>(cfg);
   const std::optional<booster::nn::LoraConfig> lora = lora_config(spec.name, cli, opt, spec.lora_targets);
   if (lora) booster.enable_lora(*net, *lora);  // before the optimizer: boost() keeps the adapters only
-  auto adamw = make_adamw(*net, opt);
+  auto adamw = make_optimizer(*net, opt);
   auto progress = std::make_shared<double>(0.0);
   auto scheduler = make_scheduler(*adamw, opt, progress);
   booster::Criterion criterion_fn = [loss = spec.loss, vocab = spec.vocab_size(cfg)](const torch::Tensor& logits,

@@ -19,6 +19,7 @@
 #include "booster/data/dataset.h"
 #include "booster/io/atomic_write.h"
 #include "booster/logging.h"
+#include "booster/optim/cpu_adam.h"
 #include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
 #include "net.h"
@@ -42,7 +43,8 @@ TrainOptions read_train_options(const booster::Options& t, const std::string& da
   TrainOptions o;
   o.epochs = t.get_int("epochs", 5, 1, 1000);
   o.batch_size = t.get_int("batch_size", 64, 1, 1 << 20);
-  o.optimizer = t.get_choice("optimizer", "adamw", {"adamw", "sgd"});
+  // "hybrid_adam": booster::optim::HybridAdam, AdamW's arithmetic in one multi-tensor launch on CUDA
+  o.optimizer = t.get_choice("optimizer", "adamw", {"adamw", "hybrid_adam", "sgd"});
   o.lr = t.get_double("lr", 1e-3, 0.0, 10.0);
   o.weight_decay = t.get_double("weight_decay", 0.01, 0.0, 1.0);
   o.momentum = t.get_double("momentum", 0.9, 0.0, 1.0);
@@ -153,6 +155,9 @@ int run(int argc, char** argv) {
   if (opt.optimizer == "adamw")
     optimizer = std::make_shared<torch::optim::AdamW>(net->parameters(),
                                                       torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
+  else if (opt.optimizer == "hybrid_adam")
+    optimizer = std::make_shared<booster::optim::HybridAdam>(
+        net->parameters(), booster::optim::CPUAdamOptions(opt.lr).weight_decay(opt.weight_decay));
   else
     optimizer = std::make_shared<torch::optim::SGD>(
         net->parameters(), torch::optim::SGDOptions(opt.lr).momentum(opt.momentum).weight_decay(opt.weight_decay));

@@ -7,7 +7,8 @@
 //   - every adapter collective with 2 ranks (threads) sharing the GPU over Gloo: CUDA tensors are
 //     staged through host memory (process_group_device.cpp);
 //   - torch_ddp and low_level_zero (stages 1, 2) training on the GPU, 1 rank on NCCL and 2 ranks
-//     sharing the GPU over Gloo, against single-process LibTorch trained on the same GPU;
+//     sharing the GPU over Gloo, against single-process LibTorch trained on the same GPU (fp32, bf16;
+//     fp16 with 2 ranks against 1 rank);
 //   - the device errors a user can meet there.
 // Tolerance of the training comparisons: dist_test_util.h's (1e-5 absolute + 1e-4 relative per
 // element after 4 steps, fp32): the ranks differ from the reference only in the order of the
@@ -16,7 +17,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -255,6 +258,85 @@ TEST(GpuTraining, LowLevelZeroStagesOneAndTwo) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     check_train(gpu_case(1, "adamw", {kCuda, kZero, kZeroFp32, "plugin.stage=" + std::to_string(stage)}));
     check_train(gpu_case(2, "adamw", {kCuda, kGloo, kZero, kZeroFp32, "plugin.stage=" + std::to_string(stage)}));
+  }
+}
+
+// low_level_zero with bf16 weights and fp32 master slices (plugin.precision = "bf16"), stages 1 and
+// 2, 1 rank (NCCL) and 2 ranks sharing the GPU (Gloo), against LibTorch under CUDA bf16 autocast on
+// the same GPU: the tolerance of TorchDdpBf16AutocastOneAndTwoRanks (SGD, 2e-2 relative + 1e-3),
+// which also covers the bf16 weights' own rounding (2^-9 relative).
+TEST(GpuTraining, LowLevelZeroBf16OneAndTwoRanks) {
+  SKIP_WITHOUT_GPU();
+  for (int stage : {1, 2}) {
+    for (int world : {1, 2}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", " + std::to_string(world) + " rank(s)");
+      std::vector<std::string> sets{kCuda, kZero, "plugin.precision=\"bf16\"", "plugin.stage=" + std::to_string(stage)};
+      if (world == 2) sets.push_back(kGloo);
+      TrainCase c = gpu_case(world, "sgd", sets);
+      c.autocast_bf16 = true;
+      c.rtol = 2e-2;
+      c.atol = 1e-3;
+      check_train(c);
+    }
+  }
+}
+
+namespace {
+// dist_worker's "train" scenario (the MLP, 4 SGD steps, lr 0.1, momentum 0.9) on a global batch of 8
+// samples split over `world` ranks, with `sets`; rank 0's parameters as float32 on the CPU (every
+// rank's must equal them).
+std::vector<at::Tensor> train_mlp(int world, const std::vector<std::string>& sets) {
+  TempDir dir;
+  std::vector<std::string> args{"scenario=train", "out=" + dir.path(), "steps=4", "batch=" + std::to_string(8 / world),
+                                "accum=1", "optimizer=sgd"};
+  for (const auto& s : sets) args.push_back("set=" + s);
+  expect_all_ok(run_workers(world, args));
+  std::vector<at::Tensor> rank0 = load_tensors(dir.file("rank0.pt"));
+  for (int r = 1; r < world; ++r)
+    expect_close(load_tensors(dir.file("rank" + std::to_string(r) + ".pt")), rank0, "rank " + std::to_string(r), 0, 0);
+  for (auto& t : rank0) t = t.to(at::kFloat);
+  return rank0;
+}
+}  // namespace
+
+// fp16 (fp16 weights, fp32 masters, the dynamic loss scaler from 1024) under torch_ddp and
+// low_level_zero stages 1 and 2 with 2 ranks sharing the GPU over Gloo, against the same training on
+// 1 rank (NCCL), which GpuFp16.* checks against PyTorch's GradScaler. The ranks compute fp16
+// gradients of half the batch and sum them in another order, so the fp32 masters differ by float
+// rounding and the fp16 weights by at most 2 fp16 ulps of each tensor's largest weight
+// (2^-9 x max |w|) + 1e-5, GpuFp16's bound. Against fp32 LibTorch on the same GPU: within
+// TorchDdpBf16AutocastOneAndTwoRanks's bf16 band (2e-2 relative + 1e-3), a check that the fp16
+// training trains (a step lost or applied twice moves weights by lr x gradient, ~1e-2).
+TEST(GpuTraining, Fp16TwoRanksSharingTheGpuEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<at::Tensor> fp32 = reference_mlp(4, 8, "sgd", 0, 2.0, nullptr, kGpu);
+  struct Case {
+    std::string name;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Case> cases{
+      {"torch_ddp", {kCuda, "booster.mixed_precision=\"fp16\"", "mixed_precision.initial_scale=1024"}},
+      {"low_level_zero stage 1", {kCuda, kZero, "plugin.precision=\"fp16\"", "plugin.initial_scale=1024", "plugin.stage=1"}},
+      {"low_level_zero stage 2", {kCuda, kZero, "plugin.precision=\"fp16\"", "plugin.initial_scale=1024", "plugin.stage=2"}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<at::Tensor> one = train_mlp(1, c.sets);
+    std::vector<std::string> two_sets = c.sets;
+    two_sets.push_back(kGloo);
+    const std::vector<at::Tensor> two = train_mlp(2, two_sets);
+    ASSERT_EQ(one.size(), fp32.size());
+    ASSERT_EQ(two.size(), fp32.size());
+    double apart = 0, from_fp32 = 0;
+    for (size_t i = 0; i < one.size(); ++i) {
+      const double diff = (two[i] - one[i]).abs().max().item<double>();
+      EXPECT_LE(diff, one[i].abs().max().item<double>() / 512 + 1e-5) << "parameter " << i;
+      apart = std::max(apart, diff);
+      from_fp32 = std::max(from_fp32, (one[i] - fp32[i]).abs().max().item<double>());
+    }
+    expect_close(one, fp32, c.name + " fp16, 1 rank, against fp32", 2e-2, 1e-3);
+    expect_close(two, fp32, c.name + " fp16, 2 ranks, against fp32", 2e-2, 1e-3);
+    std::cout << "[ compare  ] " << c.name << " fp16: max |2 ranks - 1 rank| = " << apart
+              << ", max |1 rank - fp32 LibTorch| = " << from_fp32 << std::endl;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "booster/booster.h"
@@ -183,6 +184,46 @@ TEST(OptimizerWrapper, ClipByNormUnderLossScalingReturnsTheUnscaledNormAndClipsL
     EXPECT_EQ(wrapper.last_grad_norm(), got);
     for (size_t i = 0; i < ref->parameters().size(); ++i)
       EXPECT_TRUE(torch::allclose(net->parameters()[i].grad(), ref->parameters()[i].grad(), 1e-5, 1e-7));
+  }
+}
+
+// The arithmetic step() runs on a device (OptimizerWrapper::clip_on_device: detail::clip_coefficient
+// and detail::scale_gradients, no host synchronisation), here on CPU tensors: the same bits as the
+// host path's coefficient (computed in double) and products, for float32, float64 and bfloat16
+// gradients, clipped, not clipped, non-finite and unscale-only.
+TEST(OptimizerWrapper, DeviceClipArithmeticEqualsTheHostPathBitForBit) {
+  torch::manual_seed(3);
+  const double inv_scale = 1.0 / 1024;
+  struct Case {
+    double total, max_norm;
+  };
+  for (const Case c : {Case{5.0, 1.0}, Case{0.25, 1.0}, Case{INFINITY, 1.0}, Case{NAN, 1.0}, Case{5.0, 0.0}}) {
+    double want_coef = inv_scale;  // the host path (fused_unscale_clip)
+    if (std::isfinite(c.total) && c.max_norm > 0) {
+      const double clip = c.max_norm / (c.total + 1e-6);
+      if (clip < 1.0) want_coef *= clip;
+    }
+    const at::Tensor coef = booster::detail::clip_coefficient(torch::full({}, c.total, torch::kDouble), inv_scale, c.max_norm);
+    ASSERT_EQ(coef.scalar_type(), at::kDouble);
+    ASSERT_EQ(coef.dim(), 0);
+    EXPECT_EQ(coef.item<double>(), want_coef) << "total " << c.total << " max_norm " << c.max_norm;
+
+    std::vector<at::Tensor> grads{torch::randn({37}) * 100, torch::randn({3, 5}, torch::kDouble),
+                                  torch::randn({64}).to(at::kBFloat16), torch::randn({2, 2})};
+    std::vector<at::Tensor> want;
+    for (const auto& g : grads) {
+      // float32 / float64: mul_ by the double (the host path's CPU arithmetic); bfloat16: the product
+      // in float32 rounded once (the CUDA multi-tensor scale's arithmetic, the host path on a GPU).
+      if (g.scalar_type() == at::kBFloat16)
+        want.push_back(g.to(at::kFloat).mul_(static_cast<float>(want_coef)).to(at::kBFloat16));
+      else
+        want.push_back(g.clone().mul_(want_coef));
+    }
+    booster::detail::scale_gradients(grads, coef);
+    for (size_t i = 0; i < grads.size(); ++i)
+      EXPECT_TRUE(at::equal(grads[i], want[i])) << "gradient " << i << " (" << grads[i].scalar_type() << "), total "
+                                                 << c.total << ", max |diff| "
+                                                 << (grads[i] - want[i]).abs().max().item<double>();
   }
 }
 

@@ -105,34 +105,44 @@ std::vector<torch::Tensor> OptimizerWrapper::local_gradients() const {
   return grads;
 }
 
+// The accumulator of one device's gradients for the p-norm (p = norm_type): the max of |g| (inf),
+// else the sum of norm^p, as a 0-dim float64 tensor on the group's device (undefined for an empty
+// group). For p = 2 the tensors the device's registered kernels take (CUDA float32 / bfloat16) get one
+// multi-tensor L2 norm; every other tensor (all of them on the CPU, where nothing is registered) one
+// norm each in its dtype, as torch.nn.utils.clip_grad_norm_, combined in float64. Queues work only:
+// no host synchronisation.
+static at::Tensor norm_accumulator(optim::DeviceTensorGroup& g, double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  const bool two = norm_type == 2.0;
+  std::vector<at::Tensor> aten = g.other;
+  if (!two) aten.insert(aten.end(), g.kernel_tensors.begin(), g.kernel_tensors.end());
+  at::Tensor acc;
+  if (!aten.empty()) {
+    std::vector<at::Tensor> per;
+    per.reserve(aten.size());
+    for (const auto& t : aten) per.push_back(inf ? t.abs().max() : t.norm(norm_type));
+    at::Tensor all = at::stack(per).to(at::kDouble);
+    acc = inf ? all.max() : all.pow(norm_type).sum();
+  }
+  if (two && !g.kernel_tensors.empty()) {
+    at::Tensor total = g.kernels->l2norm(g.kernel_tensors, /*per_tensor=*/false).total.to(at::kDouble);
+    total = total * total;
+    acc = acc.defined() ? acc + total : total;
+  }
+  return acc;
+}
+
 double OptimizerWrapper::global_grad_norm(double norm_type) {
-  // Per device (optim::group_by_device_kernels), one host sync each: for norm_type 2, the tensors the
-  // device's registered kernels take (CUDA float32 / bfloat16) get one multi-tensor L2 norm; every
-  // other tensor (all of them on the CPU, where nothing is registered) one norm each in its dtype, as
-  // torch.nn.utils.clip_grad_norm_, combined in float64.
+  // Per device, one host sync each (norm_accumulator).
   at::NoGradGuard no_grad;
   auto grads = norm_gradients();
   dist::ProcessGroup* group = norm_group();
   bool inf = std::isinf(norm_type);
-  bool two = norm_type == 2.0;
   double local = 0;
   bool first = true;
   for (optim::DeviceTensorGroup& g : optim::group_by_device_kernels(grads)) {
-    std::vector<at::Tensor> aten = g.other;
-    if (!two) aten.insert(aten.end(), g.kernel_tensors.begin(), g.kernel_tensors.end());
-    at::Tensor acc;  // this device's max (inf) or sum of norm^norm_type, a 0-dim float64 tensor
-    if (!aten.empty()) {
-      std::vector<at::Tensor> per;
-      per.reserve(aten.size());
-      for (const auto& t : aten) per.push_back(inf ? t.abs().max() : t.norm(norm_type));
-      at::Tensor all = at::stack(per).to(at::kDouble);
-      acc = inf ? all.max() : all.pow(norm_type).sum();
-    }
-    if (two && !g.kernel_tensors.empty()) {
-      at::Tensor total = g.kernels->l2norm(g.kernel_tensors, /*per_tensor=*/false).total.to(at::kDouble);
-      total = total * total;
-      acc = acc.defined() ? acc + total : total;
-    }
+    at::Tensor acc = norm_accumulator(g, norm_type);
+    if (!acc.defined()) continue;
     const double v = acc.item<double>();
     if (first) local = v;
     else if (inf) local = (std::isnan(v) || v > local) ? v : local;
@@ -142,6 +152,72 @@ double OptimizerWrapper::global_grad_norm(double norm_type) {
   if (inf) return group ? group->allreduce_scalar(local, dist::ReduceOp::MAX) : local;
   if (group) local = group->allreduce_scalar(local, dist::ReduceOp::SUM);
   return std::pow(local, 1.0 / norm_type);
+}
+
+namespace detail {
+
+at::Tensor clip_coefficient(const at::Tensor& total, double inv_scale, double max_norm) {
+  const at::Tensor unscaled_coef = at::full_like(total, inv_scale);
+  if (!(max_norm > 0)) return unscaled_coef;
+  const at::Tensor clip = at::full_like(total, max_norm).div_(total + 1e-6);
+  const at::Tensor clipped = at::where(clip < 1.0, clip * inv_scale, unscaled_coef);
+  return at::where(at::isfinite(total), clipped, unscaled_coef);
+}
+
+void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& coef) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> floats;
+  at::Tensor coef_float;
+  for (const auto& g : grads) {
+    if (g.scalar_type() == at::kFloat) {
+      floats.push_back(g);
+    } else if (g.scalar_type() == at::kDouble) {
+      g.mul_(coef.to(g.device()));
+    } else {  // bfloat16 / float16: multiplied in float, rounded once (as mul_ by a double scalar)
+      if (!coef_float.defined() || coef_float.device() != g.device()) coef_float = coef.to(g.device(), at::kFloat);
+      g.copy_(g.to(at::kFloat).mul_(coef_float));
+    }
+  }
+  if (floats.empty()) return;
+  std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> by_device;
+  for (auto& t : floats) {
+    auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& d) { return d.first == t.device(); });
+    if (it == by_device.end()) by_device.emplace_back(t.device(), std::vector<at::Tensor>{t});
+    else it->second.push_back(t);
+  }
+  for (auto& [device, list] : by_device) at::_foreach_mul_(list, coef.to(device, at::kFloat));
+}
+
+}  // namespace detail
+
+bool OptimizerWrapper::clip_on_device(double max_norm, double norm_type, double inv_scale) {
+  at::NoGradGuard no_grad;
+  const std::vector<torch::Tensor> grads = norm_gradients();
+  const std::vector<torch::Tensor> local = local_gradients();
+  if (grads.empty()) return false;
+  const c10::Device device = grads.front().device();
+  if (device.is_cpu()) return false;
+  for (const auto* list : {&grads, &local})
+    for (const auto& t : *list)
+      if (t.device() != device) return false;
+  auto groups = optim::group_by_device_kernels(grads);
+  if (groups.size() != 1) return false;
+  at::Tensor acc = norm_accumulator(groups.front(), norm_type);
+  const bool inf = std::isinf(norm_type);
+  if (dist::ProcessGroup* group = norm_group()) group->allreduce(acc, inf ? dist::ReduceOp::MAX : dist::ReduceOp::SUM).wait();
+  const at::Tensor norm = inf ? acc : acc.pow(1.0 / norm_type);
+  const at::Tensor total = norm * inv_scale;
+  detail::scale_gradients(local, detail::clip_coefficient(total, inv_scale, max_norm));
+  last_grad_norm_device_ = total;
+  return true;
+}
+
+double OptimizerWrapper::last_grad_norm() const {
+  if (last_grad_norm_device_.defined()) {
+    last_grad_norm_ = last_grad_norm_device_.item<double>();
+    last_grad_norm_device_ = at::Tensor();
+  }
+  return last_grad_norm_;
 }
 
 // Multiplies every gradient by inv_scale (if not yet unscaled) and by the clip coefficient, in one
@@ -178,6 +254,7 @@ double OptimizerWrapper::clip_grad_by_norm(double max_norm, double norm_type) {
   double inv_scale = (options_.scaler && !unscaled_) ? 1.0 / options_.scaler->scale() : 1.0;
   double scaled = global_grad_norm(norm_type);
   last_grad_norm_ = fused_unscale_clip(local_gradients(), scaled, inv_scale, max_norm);
+  last_grad_norm_device_ = at::Tensor();
   unscaled_ = true;
   return last_grad_norm_;
 }
@@ -208,7 +285,10 @@ bool OptimizerWrapper::step_with(const std::function<void(torch::optim::Optimize
     }
   }
   if (options_.max_norm > 0) {
-    clip_grad_by_norm(options_.max_norm, options_.norm_type);
+    // On a device: without a host synchronisation (the norm stays there until last_grad_norm()).
+    const double inv_scale = (options_.scaler && !unscaled_) ? 1.0 / options_.scaler->scale() : 1.0;
+    if (clip_on_device(options_.max_norm, options_.norm_type, inv_scale)) unscaled_ = true;
+    else clip_grad_by_norm(options_.max_norm, options_.norm_type);
   } else {
     unscale_once();
   }
@@ -230,16 +310,19 @@ bool OptimizerWrapper::step_with(const std::function<void(torch::optim::Optimize
 void OptimizerWrapper::zero_grad() {
   // As torch.optim.Optimizer.zero_grad(set_to_none=False): LibTorch 1.13's C++ zero_grad calls
   // detach_() unconditionally, which fails on gradients that are views (gradient_as_bucket_view).
+  // The gradients are zeroed by one torch._foreach_zero_ (one launch per device and dtype on CUDA).
   at::NoGradGuard no_grad;
-  auto zero = [](const at::Tensor& p) {
+  std::vector<at::Tensor> grads;
+  auto collect = [&grads](const at::Tensor& p) {
     at::Tensor g = p.grad();
     if (!g.defined()) return;
     if (g.grad_fn()) p.mutable_grad() = g.detach();
-    p.grad().zero_();
+    grads.push_back(p.grad());
   };
-  for (const auto& p : model_params_) zero(p);
+  for (const auto& p : model_params_) collect(p);
   for (size_t i = 0; i < master_params_.size(); ++i)
-    if (master_params_[i].unsafeGetTensorImpl() != model_params_[i].unsafeGetTensorImpl()) zero(master_params_[i]);
+    if (master_params_[i].unsafeGetTensorImpl() != model_params_[i].unsafeGetTensorImpl()) collect(master_params_[i]);
+  if (!grads.empty()) at::_foreach_zero_(grads);
   unscaled_ = false;
 }
 

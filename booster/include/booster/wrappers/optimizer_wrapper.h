@@ -101,8 +101,10 @@ class BOOSTER_API OptimizerWrapper {
   // Throws std::invalid_argument for clip_value <= 0.
   virtual void clip_grad_by_value(double clip_value);
 
-  // The global gradient norm of the last clip (explicit or by max_norm); NaN before any.
-  double last_grad_norm() const { return last_grad_norm_; }
+  // The global gradient norm of the last clip (explicit or by max_norm); NaN before any. After
+  // step() clipped on a device (clip_on_device) the norm is read from there here, which waits for
+  // that step's gradients (one host synchronisation, on the first call after the step).
+  double last_grad_norm() const;
   // The current loss scale (1.0 without a scaler).
   double loss_scale() const;
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -224,6 +226,13 @@ class BOOSTER_API OptimizerWrapper {
   bool step_with(const std::function<void(torch::optim::Optimizer&)>& update);
   // Global norm of local_gradients() (see clip_grad_by_norm).
   double global_grad_norm(double norm_type);
+  // step()'s unscale + clip when every gradient (norm_gradients() and local_gradients()) is on one
+  // non-CPU device: the norm, its reduction over norm_group() and the coefficient stay on the device
+  // (detail::clip_coefficient, detail::scale_gradients), so the step queues its work without a host
+  // synchronisation, as torch.nn.utils.clip_grad_norm_ on CUDA. Same arithmetic as
+  // clip_grad_by_norm's host path. Returns false, having done nothing, when the gradients are on the
+  // CPU or on several devices (the caller then takes the host path).
+  bool clip_on_device(double max_norm, double norm_type, double inv_scale);
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<ModelHooks> hooks_;
@@ -233,8 +242,24 @@ class BOOSTER_API OptimizerWrapper {
   std::vector<std::string> param_names_;
   std::vector<size_t> group_sizes_;
   bool unscaled_ = false;
-  double last_grad_norm_;
+  mutable double last_grad_norm_;
+  mutable at::Tensor last_grad_norm_device_;  // step()'s norm on its device until last_grad_norm() reads it
   int64_t skipped_steps_ = 0;
 };
+
+namespace detail {
+// The clip coefficient of clip_grad_by_norm, computed on total's device without a host
+// synchronisation: total is the unscaled global norm (0-dim float64); returns a 0-dim float64 tensor
+// on its device, inv_scale x (max_norm / (total + 1e-6)) where that quotient is < 1, else inv_scale
+// (also for a non-finite total, and for max_norm <= 0: unscale only). The same float64 operations as
+// the host path, so the same bits (torch.nn.utils.clip_grad_norm_'s rule, coef applied when < 1).
+BOOSTER_API at::Tensor clip_coefficient(const at::Tensor& total, double inv_scale, double max_norm);
+// Multiplies every gradient in place by coef (0-dim float64, any device): float32 tensors by
+// torch._foreach_mul_ with coef rounded to float32 (the bits of mul_ by that double scalar and of the
+// CUDA multi-tensor scale), float64 by coef, bfloat16 / float16 as the product in float32 (coef
+// rounded to float32) rounded once to their dtype (the CUDA multi-tensor scale's bits; LibTorch's
+// CPU mul_ by a double scalar can differ from it by an ulp). Queues work only.
+BOOSTER_API void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& coef);
+}  // namespace detail
 
 }  // namespace booster
