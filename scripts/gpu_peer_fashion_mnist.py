@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from gpu_peer_profile import StepProfiler
 
 MEAN, STD = 0.2860, 0.3530
 
@@ -104,6 +105,7 @@ def main():
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     gen = torch.Generator().manual_seed(a.seed)
+    profiler = StepProfiler()  # BOOSTER_EXAMPLE_PROFILE (gpu_peer_profile.py)
     for epoch in range(1, a.epochs + 1):
         net.train()
         perm = torch.randperm(train_x.size(0), generator=gen)
@@ -112,6 +114,7 @@ def main():
         start = time.perf_counter()
         loss_sum, samples = 0.0, 0
         for step in range(steps_per_epoch):
+            profiler.begin_step((epoch - 1) * steps_per_epoch + step + 1)
             idx = perm[step * a.batch_size:(step + 1) * a.batch_size]
             xb, yb = train_x[idx].to(device), train_y[idx].to(device)
             loss = F.cross_entropy(net(xb), yb)
@@ -120,6 +123,7 @@ def main():
             opt.step()
             sched.step()
             loss_sum += loss.item()
+            profiler.end_step((epoch - 1) * steps_per_epoch + step + 1)
             samples += xb.size(0)
         seconds = time.perf_counter() - start
         net.eval()

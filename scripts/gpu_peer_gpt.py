@@ -53,6 +53,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from gpu_peer_profile import StepProfiler
 
 # examples/configs/gpt_ddp.toml (the [train] and [booster] values the peer uses).
 DEFAULTS = {
@@ -290,8 +291,10 @@ def main():
     tokens_per_step = B * T
     all_s = window_s = 0.0
     loss_v = float("nan")
+    profiler = StepProfiler()  # BOOSTER_EXAMPLE_PROFILE (gpu_peer_profile.py)
     for step in range(total_steps):
         step_box[0] = step
+        profiler.begin_step(step + 1)
         t0 = time.perf_counter()
         x, y = sample_batch()
         lr = opt.param_groups[0]["lr"]
@@ -307,6 +310,7 @@ def main():
         opt.zero_grad()
         sched.step()
         dt = time.perf_counter() - t0
+        profiler.end_step(step + 1)
         all_s += dt
         if step >= a.warmup_steps:
             window_s += dt

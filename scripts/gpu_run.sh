@@ -12,20 +12,25 @@
 # step never stops the next; a step whose program is not in the bundle is a FAIL naming it:
 #   env         nvidia-smi (name, memory, driver), torch version, `ldd` of every bundle ELF file
 #   cuda_kernel_tests  bin/booster_cuda_kernel_tests (gtest counts)
-#   bench_cuda_kernels bin/bench_cuda_kernels --out FILE (its markdown table goes into the results)
 #   gpu_tests   bin/booster_gpu_tests (gtest counts)
-#   fashion_mnist  the main job, 1 epoch, one GPU, booster.device="cuda" (epoch line: samples/s, accuracy)
-#   gpt         the GPT example for a bounded number of steps on the GPU (tokens/s, val_bpb)
-#               (both with distributed.backend = GPU_CHECK_BACKEND, default "nccl", world size 1)
+#   fashion_mnist  the main job, 1 epoch, one GPU, booster.device="cuda", train.optimizer="hybrid_adam",
+#               twice (the faster run counts), then once with LibTorch's AdamW (samples/s, accuracy)
+#   torch_peer  peer/gpu_peer_fashion_mnist.py: the same CNN in PyTorch eager, 1 epoch on cuda, twice;
+#               ours/PyTorch from the faster run of each
+#   gpt         the GPT example for a bounded number of steps on the GPU (tokens/s, val_bpb), as
+#               fashion_mnist: twice with hybrid_adam, once with LibTorch's AdamW
+#               (both examples with distributed.backend = GPU_CHECK_BACKEND, default "nccl", world size 1)
 #   gpt_peer    peer/gpu_peer_gpt.py: the same GPT, data, AdamW, clipping and bf16 autocast in PyTorch
-#               eager on cuda; its tokens/s over the same steps as gpt's last eval window, and
-#               ours/PyTorch (see step_gpt_peer for what is measured)
-#   torch_peer  peer/gpu_peer_fashion_mnist.py: the same CNN in PyTorch eager, 1 epoch on cuda
+#               eager on cuda; its tokens/s over the same steps as gpt's last eval window (twice, the
+#               faster run counts), and ours/PyTorch (see step_gpt_peer for what is measured); once
+#               more with PyTorch's fused AdamW, for reference
+#   bench_cuda_kernels bin/bench_cuda_kernels --out FILE (its markdown table goes into the results)
+#   profile     Kineto traces of a few steps of each example and peer, summarised (step_profile)
 # With no GPU visible, env fails and the GPU-only steps are SKIPs. GPU_CHECK_SMOKE=1 (a test of this
-# script on a machine without GPU) runs fashion_mnist, gpt, gpt_peer and torch_peer on the CPU for a
-# few steps.
+# script on a machine without GPU) runs fashion_mnist, gpt, gpt_peer, torch_peer and profile on the
+# CPU for a few steps, each example and peer once.
 # Outputs in DIR (nothing else): gpu_check.txt (every measurement and test result, and the summary
-# table) and gpu_check.log (the full output of every step). Prints the summary (step | status |
+# table), gpu_check.log (the full output of every step) and the profile step's trace_*.json.gz. Prints the summary (step | status |
 # seconds | key numbers); exit status 1 when a step failed, else 0.
 # The step functions are called indirectly (run_step NAME LIMIT FUNCTION):
 # shellcheck disable=SC2317
@@ -163,22 +168,46 @@ step_bench() {
     lead "$(grep -c '^|' "$work/bench.md") table lines in gpu_check.txt"
   else step_status=FAIL; note "no table written to --out"; fi
 }
+# The examples against their PyTorch peers: each side runs twice (runs) and its faster run counts
+# (the ratio moved by up to 1.5x between single runs of earlier checks: start-up and clock noise on a
+# job of seconds). Ours trains with train.optimizer = "hybrid_adam" (booster::optim::HybridAdam, the
+# optimizer a ColossalAI user picks for the GPU: AdamW's arithmetic, one multi-tensor launch per
+# group); one more run with LibTorch's torch::optim::AdamW shows what that choice is worth.
+runs=2
+((smoke)) && runs=1
+max_of() { printf '%s\n' "$@" | awk 'NF && $1 > m {m = $1} END {print m + 0}'; }
 fm_sps=""
+fm_run() {  # fm_run OPTIMIZER: one epoch of ours; prints its samples/s (empty when none)
+  local args=(--set 'booster.device="cuda"' --set "distributed.backend=\"$backend\"" --set "train.optimizer=\"$1\"")
+  ((smoke)) && args=(--set train.max_steps_per_epoch=30 --set train.test_subset=1000
+                     --set train.lr_scheduler.warmup_steps=10 --set "train.optimizer=\"$1\"")
+  tmb "$here/bin/fashion_mnist" --config "$here/configs/ddp.toml" --data_dir "$here/data/fashion-mnist" \
+    --output_dir "$work/fashion_mnist_$1" --set train.epochs=1 "${args[@]}" >"$work/fm.out" 2>&1
+  local rc=$?
+  cat "$work/fm.out"
+  ((rc == 0)) || { check_rc $rc "fashion_mnist ($1)"; return; }
+  grep -E 'booster: plugin ' "$work/fm.out" | head -n 1 >>"$txt"
+  local line; line=$(grep -E 'epoch [0-9]+/[0-9]+ +train_loss' "$work/fm.out" | tail -n 1)
+  echo "optimizer $1: $line" >>"$txt"
+  sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p' <<<"$line" >"$work/fm.sps"
+  fm_acc=$(sed -n 's/.*test_accuracy \([0-9.]*\).*/\1/p' <<<"$line")
+}
 step_fashion_mnist() {
   need bin/fashion_mnist || return
   no_gpu smoke_ok && return
-  local args=(--set 'booster.device="cuda"' --set "distributed.backend=\"$backend\"")
-  ((smoke)) && args=(--set train.max_steps_per_epoch=30 --set train.test_subset=1000
-                     --set train.lr_scheduler.warmup_steps=10)
-  tmb "$here/bin/fashion_mnist" --config "$here/configs/ddp.toml" --data_dir "$here/data/fashion-mnist" \
-    --output_dir "$work/fashion_mnist" --set train.epochs=1 "${args[@]}"
-  check_rc $? fashion_mnist
-  grep -E 'booster: plugin ' "$step_out" | head -n 1 >>"$txt"
-  local line; line=$(grep -E 'epoch [0-9]+/[0-9]+ +train_loss' "$step_out" | tail -n 1)
-  echo "$line" >>"$txt"
-  fm_sps=$(sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p' <<<"$line")
-  [[ -n "$line" ]] || { step_status=FAIL; note "no epoch line"; return; }
-  lead "samples/s $fm_sps test_accuracy $(sed -n 's/.*test_accuracy \([0-9.]*\).*/\1/p' <<<"$line")"
+  local all=() i sps
+  step_status=PASS
+  for ((i = 0; i < runs; ++i)); do
+    : >"$work/fm.sps"; fm_run hybrid_adam; sps=$(cat "$work/fm.sps")
+    [[ -n "$sps" ]] || { step_status=FAIL; note "no epoch line (hybrid_adam)"; return; }
+    all+=("$sps")
+  done
+  fm_sps=$(max_of "${all[@]}")
+  lead "samples/s $fm_sps test_accuracy ${fm_acc:-?} (best of ${all[*]})"
+  if ((!smoke)); then
+    : >"$work/fm.sps"; fm_run adamw; sps=$(cat "$work/fm.sps")
+    [[ -n "$sps" ]] && note "with LibTorch's AdamW: $sps samples/s"
+  fi
 }
 # The gpt step's steps and eval window (smoke: 6 and 3). Its eval lines report tokens/s over each
 # window of gpt_eval steps (the summed step times of those steps, evaluation excluded); the last
@@ -186,28 +215,44 @@ step_fashion_mnist() {
 gpt_steps=300 gpt_eval=100
 ((smoke)) && gpt_steps=6 gpt_eval=3
 gpt_win_tok="" gpt_win_last=""
-step_gpt() {
-  need bin/gpt || return
-  no_gpu smoke_ok && return
+gpt_run() {  # gpt_run OPTIMIZER: ours once; sets gpt_tok (all steps), gpt_bpb, gpt_win (last window: "step tokens/s")
   local args=(--set 'booster.device="cuda"' --set "distributed.backend=\"$backend\"" --set train.eval_windows=64
               --set train.final_eval_windows=256 --set train.sample_length=100)
   ((smoke)) && args=(--set train.eval_windows=4 --set train.final_eval_windows=8 --set train.sample_length=10)
-  args+=(--set "train.max_steps=$gpt_steps" --set "train.eval_interval=$gpt_eval")
+  args+=(--set "train.max_steps=$gpt_steps" --set "train.eval_interval=$gpt_eval" --set "train.optimizer=\"$1\"")
   tmb "$here/bin/gpt" --config "$here/configs/gpt_ddp.toml" --output_dir "$work/gpt" \
     --set "train.corpus=\"$here/data/gpt/kjv.txt\"" --set 'train.val_books="Ruth"' --set train.max_minutes=0.75 \
-    --set train.log_interval=50 --set train.save_model=false "${args[@]}"
-  check_rc $? gpt
-  grep -E '(booster: plugin |gpt: [0-9]+ parameters|eval step|training stopped|final val_loss)' "$step_out" >>"$txt"
-  local tok bpb
-  tok=$(sed -n 's/.*(\([0-9.]*\) training tokens\/s).*/\1/p' "$step_out" | tail -n 1)
-  bpb=$(sed -n 's/.*final val_loss.* val_bpb \([0-9.]*\).*/\1/p' "$step_out" | tail -n 1)
-  [[ -n "$tok" ]] || { step_status=FAIL; note "no 'training tokens/s' line"; return; }
-  lead "tokens/s $tok final val_bpb ${bpb:-?}"
-  local win
-  win=$(sed -n 's/.*eval step \([0-9]*\) .* tokens\/s \([0-9.]*\) .*/\1 \2/p' "$step_out" | tail -n 1)
-  if [[ -n "$win" ]]; then
-    read -r gpt_win_last gpt_win_tok <<<"$win"
-    note "steps $((gpt_win_last - gpt_eval + 1))-$gpt_win_last tokens/s $gpt_win_tok"
+    --set train.log_interval=50 --set train.save_model=false "${args[@]}" >"$work/gpt_run.out" 2>&1
+  local rc=$?
+  if [[ "$1" == hybrid_adam ]]; then cat "$work/gpt_run.out"; else cat "$work/gpt_run.out" >>"$log"; fi
+  gpt_tok="" gpt_bpb="" gpt_win=""
+  ((rc == 0)) || { check_rc $rc "gpt ($1)"; return; }
+  { echo "optimizer $1:"; grep -E '(booster: plugin |gpt: [0-9]+ parameters|eval step|training stopped|final val_loss)' "$work/gpt_run.out"; } >>"$txt"
+  gpt_tok=$(sed -n 's/.*(\([0-9.]*\) training tokens\/s).*/\1/p' "$work/gpt_run.out" | tail -n 1)
+  gpt_bpb=$(sed -n 's/.*final val_loss.* val_bpb \([0-9.]*\).*/\1/p' "$work/gpt_run.out" | tail -n 1)
+  gpt_win=$(sed -n 's/.*eval step \([0-9]*\) .* tokens\/s \([0-9.]*\) .*/\1 \2/p' "$work/gpt_run.out" | tail -n 1)
+}
+step_gpt() {
+  need bin/gpt || return
+  no_gpu smoke_ok && return
+  local i wins=() toks=() last="" tok
+  step_status=PASS
+  for ((i = 0; i < runs; ++i)); do
+    gpt_run hybrid_adam
+    [[ -n "$gpt_tok" ]] || { step_status=FAIL; note "no 'training tokens/s' line (hybrid_adam)"; return; }
+    toks+=("$gpt_tok")
+    if [[ -n "$gpt_win" ]]; then read -r last tok <<<"$gpt_win"; wins+=("$tok"); fi
+  done
+  lead "tokens/s $(max_of "${toks[@]}") final val_bpb ${gpt_bpb:-?} (all steps, best of ${toks[*]})"
+  if ((${#wins[@]} == runs)); then
+    gpt_win_last=$last gpt_win_tok=$(max_of "${wins[@]}")
+    note "steps $((gpt_win_last - gpt_eval + 1))-$gpt_win_last tokens/s $gpt_win_tok (best of ${wins[*]})"
+  else
+    gpt_win_tok=$(max_of "${toks[@]}")  # no eval window: gpt_peer compares all steps
+  fi
+  if ((!smoke)); then
+    gpt_run adamw
+    [[ -n "$gpt_win" ]] && note "with LibTorch's AdamW: ${gpt_win#* } tokens/s"
   fi
 }
 # gpt_peer: what is measured. Both sides sum the wall time of each training step (host sampling of
@@ -229,50 +274,120 @@ step_gpt_peer() {
     [[ -n "$stopped" ]] && { read -r n ours <<<"$stopped"; warm=0; }
     ((n > 0)) || n=$gpt_eval
   fi
-  local args=(--device cuda)
+  local args=(--device cuda) i toks=() tok line fused
   ((smoke)) && args=(--device cpu)
-  tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/gpt_ddp.toml" --corpus "$here/data/gpt/kjv.txt" \
-    --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" "${args[@]}"
-  check_rc $? gpu_peer_gpt.py
-  local line tok
-  line=$(grep -E '^peer: gpt steps [0-9]+-[0-9]+: [0-9.]+ training tokens/s' "$step_out" | tail -n 1)
-  grep -E '^peer: ' "$step_out" >>"$txt"
-  tok=$(sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' <<<"$line")
-  [[ -n "$tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
-  lead "tokens/s $tok (steps $((warm + 1))-$((warm + n)))"
+  peer_gpt() {  # peer_gpt IMPL: one run of the peer; prints its tokens/s over the compared steps
+    tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/gpt_ddp.toml" --corpus "$here/data/gpt/kjv.txt" \
+      --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" --adamw_impl "$1" "${args[@]}" \
+      >"$work/peer_gpt.out" 2>&1
+    local rc=$?
+    cat "$work/peer_gpt.out" >>"$log"
+    ((rc == 0)) || { check_rc $rc "gpu_peer_gpt.py --adamw_impl $1"; return; }
+    grep -E '^peer: ' "$work/peer_gpt.out" >>"$txt"
+    line=$(grep -E '^peer: gpt steps [0-9]+-[0-9]+: [0-9.]+ training tokens/s' "$work/peer_gpt.out" | tail -n 1)
+    sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' <<<"$line"
+  }
+  step_status=PASS
+  for ((i = 0; i < runs; ++i)); do
+    tok=$(peer_gpt default)
+    [[ -n "$tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
+    toks+=("$tok")
+  done
+  tok=$(max_of "${toks[@]}")
+  lead "tokens/s $tok (steps $((warm + 1))-$((warm + n)); best of ${toks[*]}; AdamW foreach, PyTorch's default on CUDA)"
   if [[ -n "$ours" && "$tok" != 0 ]]; then
     note "ours/PyTorch $(awk -v a="$ours" -v b="$tok" 'BEGIN {printf "%.2f", a / b}') (gpt $ours tokens/s)"
   else
     note "no gpt tokens/s to compare with"
+  fi
+  if ((!smoke)); then
+    fused=$(peer_gpt fused)
+    [[ -n "$fused" ]] && note "PyTorch with fused AdamW: $fused tokens/s (ours/that $(awk -v a="$ours" -v b="$fused" 'BEGIN {printf "%.2f", b > 0 ? a / b : 0}'))"
   fi
 }
 peer_sps=""
 step_torch_peer() {
   [[ -f "$here/peer/gpu_peer_fashion_mnist.py" ]] || { step_key="peer/gpu_peer_fashion_mnist.py is not in the bundle"; return; }
   no_gpu smoke_ok && return
-  local args=(--device cuda)
+  local args=(--device cuda) i all=() line sps
   ((smoke)) && args=(--device cpu --max_steps 30 --test_subset 1000 --warmup_steps 10)
-  tm "$PY" "$here/peer/gpu_peer_fashion_mnist.py" --data_dir "$here/data/fashion-mnist" --epochs 1 "${args[@]}"
-  check_rc $? gpu_peer_fashion_mnist.py
-  grep -E '^peer: ' "$step_out" >>"$txt"
-  local line; line=$(grep -E '^epoch [0-9]+/[0-9]+ +train_loss' "$step_out" | tail -n 1)
-  echo "$line" >>"$txt"
-  peer_sps=$(sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p' <<<"$line")
-  [[ -n "$line" ]] || { step_status=FAIL; note "no epoch line"; return; }
-  lead "samples/s $peer_sps test_accuracy $(sed -n 's/.*test_accuracy \([0-9.]*\).*/\1/p' <<<"$line")"
+  step_status=PASS
+  for ((i = 0; i < runs; ++i)); do
+    tm "$PY" "$here/peer/gpu_peer_fashion_mnist.py" --data_dir "$here/data/fashion-mnist" --epochs 1 "${args[@]}" \
+      >"$work/peer_fm.out" 2>&1
+    local rc=$?
+    cat "$work/peer_fm.out"
+    ((rc == 0)) || { check_rc $rc gpu_peer_fashion_mnist.py; return; }
+    grep -E '^peer: ' "$work/peer_fm.out" >>"$txt"
+    line=$(grep -E '^epoch [0-9]+/[0-9]+ +train_loss' "$work/peer_fm.out" | tail -n 1)
+    echo "$line" >>"$txt"
+    sps=$(sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p' <<<"$line")
+    [[ -n "$sps" ]] || { step_status=FAIL; note "no epoch line"; return; }
+    all+=("$sps")
+  done
+  peer_sps=$(max_of "${all[@]}")
+  lead "samples/s $peer_sps (best of ${all[*]}) test_accuracy $(sed -n 's/.*test_accuracy \([0-9.]*\).*/\1/p' <<<"$line")"
   if [[ -n "$fm_sps" && "${peer_sps:-0}" != 0 ]]; then
     note "ours/PyTorch $(awk -v a="$fm_sps" -v b="$peer_sps" 'BEGIN {printf "%.2f", a / b}')"
   fi
 }
 
+# profile: where a step's time goes. Ours and each peer once more, with BOOSTER_EXAMPLE_PROFILE
+# (examples/common/step_profiler.h, peer/gpu_peer_profile.py): a Kineto trace of 20 Fashion-MNIST
+# steps (401-420) and 10 GPT steps (201-210); peer/gpu_trace_summary.py's lines (host wall and GPU
+# busy time per step, kernels, synchronising calls, the heaviest CPU operators) go to gpu_check.txt
+# and the traces, gzipped, to the output directory (trace_*.json.gz). Last: nothing else depends on it.
+step_profile() {
+  [[ -f "$here/peer/gpu_trace_summary.py" ]] || { step_key="peer/gpu_trace_summary.py is not in the bundle"; return; }
+  need bin/fashion_mnist || return
+  need bin/gpt || return
+  no_gpu smoke_ok && return
+  local fm_first=401 fm_last=420 gpt_first=201 gpt_last=210 dev=cuda warm=200
+  ((smoke)) && fm_first=3 fm_last=5 gpt_first=3 gpt_last=4 dev=cpu warm=2
+  local fm_span="$fm_first-$fm_last" gpt_span="$gpt_first-$gpt_last" name made=0
+  local gpt_args=(--set "booster.device=\"$dev\"" --set "train.max_steps=$gpt_last" --set train.eval_interval=100000
+                  --set train.final_eval_windows=8 --set train.sample_length=10 --set train.save_model=false
+                  --set "train.corpus=\"$here/data/gpt/kjv.txt\"" --set 'train.val_books="Ruth"' --set 'train.optimizer="hybrid_adam"')
+  local fm_args=(--set "booster.device=\"$dev\"" --set 'train.optimizer="hybrid_adam"'
+                 --set "train.lr_scheduler.warmup_steps=$warm")
+  if [[ $dev == cuda ]]; then
+    gpt_args+=(--set "distributed.backend=\"$backend\"")
+    fm_args+=(--set "distributed.backend=\"$backend\"")
+  fi
+  BOOSTER_EXAMPLE_PROFILE="$fm_span:$work/trace_ours_fashion_mnist.json" tmb "$here/bin/fashion_mnist" \
+    --config "$here/configs/ddp.toml" --data_dir "$here/data/fashion-mnist" --output_dir "$work/fm_profile" \
+    --set train.epochs=1 --set "train.max_steps_per_epoch=$fm_last" --set train.test_subset=1000 "${fm_args[@]}"
+  BOOSTER_EXAMPLE_PROFILE="$fm_span:$work/trace_peer_fashion_mnist.json" tm "$PY" "$here/peer/gpu_peer_fashion_mnist.py" \
+    --data_dir "$here/data/fashion-mnist" --epochs 1 --max_steps "$fm_last" --test_subset 1000 --warmup_steps "$warm" \
+    --device "$dev"
+  BOOSTER_EXAMPLE_PROFILE="$gpt_span:$work/trace_ours_gpt.json" tmb "$here/bin/gpt" --config "$here/configs/gpt_ddp.toml" \
+    --output_dir "$work/gpt_profile" "${gpt_args[@]}"
+  BOOSTER_EXAMPLE_PROFILE="$gpt_span:$work/trace_peer_gpt.json" tm "$PY" "$here/peer/gpu_peer_gpt.py" \
+    --config "$here/configs/gpt_ddp.toml" --corpus "$here/data/gpt/kjv.txt" --val_books Ruth \
+    --warmup_steps $((gpt_first - 1)) --steps $((gpt_last - gpt_first + 1)) --max_steps 300 --device "$dev"
+  step_status=PASS
+  for name in ours_fashion_mnist:$((fm_last - fm_first + 1)) peer_fashion_mnist:$((fm_last - fm_first + 1)) \
+              ours_gpt:$((gpt_last - gpt_first + 1)) peer_gpt:$((gpt_last - gpt_first + 1)); do
+    local f="$work/trace_${name%%:*}.json"
+    if [[ -s "$f" ]]; then
+      "$PY" "$here/peer/gpu_trace_summary.py" "$f" "${name#*:}" "${name%%:*}" | tee -a "$txt"
+      gzip -c "$f" >"$out/trace_${name%%:*}.json.gz" && made=$((made + 1))
+    else
+      step_status=FAIL; note "no trace ${name%%:*}"
+    fi
+  done
+  lead "$made traces (trace_*.json.gz)"
+}
+
 run_step env 60 step_env
 run_step cuda_kernel_tests 60 step_cuda_kernel_tests
+run_step gpu_tests 180 step_gpu_tests
+run_step fashion_mnist 75 step_fashion_mnist
+run_step torch_peer 60 step_torch_peer
+run_step gpt 100 step_gpt
+run_step gpt_peer 90 step_gpt_peer
 run_step bench_cuda_kernels 90 step_bench
-run_step gpu_tests 150 step_gpu_tests
-run_step fashion_mnist 90 step_fashion_mnist
-run_step gpt 75 step_gpt
-run_step gpt_peer 75 step_gpt_peer
-run_step torch_peer 75 step_torch_peer
+run_step profile 90 step_profile
 
 failed=0
 {

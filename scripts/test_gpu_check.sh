@@ -9,12 +9,13 @@
 #     are listed as missing): size <= 60 MiB, MANIFEST, run.sh, data, only $ORIGIN RUNPATHs, no
 #     LibTorch/CUDA/glibc library packed;
 #  3. run.sh --out DIR: finishes, writes exactly gpu_check.txt and gpu_check.log, prints a summary row
-#     (PASS/FAIL/SKIP) for each of its 8 steps, a program missing from the bundle is a FAIL naming it,
+#     (PASS/FAIL/SKIP) for each of its 9 steps, a program missing from the bundle is a FAIL naming it,
 #     without a GPU env FAILs and the GPU steps SKIP, and the exit status is non-zero;
 #  4. OUT=DIR run.sh (no --out) writes into $OUT;
 #  5. GPU_CHECK_SMOKE=1 run.sh: fashion_mnist, gpt and the PyTorch peers (gpt_peer, torch_peer) run a
 #     few CPU steps and their numbers (samples/s, tokens/s, the ours/PyTorch ratios) reach the
-#     summary; gpt_peer measures the same steps as gpt's last eval window.
+#     summary; gpt_peer measures the same steps as gpt's last eval window; profile writes and
+#     summarises 4 traces.
 # Needs what gpu_check.sh needs, and the venv's python3 (~/.cache/booster/venv) as BOOSTER_PYTHON.
 # Exit status: the number of failed checks (0 = all passed).
 set -uo pipefail
@@ -67,7 +68,7 @@ check "run.sh finishes in under 8 minutes" test $((SECONDS - start)) -lt 480
 check "run.sh prints the summary" grep -q "===== summary" "$work/run.stdout"
 check "run.sh writes exactly gpu_check.txt and gpu_check.log" \
   test "$(find "$work/out" -mindepth 1 -printf '%P ' | tr ' ' '\n' | sort | tr '\n' ' ')" = "gpu_check.log gpu_check.txt "
-for s in env cuda_kernel_tests bench_cuda_kernels gpu_tests fashion_mnist gpt gpt_peer torch_peer; do
+for s in env cuda_kernel_tests bench_cuda_kernels gpu_tests fashion_mnist gpt gpt_peer torch_peer profile; do
   check "summary row for $s with PASS/FAIL/SKIP" bash -c "grep -qE '^$s +\\| (PASS|FAIL|SKIP) +\\| +[0-9]+ \\|' '$work/out/gpu_check.txt'"
 done
 for t in "${missing[@]}"; do  # the steps that run a program of the bundle
@@ -80,7 +81,7 @@ for t in "${missing[@]}"; do  # the steps that run a program of the bundle
 done
 if ((!have_gpu)); then
   check "no GPU: env FAILs saying so" bash -c "grep -qE '^env +\\| FAIL .*no CUDA GPU visible' '$work/out/gpu_check.txt'"
-  for s in fashion_mnist gpt gpt_peer torch_peer; do
+  for s in fashion_mnist gpt gpt_peer torch_peer profile; do
     check "no GPU: $s is a SKIP with the reason" bash -c "grep -qE '^$s +\\| SKIP .*no CUDA GPU visible' '$work/out/gpu_check.txt'"
   done
   check "run.sh exits non-zero when a step failed" test "$rc" -ne 0
@@ -105,11 +106,14 @@ if [[ " ${known[*]} " == *" gpt "* ]]; then
   [[ -n "$win" ]] || win="1-[0-9]+"
   echo "gpt's measured window in the smoke run: steps $win"
   check "smoke: gpt_peer PASS with tokens/s over gpt's steps $win and the ours/PyTorch ratio" \
-    bash -c "grep -qE '^gpt_peer +\\| PASS .*tokens/s [0-9]+ \\(steps $win\\).*ours/PyTorch [0-9.]+' '$sm'"
+    bash -c "grep -qE '^gpt_peer +\\| PASS .*tokens/s [0-9]+ \\(steps $win[;)].*ours/PyTorch [0-9.]+' '$sm'"
 fi
 check "smoke: gpt_peer's line in gpu_check.txt" bash -c "grep -qE '^peer: gpt steps [0-9]+-[0-9]+: [0-9]+ training tokens/s' '$sm'"
 check "smoke: torch_peer PASS with samples/s and the ours/PyTorch ratio" \
   bash -c "grep -qE '^torch_peer +\\| PASS .*samples/s [0-9]+ .*ours/PyTorch [0-9.]+' '$sm'"
+check "smoke: profile PASS with 4 traces, summarised in gpu_check.txt and gzipped beside it" \
+  bash -c "grep -qE '^profile +\\| PASS +\\| +[0-9]+ \\| 4 traces' '$sm' && grep -qE '^ours_gpt: [0-9.]+ us/step host wall' '$sm' &&
+           grep -qE '^peer_fashion_mnist: [0-9.]+ us/step host wall' '$sm' && test -s '$work/smoke/trace_ours_gpt.json.gz'"
 
 echo "test_gpu_check: $fails failed check(s); files in $work"
 exit "$fails"

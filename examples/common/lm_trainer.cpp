@@ -18,6 +18,7 @@
 #include "booster/nn/tensor_parallel.h"
 #include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
+#include "common/step_profiler.h"
 #include "gpt/data.h"
 
 namespace examples::lm {
@@ -499,6 +500,7 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
   int64_t& step = state.step;
   int64_t saved_step = checkpoints && !resumed_from.empty() ? step : -1;
   bool stopped = false;
+  examples::StepProfiler profiler;  // BOOSTER_EXAMPLE_PROFILE (step_profiler.h)
   while (step < opt.max_steps) {
     // Every rank stops at the same step: the slowest rank's clock decides.
     const double now = world.allreduce_scalar(run_elapsed(), booster::dist::ReduceOp::MAX);
@@ -512,6 +514,7 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
     std::mt19937_64 rng(seed);
     torch::manual_seed(seed);
     booster::nn::set_tensor_parallel_seed(seed);
+    profiler.begin_step(step + 1);
     auto t0 = Clock::now();
     const std::clock_t c0 = std::clock();
     std::vector<Batch> micro;
@@ -520,6 +523,7 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
     const double lr = run.optimizer->optimizer().param_groups()[0].options().get_lr();
     const double loss = train_step(run, micro);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    profiler.end_step(step + 1);
     // Process CPU time over wall time: well below 1 (one thread per rank) on a loaded machine.
     const double cpu_share = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / dt;
     state.train_seconds += dt;

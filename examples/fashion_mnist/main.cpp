@@ -22,6 +22,7 @@
 #include "booster/optim/cpu_adam.h"
 #include "common/metrics_csv.h"
 #include "common/plot_at_end.h"
+#include "common/step_profiler.h"
 #include "net.h"
 
 namespace {
@@ -269,6 +270,7 @@ int run(int argc, char** argv) {
 
   double accuracy = 0;
   bool stopped = false;
+  examples::StepProfiler profiler;  // BOOSTER_EXAMPLE_PROFILE (common/step_profiler.h): optimizer steps
   for (int64_t epoch = first_epoch; epoch <= opt.epochs && !stopped; ++epoch) {
     if (opt.stop_after_epoch > 0 && epoch > opt.stop_after_epoch) break;
     const bool mid_epoch = epoch == first_epoch && skip_batches > 0;
@@ -294,6 +296,7 @@ int run(int argc, char** argv) {
     const auto end_it = train_loader->end();
     for (; step < (mid_epoch ? skip_batches : 0) && it != end_it; ++step) ++it;  // batches already trained on
     for (; it != end_it && step < steps; ++it) {
+      profiler.begin_step(global_step + 1);
       auto batch = *it;
       // Gradient accumulation: average over `gas` micro-batches, synchronise only on the last one.
       const bool last_micro = (step + 1) % gas == 0;
@@ -308,6 +311,7 @@ int run(int argc, char** argv) {
         booster.backward(loss / static_cast<double>(gas), *boosted_opt);
       }
       loss_sum += loss.item<double>();
+      if (last_micro) profiler.end_step(global_step + 1);
       samples += batch.data.size(0);
       ++step;
       bar.update(step, "loss " + fmt_double(loss_sum / step, 4));
