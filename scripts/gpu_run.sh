@@ -302,7 +302,7 @@ step_gpt_peer() {
   fi
   if ((!smoke)); then
     fused=$(peer_gpt fused)
-    [[ -n "$fused" ]] && note "PyTorch with fused AdamW: $fused tokens/s (ours/that $(awk -v a="$ours" -v b="$fused" 'BEGIN {printf "%.2f", b > 0 ? a / b : 0}'))"
+    [[ -n "$fused" ]] && note "PyTorch with fused AdamW: $fused tokens/s (ours/that $(awk -v a="$ours" -v b="$fused" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'))"
   fi
 }
 peer_sps=""

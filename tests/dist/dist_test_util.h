@@ -42,9 +42,11 @@ inline void expect_close(const std::vector<torch::Tensor>& got, const std::vecto
   double max_diff = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].sizes(), want[i].sizes()) << what << " tensor " << i;
-    EXPECT_TRUE(torch::allclose(got[i], want[i], rtol, atol))
-        << what << " tensor " << i << " max |diff| " << (got[i] - want[i]).abs().max().item<double>();
-    max_diff = std::max(max_diff, (got[i] - want[i]).abs().max().item<double>());
+    // A result in a narrower dtype (bf16 / fp16 weights) is compared in the reference's dtype.
+    const torch::Tensor g = got[i].to(want[i].scalar_type());
+    EXPECT_TRUE(torch::allclose(g, want[i], rtol, atol))
+        << what << " tensor " << i << " max |diff| " << (g - want[i]).abs().max().item<double>();
+    max_diff = std::max(max_diff, (g - want[i]).abs().max().item<double>());
   }
   std::cout << "[ compare  ] " << what << ": max |ddp - reference| = " << max_diff << std::endl;
 }
