@@ -20,10 +20,10 @@ namespace booster::testing {
 inline const std::vector<std::string> kNoErrors(4, "");
 
 // Runs fn(group) on `world_size` threads, rank r on thread r; returns what each rank threw ("" when
-// it returned normally), indexed by rank.
+// it returned normally), indexed by rank. `backend`: RendezvousOptions::backend.
 inline std::vector<std::string> run_thread_ranks(int world_size,
                                                  const std::function<void(const std::shared_ptr<dist::ProcessGroup>&)>& fn,
-                                                 double timeout_s = 60) {
+                                                 double timeout_s = 60, const std::string& backend = "gloo") {
   const int port = free_port();
   std::vector<std::string> errors(world_size);
   std::vector<std::thread> threads;
@@ -35,6 +35,7 @@ inline std::vector<std::string> run_thread_ranks(int world_size,
         o.rank = r;
         o.world_size = world_size;
         o.timeout_s = timeout_s;
+        o.backend = backend;
         auto group = dist::ProcessGroup::rendezvous(o);
         fn(group);
         group->barrier();  // nobody tears down the store while others still use it

@@ -3,7 +3,8 @@
 // scripts/gpu_check.sh packs this binary (with dist_worker beside it) for a GPU machine.
 //
 // What runs on one GPU:
-//   - every adapter collective on NCCL at world size 1 (NCCL runs one rank per GPU);
+//   - every adapter collective on NCCL at world size 1 (NCCL runs one rank per GPU), and sub-group
+//     calls taking part in the parent's communicator split;
 //   - every adapter collective with 2 ranks (threads) sharing the GPU over Gloo: CUDA tensors are
 //     staged through host memory (process_group_device.cpp);
 //   - torch_ddp and low_level_zero (stages 1, 2) training on the GPU, 1 rank on NCCL and 2 ranks
@@ -158,6 +159,34 @@ TEST(Nccl, EveryCollectiveAtWorldSizeOne) {
   auto sub = world->new_group({0});
   ASSERT_TRUE(sub);
   check_collectives(*sub);
+}
+
+// Sub-groups on NCCL: every group's communicator is made when the group is, bound to the rank's
+// device, so a sub-group's can be split from its parent's (ncclCommSplit), and a parent rank that
+// gets no communicator from a new_group / split call takes part in that split with
+// NCCL_SPLIT_NOCOLOR. At world size 1 every sub-group has one rank, so each call here is the
+// NOCOLOR side (the member side needs two GPUs; tests/unit/device_backend_test.cpp checks on the CPU
+// who calls which side with which color). The world's collectives must work after each.
+TEST(Nccl, SubGroupCallsTakePartInTheSplitAndLeaveTheWorldWorking) {
+  SKIP_WITHOUT_GPU();
+  booster::select_device("cuda", 0, 1, "nccl");
+  RendezvousOptions o;
+  o.backend = "nccl";
+  o.timeout_s = 60;
+  auto world = ProcessGroup::rendezvous(o);
+  auto a = world->new_group({0});
+  auto b = world->split(0, 0);
+  auto none = world->split(-1, 0);
+  EXPECT_TRUE(a);
+  EXPECT_TRUE(b);
+  EXPECT_FALSE(none);
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor t = at::full({64}, 2.0, at::TensorOptions().device(at::kCUDA));
+    world->allreduce(t).wait();
+    expect_equal(t, at::full({64}, 2.0), "world allreduce after sub-group calls");
+    auto again = world->new_group({0});
+    EXPECT_TRUE(again);
+  }
 }
 
 TEST(Nccl, TwoRanksOnOneGpuAreRefusedWithTheFix) {

@@ -18,9 +18,10 @@ std::map<std::string, DeviceBackendEntry>& registry() {
 }  // namespace
 
 void register_device_backend(const std::string& name, c10::DeviceType device_type,
-                             c10d::ProcessGroup::BackendType type, DeviceBackendFactory factory) {
+                             c10d::ProcessGroup::BackendType type, DeviceBackendFactory factory,
+                             DeviceBackendNonMember non_member) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[name] = DeviceBackendEntry{device_type, type, std::move(factory)};
+  registry()[name] = DeviceBackendEntry{device_type, type, std::move(factory), std::move(non_member)};
 }
 
 DeviceBackendEntry find_device_backend(const std::string& name) {

@@ -3,6 +3,7 @@
 #include "booster/dist/process_group.h"
 
 #include "process_group_impl.h"
+#include "booster/dist/device_backend.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -108,6 +109,12 @@ int64_t hash_ranks(const std::vector<int>& ranks) {
   return static_cast<int64_t>(h);
 }
 
+// The split color of a sub-group (DeviceBackendRequest::split_color): a non-negative int from the
+// members' world ranks, equal on every member.
+int split_color(const std::vector<int>& global_ranks) {
+  return static_cast<int>(static_cast<uint64_t>(hash_ranks(global_ranks)) & 0x7fffffff);
+}
+
 // The sub-group of `parent` whose rank r is parent rank members[r]; the calling rank is a member.
 // Only members call this; they connect through the shared store under `key_prefix`.
 std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, const std::vector<int>& members,
@@ -139,7 +146,10 @@ std::shared_ptr<ProcessGroup> make_subgroup(const ProcessGroup::Impl& parent, co
     }
     if (!impl->device_backend.empty())
       detail::attach_device_backend(*impl, c10::make_intrusive<c10d::PrefixStore>(key_prefix, parent.store), parent.pg,
-                                    std::chrono::milliseconds(static_cast<int64_t>(parent.timeout_s * 1000)));
+                                    std::chrono::milliseconds(static_cast<int64_t>(parent.timeout_s * 1000)),
+                                    split_color(impl->global_ranks));
+  } else {
+    detail::device_backend_non_member(parent);  // a one-rank group gets no backend
   }
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
@@ -161,8 +171,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
   if (o.rank < 0 || o.rank >= o.world_size)
     throw std::invalid_argument("booster: rank " + std::to_string(o.rank) + " is outside [0, " +
                                 std::to_string(o.world_size) + ")");
-  if (o.backend != "gloo" && o.backend != "nccl")
-    throw std::invalid_argument("booster: unknown backend '" + o.backend + "' (use \"gloo\" or \"nccl\")");
+  if (o.backend != "gloo" && o.backend != "nccl" && !find_device_backend(o.backend).factory)
+    throw std::invalid_argument("booster: unknown backend '" + o.backend +
+                                "' (use \"gloo\" or \"nccl\", or a backend registered with "
+                                "booster::dist::register_device_backend)");
   if (o.timeout_s <= 0) throw std::invalid_argument("booster: timeout_s must be > 0");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("booster: port " + std::to_string(o.port) + " out of range");
 
@@ -424,7 +436,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
                       " (every rank of the group must call new_group with the same list, in the same order of calls)");
     }
   }
-  if (!std::binary_search(sorted.begin(), sorted.end(), impl_->rank)) return nullptr;
+  if (!std::binary_search(sorted.begin(), sorted.end(), impl_->rank)) {
+    detail::device_backend_non_member(*impl_);
+    return nullptr;
+  }
   return make_subgroup(*impl_, sorted, impl_->key_prefix + "/g" + std::to_string(id));
 }
 
@@ -432,7 +447,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   const int64_t id = impl_->next_child_id++;
   std::vector<std::vector<int64_t>> all{{color, key}};
   if (impl_->size > 1) all = all_gather_int64({color, key});
-  if (color < 0) return nullptr;
+  if (color < 0) {
+    detail::device_backend_non_member(*impl_);
+    return nullptr;
+  }
   std::vector<std::pair<int64_t, int>> order;  // (key, rank) of the ranks with this color
   for (int r = 0; r < impl_->size; ++r)
     if (all[r][0] == color) order.emplace_back(all[r][1], r);

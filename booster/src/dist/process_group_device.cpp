@@ -20,8 +20,17 @@
 
 namespace booster::dist::detail {
 
+namespace {
+c10::Device backend_device(const DeviceBackendEntry& entry) {
+  return entry.device_type == c10::kCUDA && cuda_device_count() > 0
+             ? c10::Device(c10::kCUDA, at::accelerator::getDeviceIndex())
+             : c10::Device(entry.device_type);
+}
+}  // namespace
+
 void attach_device_backend(ProcessGroup::Impl& group, const c10::intrusive_ptr<c10d::Store>& store,
-                           const c10::intrusive_ptr<c10d::ProcessGroup>& parent, std::chrono::milliseconds timeout) {
+                           const c10::intrusive_ptr<c10d::ProcessGroup>& parent, std::chrono::milliseconds timeout,
+                           int split_color) {
   const std::string& name = group.device_backend;
   DeviceBackendEntry entry = find_device_backend(name);
   if (!entry.factory && name == "nccl") {
@@ -40,9 +49,8 @@ void attach_device_backend(ProcessGroup::Impl& group, const c10::intrusive_ptr<c
   request.rank = group.rank;
   request.size = group.size;
   request.timeout = timeout;
-  request.device = entry.device_type == c10::kCUDA && cuda_device_count() > 0
-                       ? c10::Device(c10::kCUDA, at::accelerator::getDeviceIndex())
-                       : c10::Device(entry.device_type);
+  request.device = backend_device(entry);
+  request.split_color = parent ? split_color : -1;
   if (parent) {
     try {
       request.parent = parent->getBackend(entry.device_type);
@@ -59,6 +67,29 @@ void attach_device_backend(ProcessGroup::Impl& group, const c10::intrusive_ptr<c
   }
   group.pg->setBackend(entry.device_type, entry.type, backend);
   group.device_type = entry.device_type;
+}
+
+void device_backend_non_member(const ProcessGroup::Impl& parent) {
+  if (parent.device_backend.empty() || !parent.pg) return;
+  const DeviceBackendEntry entry = find_device_backend(parent.device_backend);
+  if (!entry.non_member) return;
+  DeviceBackendRequest request;
+  request.rank = parent.rank;
+  request.size = parent.size;
+  request.timeout = std::chrono::milliseconds(static_cast<int64_t>(parent.timeout_s * 1000));
+  request.device = backend_device(entry);
+  try {
+    request.parent = parent.pg->getBackend(entry.device_type);
+  } catch (const std::exception&) {
+    return;  // the parent has no backend for this device: nothing to take part in
+  }
+  try {
+    entry.non_member(request);
+  } catch (const std::exception& e) {
+    throw DistError("booster: backend \"" + parent.device_backend + "\": taking part, as rank " +
+                    std::to_string(parent.rank) + " of its parent group of " + std::to_string(parent.size) +
+                    ", in making a sub-group it is not in failed: " + e.what());
+  }
 }
 
 bool on_device_backend(const ProcessGroup::Impl& group, const at::Tensor& t) {

@@ -77,9 +77,15 @@ Work allreduce_by_halves(ProcessGroup::Impl& group, at::Tensor& tensor, ReduceOp
 // Sets the device backend named group.device_backend (registered in booster/dist/device_backend.h;
 // "nccl" loads CUDA support first) beside Gloo on group.pg, connected through `store` (the group's
 // own prefix). `parent`: the parent group's pg for a sub-group, null for the world. Throws DistError
-// naming the backend when it is not registered or its factory fails.
+// naming the backend when it is not registered or its factory fails. split_color: the
+// DeviceBackendRequest's (-1 for the world).
 void attach_device_backend(ProcessGroup::Impl& group, const c10::intrusive_ptr<c10d::Store>& store,
-                           const c10::intrusive_ptr<c10d::ProcessGroup>& parent, std::chrono::milliseconds timeout);
+                           const c10::intrusive_ptr<c10d::ProcessGroup>& parent, std::chrono::milliseconds timeout,
+                           int split_color = -1);
+// On a rank of `parent` that gets no device backend from a new_group / split call: the registered
+// backend's non-member hook (DeviceBackendNonMember), if the parent has a device backend and the
+// entry a hook. Throws DistError naming the backend when the hook fails.
+void device_backend_non_member(const ProcessGroup::Impl& parent);
 // Whether a collective on `t` goes to the group's device backend (t on its device type).
 bool on_device_backend(const ProcessGroup::Impl& group, const at::Tensor& t);
 // Whether `t` lives on a device whose collectives this group has no backend for (a CUDA tensor on a

@@ -87,7 +87,7 @@ struct RendezvousOptions {
   int port = 29500;                // store port (MASTER_PORT)
   int rank = 0;
   int world_size = 1;
-  std::string backend = "gloo";  // "gloo" | "nccl"
+  std::string backend = "gloo";  // "gloo" | "nccl" | a name registered with register_device_backend
   double timeout_s = 1800;       // per-collective and rendezvous timeout, seconds (c10d default)
   // true under torchrun: the elastic agent already serves the store, every rank is a client, and
   // keys live under "/worker/attempt_<restart_count>/" as in torch.distributed.
