@@ -203,26 +203,28 @@ std::string fmt(double v, int precision) {
   return buf;
 }
 
-std::shared_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& net, const TrainOptions& o) {
+namespace {
+// The two parameter groups of make_optimizer, with `Options` (AdamWOptions or CPUAdamOptions: the
+// same betas, eps and weight_decay setters).
+template <class Options>
+std::vector<torch::optim::OptimizerParamGroup> decay_groups(torch::nn::Module& net, const TrainOptions& o) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : net.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (o.optimizer == "hybrid_adam") {
-    auto options = [&](double wd) {
-      return std::make_unique<booster::optim::CPUAdamOptions>(
-          booster::optim::CPUAdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(1e-8).weight_decay(wd));
-    };
-    groups.emplace_back(decay, options(o.weight_decay));
-    groups.emplace_back(no_decay, options(0.0));
-    return std::make_shared<booster::optim::HybridAdam>(groups, booster::optim::CPUAdamOptions(o.lr));
-  }
-  auto options = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(1e-8).weight_decay(wd));
-  };
-  groups.emplace_back(decay, options(o.weight_decay));
-  groups.emplace_back(no_decay, options(0.0));
-  return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr));
+  for (int i = 0; i < 2; ++i)
+    groups.emplace_back(i == 0 ? decay : no_decay,
+                        std::make_unique<Options>(Options(o.lr).betas({o.beta1, o.beta2}).eps(1e-8).weight_decay(
+                            i == 0 ? o.weight_decay : 0.0)));
+  return groups;
+}
+}  // namespace
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& net, const TrainOptions& o) {
+  if (o.optimizer == "hybrid_adam")
+    return std::make_shared<booster::optim::HybridAdam>(decay_groups<booster::optim::CPUAdamOptions>(net, o),
+                                                        booster::optim::CPUAdamOptions(o.lr));
+  return std::make_shared<torch::optim::AdamW>(decay_groups<torch::optim::AdamWOptions>(net, o),
+                                               torch::optim::AdamWOptions(o.lr));
 }
 
 std::shared_ptr<booster::LambdaLR> make_scheduler(torch::optim::Optimizer& optimizer, const TrainOptions& opt,
