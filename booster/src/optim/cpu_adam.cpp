@@ -17,9 +17,6 @@
 
 #include "booster/optim/device_kernels.h"
 #include "booster/wrappers/optimizer_state.h"
-// The kernel's double-precision entry point (private to libbooster): LibTorch's options are doubles,
-// and a scheduled lr rounded to float first would move lr / bc1 by one float rounding.
-#include "../../../kernels/cpu/src/cpu_adam_impl.h"
 
 namespace booster::optim {
 
@@ -109,7 +106,7 @@ void kernel_update(torch::optim::Optimizer& opt, const torch::Tensor& p, const t
   torch::Tensor m = usable_moment(st.exp_avg(), p, who, "exp_avg");
   torch::Tensor v = usable_moment(st.exp_avg_sq(), p, who, "exp_avg_sq");
   torch::Tensor g = grad.is_contiguous() ? grad : grad.contiguous();
-  kc::detail::AdamHyper c;
+  kc::AdamConfigDouble c;  // LibTorch's options are doubles: used as they are
   c.lr = h.lr;
   c.beta1 = h.beta1;
   c.beta2 = h.beta2;
@@ -120,7 +117,7 @@ void kernel_update(torch::optim::Optimizer& opt, const torch::Tensor& p, const t
   c.step = st.step() + 1;
   c.div_scale = static_cast<float>(div_scale);
   const bool bf16 = g.scalar_type() == at::kBFloat16;
-  kc::detail::adam_step_hyper(c, p.numel(), p.data_ptr<float>(), bf16 ? nullptr : g.data_ptr<float>(),
+  kc::adam_step(c, p.numel(), p.data_ptr<float>(), bf16 ? nullptr : g.data_ptr<float>(),
                 bf16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()) : nullptr, m.data_ptr<float>(),
                 v.data_ptr<float>(),
                 bf16_out.defined() ? reinterpret_cast<uint16_t*>(bf16_out.data_ptr<at::BFloat16>()) : nullptr,

@@ -101,13 +101,11 @@ void adam_step(const AdamConfig& config, int64_t n, float* param, const float* g
   h.bias_correction = config.bias_correction;
   h.step = config.step;
   h.div_scale = config.div_scale;
-  detail::adam_step_hyper(h, n, param, grad_fp32, grad_bf16, exp_avg, exp_avg_sq, param_bf16_out, isa);
+  adam_step(h, n, param, grad_fp32, grad_bf16, exp_avg, exp_avg_sq, param_bf16_out, isa);
 }
 
-namespace detail {
-
-void adam_step_hyper(const AdamHyper& config, int64_t n, float* param, const float* grad_fp32,
-                     const uint16_t* grad_bf16, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16_out, Isa isa) {
+void adam_step(const AdamConfigDouble& config, int64_t n, float* param, const float* grad_fp32,
+               const uint16_t* grad_bf16, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16_out, Isa isa) {
   if (grad_fp32 && grad_bf16) invalid("both grad_fp32 and grad_bf16 are given; pass exactly one");
   if (n > 0 && !grad_fp32 && !grad_bf16) invalid("neither grad_fp32 nor grad_bf16 is given; pass exactly one");
   if (n < 0) invalid("n = " + std::to_string(n) + " is negative");
@@ -143,7 +141,5 @@ void adam_step_hyper(const AdamHyper& config, int64_t n, float* param, const flo
     if (begin < end) range(c, a, begin, end);
   }
 }
-
-}  // namespace detail
 
 }  // namespace booster::kernels::cpu

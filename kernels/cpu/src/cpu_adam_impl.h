@@ -1,6 +1,4 @@
-// cpu_adam_impl.h — private to the CPU Adam kernel and libbooster: the entry point with double
-// hyper-parameters (what LibTorch's options hold; CPUAdam uses it so a scheduled lr is not rounded to
-// float first), the per-call coefficients, the one-element update every path must reproduce bit for
+// cpu_adam_impl.h — private to the CPU Adam kernel: the per-call coefficients, the one-element update every path must reproduce bit for
 // bit, and the per-ISA loops (one translation unit each, compiled with its own -m flags and
 // -ffp-contract=off, so the only fused multiply-adds are the explicit ones).
 #pragma once
@@ -13,17 +11,8 @@
 
 namespace booster::kernels::cpu::detail {
 
-// AdamConfig with the hyper-parameters as doubles, used as they are (no widening).
-struct AdamHyper {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  bool adamw_mode = true, bias_correction = true;
-  int64_t step = 1;
-  float div_scale = 1.0f;
-};
-
-// adam_step (cpu_adam.h) with double hyper-parameters: the same contract and errors.
-void adam_step_hyper(const AdamHyper& hyper, int64_t n, float* param, const float* grad_fp32, const uint16_t* grad_bf16,
-                     float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16_out, Isa isa);
+// The double hyper-parameters (cpu_adam.h's AdamConfigDouble) every path derives its coefficients from.
+using AdamHyper = AdamConfigDouble;
 
 // Float coefficients of one update, derived once per call (cpu_adam.cpp, in double as LibTorch).
 struct Coefficients {

@@ -71,4 +71,20 @@ BOOSTER_KERNELS_API void adam_step(const AdamConfig& config, int64_t n, float* p
                                    const uint16_t* grad_bf16, float* exp_avg, float* exp_avg_sq,
                                    uint16_t* param_bf16_out, Isa isa);
 
+// AdamConfig with the hyper-parameters as doubles, used as they are (no rounding to float first):
+// LibTorch's optimizer options are doubles, and a scheduled lr rounded to float before lr / (1 -
+// beta1^t) would move the step by one float rounding. The per-call coefficients are derived in double
+// and rounded once, as adam_step(AdamConfig) does after widening its floats.
+struct AdamConfigDouble {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool adamw_mode = true, bias_correction = true;
+  int64_t step = 1;
+  float div_scale = 1.0f;
+};
+
+// adam_step with double hyper-parameters: the same arrays, contract and errors.
+BOOSTER_KERNELS_API void adam_step(const AdamConfigDouble& config, int64_t n, float* param, const float* grad_fp32,
+                                   const uint16_t* grad_bf16, float* exp_avg, float* exp_avg_sq,
+                                   uint16_t* param_bf16_out, Isa isa);
+
 }  // namespace booster::kernels::cpu
