@@ -2,7 +2,7 @@
 // one allreduce rank 2 stops itself with SIGSTOP (or sleeps, stuck outside collectives); ranks 0 and
 // 1 must fail their next allreduce within the timeout plus the health check's store wait, rank 0 (the
 // store's server) with an error naming rank 2 and why, and the launcher must stop the job and leave
-// no process behind.
+// no process behind. Before that, the waiting ranks log the same diagnosis (the watch, health.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -62,5 +62,21 @@ TEST(Health, RankStuckOutsideCollectivesIsNamed) {
   const std::string err1 = bt::read_file(dir.file("rank1.err"));  // as above: rank 0 may have gone first
   EXPECT_THAT(err1, ::testing::AnyOf(HasSubstr("rank 2 is alive but has issued"), HasSubstr("rank 0 may be gone")))
       << err1;
+  for (int rank : {0, 1, 2}) expect_gone(dir, rank);
+}
+
+// Before the timeout: the ranks waiting in the collective rank 2 never joined log the same diagnosis
+// once their count of world collectives has not moved for Health::watch_after_s(5) = 2.5 s (what a
+// job on NCCL, whose collectives c10d's watchdog ends without naming anyone, gets before the end).
+TEST(Health, WaitingRanksNameTheMissingRankBeforeTheTimeout) {
+  bt::TempDir dir;
+  auto r = run_hang(dir, "stuck");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("no new world collective for")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("may be waiting for ranks that did not join it")) << r.output;
+  // The logged diagnosis names rank 2 (a "[rank 0]: " or "[rank 1]: " line of the launcher's output).
+  const size_t at = r.output.find("no new world collective for");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_THAT(r.output.substr(at), HasSubstr("rank 2 is alive but has issued")) << r.output;
   for (int rank : {0, 1, 2}) expect_gone(dir, rank);
 }

@@ -9,6 +9,14 @@
 //     collectives (a loop, a deadlock in user code) or on another code path.
 // The store itself lives on rank 0 (or the torchrun agent): when it does not answer within
 // kStoreS, that is the diagnosis. Nothing here can block a caller for longer than kStoreS.
+//
+// The same diagnosis before a timeout ends the job: a device backend's collectives (NCCL) do not
+// block the host, and c10d's watchdog ends the process when one times out without naming the ranks
+// that never joined it. So the heartbeat thread also watches this rank's own count of world
+// collectives: when it has not moved for watch_after_s(timeout_s) (the last collective is waiting,
+// or the rank is between collectives), it runs the diagnosis once for that count and logs what it
+// found (nothing when every rank is alive and in step: a long phase without collectives is not a
+// hang). On Gloo the collective's own error follows at timeout_s with the same lines.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -27,7 +35,8 @@ class Health {
   static constexpr double kStaleS = 3.5;     // an entry older than this is stale
   static constexpr double kStoreS = 5.0;     // longest wait for the store in diagnose()
 
-  Health(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
+  // timeout_s: the world's collective timeout (> 0), for the watch above.
+  Health(c10::intrusive_ptr<c10d::Store> store, int rank, int size, double timeout_s);
   ~Health();  // stops the heartbeat (a thread stuck on a dead store is left behind, detached)
   Health(const Health&) = delete;
   Health& operator=(const Health&) = delete;
@@ -36,9 +45,14 @@ class Health {
   // Lines for an error message ("" when every rank looks alive and in step). compare_counts: the
   // failed collective was on the world group (sub-groups' collectives are not counted).
   std::string diagnose(bool compare_counts) const;
+  // When the watch runs the diagnosis: max(timeout_s / 2, timeout_s - 30) seconds without a new world
+  // collective (150 s of 300, 2.5 s of 5), ahead of the timeout itself.
+  static double watch_after_s(double timeout_s);
 
  private:
   struct Shared;
+  // diagnose() over the state the heartbeat thread shares (it may outlive this object).
+  static std::string diagnose_shared(const std::shared_ptr<Shared>& shared, bool compare_counts);
   std::shared_ptr<Shared> shared_;
   std::atomic<int64_t>& issued_;
   int rank_, size_;

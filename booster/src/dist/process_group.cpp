@@ -219,7 +219,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::rendezvous(const RendezvousOptions& 
                                   nullptr, timeout);
   }
   impl->world = true;
-  if (o.world_size > 1) impl->health = std::make_shared<detail::Health>(impl->store, o.rank, o.world_size);
+  if (o.world_size > 1)
+    impl->health = std::make_shared<detail::Health>(impl->store, o.rank, o.world_size, o.timeout_s);
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 
