@@ -22,7 +22,12 @@
 // (timeout_s) raises DistError whose message ends with a health check: every rank of a world of
 // more than one writes a heartbeat (time, count of world collectives) to the store each second, and
 // the check names ranks whose heartbeat is stale (stopped, hung, dead) or whose count is behind
-// this rank's (stuck outside collectives), or says that the store itself (rank 0) did not answer. Every rank must call the same
+// this rank's (stuck outside collectives), or says that the store itself (rank 0) did not answer.
+// The same check runs ahead of the timeout: when a rank's count of world collectives has not moved
+// for max(timeout_s / 2, timeout_s - 30) seconds, it logs what the check finds (an error line on
+// every waiting rank; nothing when all ranks are alive and in step). On a device backend (NCCL),
+// whose collectives do not block the host and whose timeouts c10d's watchdog turns into the end of
+// the process, that line is what names the ranks. Every rank must call the same
 // collectives in the same order with tensors of the same numel and dtype (as in c10d).
 //
 // Sub-groups (new_group, split) are ProcessGroups too: every collective and emulation above works
