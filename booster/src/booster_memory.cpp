@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <set>
+#include <sstream>
 
 #include "booster/auto_select.h"
 #include "booster/booster.h"
@@ -111,11 +112,17 @@ void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* opt
   attach_plugin(std::move(plugin));
 }
 
-void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                           const std::function<torch::Tensor()>& loss, const std::string& source) {
+void Booster::refuse_boost_under_estimate() const {
+  throw ConfigError("booster: [booster] estimate = true asks for the memory estimate, not training: call "
+                    "booster.estimate(model, optimizer, criterion, dataloader) and print its report's text "
+                    "(the examples' --estimate N does), or unset booster.estimate to train");
+}
+
+EstimateReport Booster::estimate_report(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                        const std::function<torch::Tensor()>& loss, const std::string& source) {
   dist::ProcessGroup& w = *impl_->world;
   if (w.size() != 1)
-    throw ConfigError("booster: [booster] estimate = true measures one micro-batch in one process, but this job has " +
+    throw ConfigError("booster: estimate() ([booster] estimate = true) measures one micro-batch in one process, but this job has " +
                       std::to_string(w.size()) + " ranks; run the trainer as a single process and set "
                       "booster.estimate_world_size to the world size to estimate");
   if (optimizer) drop_frozen_parameters(*optimizer);  // as boost() would: a LoRA run trains the adapters only
@@ -167,22 +174,21 @@ void Booster::run_estimate(torch::nn::Module& model, torch::optim::Optimizer* op
     device_budget = device_memory(impl_->device).total / std::max<int64_t>(1, ranks_per_device);
   }
   EstimateTable table = estimate_installed_plugins(request, impl_->world);
-  std::cout << format_estimate_table(request, table, runtime, budget, device_budget) << "  " << measured << "\n"
+  std::ostringstream out;
+  out << format_estimate_table(request, table, runtime, budget, device_budget) << "  " << measured << "\n"
             << "  runtime: this process's resident memory besides the model (LibTorch, Gloo, data)\n";
   if (impl_->device.is_cpu()) {
-    std::cout << "  fits: total <= MemAvailable / world size (all ranks on this machine: "
+    out << "  fits: total <= MemAvailable / world size (all ranks on this machine: "
               << available / (1024 * 1024) << " MiB / " << request.world_size << ")\n";
   } else {
-    std::cout << "  on " << impl_->device_name << ": model states, buffers, transient and activations in device memory; "
+    out << "  on " << impl_->device_name << ": model states, buffers, transient and activations in device memory; "
               << "fits on " << impl_->device_name << ": on " << impl_->device_name << " <= the device's memory / ranks per device ("
               << device_memory(impl_->device).total / (1024 * 1024) << " MiB / " << ranks_per_device << ")\n"
               << "  host fits: runtime + the rest <= MemAvailable / world size (" << available / (1024 * 1024)
               << " MiB / " << request.world_size << ")\n";
   }
-  if (!note.empty()) std::cout << "  " << note << "\n";
-  std::cout.flush();
-  std::fflush(nullptr);
-  std::_Exit(0);
+  if (!note.empty()) out << "  " << note << "\n";
+  return EstimateReport{request, std::move(table), out.str()};
 }
 
 MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer) {

@@ -317,12 +317,14 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
                                                                                    const torch::Tensor& targets) {
     return loss(logits, targets, vocab);
   };
-  if (training) {
-    // One training micro-batch (from its own generator: training's randomness is unchanged) for
-    // --estimate, which measures its activations: this trainer gives boost() no data loader.
+  if (training && booster.estimate_requested()) {
+    // --estimate N: the memory table instead of training. One training micro-batch (from its own
+    // generator) measures the activations: this trainer has no data loader to give estimate().
     std::mt19937_64 estimate_rng(static_cast<uint64_t>(opt.seed));
     Batch b = sample_batch(train_bytes, opt.batch_size, T, estimate_rng);
     booster.set_estimate_batch(b.x, b.y);
+    std::cout << booster.estimate(net, adamw, criterion_fn).text << std::flush;
+    return 0;
   }
   // Named members, not a structured binding: the lambdas below capture them (C++17).
   auto boosted = booster.boost(net, adamw, criterion_fn, nullptr, scheduler);

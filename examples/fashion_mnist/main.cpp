@@ -183,6 +183,10 @@ int run(int argc, char** argv) {
     return torch::nn::functional::cross_entropy(logits, target);
   };
 
+  if (booster.estimate_requested()) {  // --estimate N: the memory table instead of training
+    std::cout << booster.estimate(net.ptr(), optimizer, cross_entropy, loader).text << std::flush;
+    return 0;
+  }
   auto [model, boosted_opt, criterion, train_loader, lr_scheduler] =
       booster.boost(net, optimizer, cross_entropy, loader, scheduler);
 

@@ -7,6 +7,7 @@
 #include "booster/estimate.h"
 
 #include "booster/auto_select.h"
+#include "booster/booster.h"
 #include "booster/config.h"
 
 #include <gmock/gmock.h>
@@ -244,6 +245,40 @@ TEST(Estimate, TheTableListsPluginsWithoutAnEstimateAndThoseThatFail) {
   EXPECT_THAT(text, HasSubstr("test_minimal: the plugin reports no estimate"));
   EXPECT_THAT(text, HasSubstr("not estimated: test_bad_abi"));
   EXPECT_THAT(text, HasSubstr("fits in 1024.0"));
+}
+
+// Booster::estimate: every installed plugin's rows for a real model at estimate_world_size ranks,
+// measured on the data loader's first batch, returned as a report (nothing printed; the process goes
+// on, so exiting is the trainer's choice); boost() refuses to train a run that asked for the
+// estimate, naming estimate().
+TEST(Estimate, BoosterEstimateReturnsTheReportAndBoostRefusesAnEstimateRun) {
+  bt::ScopedEnv env;
+  env.set("BOOSTER_PLUGIN_PATH", BOOSTER_PLUGIN_DIR);
+  env.unset("RANK");
+  env.unset("WORLD_SIZE");
+  booster::Booster booster(booster::Config::from_string(
+      "[booster]\nplugin = \"torch_ddp\"\nestimate = true\nestimate_world_size = 4\n", "estimate.toml"));
+  EXPECT_TRUE(booster.estimate_requested());
+  torch::manual_seed(1);
+  Net net;
+  auto optimizer = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto data = std::make_shared<booster::data::TensorDataset>(torch::randn({16, 10}), torch::randint(0, 3, {16}));
+  auto loader = booster.prepare_dataloader(data, 8, /*shuffle=*/false, 0, /*drop_last=*/true);
+  booster::Criterion ce = [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(out, target);
+  };
+  const booster::EstimateReport report = booster.estimate(net.ptr(), optimizer, ce, loader);
+  EXPECT_EQ(report.request.world_size, 4);
+  EXPECT_GT(report.request.activation_bytes, 0) << "measured on the first batch";
+  EXPECT_EQ(report.request.parameters, 10 * 20 + 20 + 20 * 5 + 5 + 5 + 5 + 5 * 3 + 3);
+  bool ddp = false;
+  for (const auto& row : report.table.rows) ddp = ddp || row.plugin == "torch_ddp";
+  EXPECT_TRUE(ddp) << "the in-tree plugins' rows";
+  EXPECT_THAT(report.text, HasSubstr("activations measured on the data loader's first batch"));
+  EXPECT_THAT(report.text, HasSubstr("torch_ddp"));
+  EXPECT_THAT([&] { booster.boost(net.ptr(), optimizer, ce, loader); },
+              ::testing::ThrowsMessage<booster::ConfigError>(
+                  ::testing::AllOf(HasSubstr("estimate = true"), HasSubstr("booster.estimate("))));
 }
 
 TEST(EstimateCommand, PrintsEveryPluginAndRejectsBadInput) {

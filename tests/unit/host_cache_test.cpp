@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/core/cpu_byte_counter.h"
 #include "booster/core/host_allocator.h"
 #include "booster/core/memory.h"
 #include "common/test_util.h"
@@ -203,4 +204,28 @@ TEST(HostCache, BlocksOfTwoMiBAndMoreFaultInAsHugePages) {
   at::Tensor t = at::empty({2 * 1024 * 1024}, at::kFloat);
   t.fill_(1.0f);
   EXPECT_GE(minor_faults() - f0, 1000);
+}
+
+// The byte counter (core/cpu_byte_counter.h) installed first, as booster.estimate() or Gemini's
+// auto placement does before a later Booster: c10 keeps it (priority 255) as LibTorch's CPU
+// allocator, so the cache must go under it; a freed block then stays in the cache and is still
+// counted. Run in a fresh process (both are installed once per process).
+TEST(HostCache, InstalledAfterTheByteCounterItGoesUnderIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        booster::install_cpu_byte_counter();
+        if (!booster::cpu_byte_counter_installed()) std::exit(3);
+        booster::install_host_cache(64 << 20, false);
+        const int64_t before = booster::counted_cpu_bytes();
+        {
+          at::Tensor block = at::empty({2 << 20});  // 8 MiB: a cached size
+          if (booster::counted_cpu_bytes() - before < (8 << 20)) std::exit(4);  // counted
+        }
+        if (booster::counted_cpu_bytes() != before) std::exit(5);
+        if (booster::host_cache_stats().held_bytes < (8 << 20)) std::exit(6);  // kept by the cache
+        { at::Tensor again = at::empty({2 << 20}); }  // served from the cache, freed into it again
+        std::exit(booster::host_cache_stats().held_bytes >= (8 << 20) ? 0 : 7);
+      },
+      ::testing::ExitedWithCode(0), "");
 }

@@ -30,6 +30,7 @@
 #include "booster/data/dataloader.h"
 #include "booster/dist/environment.h"
 #include "booster/dist/process_group.h"
+#include "booster/estimate.h"
 #include "booster/export.h"
 #include "booster/lr_scheduler.h"
 #include "booster/nn/lora.h"
@@ -76,10 +77,9 @@ class BOOSTER_API Booster {
   // cuda:(LOCAL_RANK % visible devices); boost() moves the model there and prepare_dataloader's
   // batches arrive there through pinned memory; a plugin whose supported_devices() lacks it is
   // refused by name), mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
-  // (no clipping in step()), norm_type = 2.0 or inf (TOML float), estimate = false (true: boost()
-  // prints the per-rank memory of every installed plugin's configurations for estimate_world_size
-  // ranks (default: the launched world size) and exits; needs a single-process run),
-  // estimate_world_size; plugin = "auto": the plugin and its [plugin] options are chosen at the first
+  // (no clipping in step()), norm_type = 2.0 or inf (TOML float), estimate = false (true: the run asks
+  // for estimate() instead of training: estimate_requested(); needs a single-process run),
+  // estimate_world_size (the ranks estimate() estimates for; default: the launched world size); plugin = "auto": the plugin and its [plugin] options are chosen at the first
   // boost() (auto_select.h) from the installed plugins' estimates for this model, with [auto]
   // memory_budget_mb (per rank; default MemAvailable / ranks on the node, least over ranks),
   // activation_mb (added to every configuration; default 0), runtime_mb (memory a rank holds besides
@@ -104,28 +104,7 @@ class BOOSTER_API Booster {
                    Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr,
                    std::shared_ptr<LRScheduler> lr_scheduler = nullptr) {
     static_assert(std::is_base_of_v<torch::nn::Module, M>, "boost(): the model must derive from torch::nn::Module");
-    if (estimate_requested()) {
-      // [booster] estimate = true: one real micro-batch (the data loader's first batch) measures the
-      // activations when the model's forward takes a tensor; then the table is printed and the
-      // process exits.
-      std::function<torch::Tensor()> loss;
-      std::string source = "the data loader's first batch";
-      if constexpr (detail::HasTensorForward<M>::value) {
-        if (dataloader && criterion)
-          loss = [&]() -> torch::Tensor {
-            data::Example batch = *dataloader->begin();
-            return criterion(model->forward(batch.data), batch.target);
-          };
-        else if (criterion && estimate_batch().first.defined()) {
-          loss = [&]() -> torch::Tensor {
-            const auto& [inputs, targets] = estimate_batch();
-            return criterion(model->forward(inputs), targets);
-          };
-          source = "set_estimate_batch()'s micro-batch";
-        }
-      }
-      run_estimate(*model, optimizer.get(), loss, source);
-    }
+    if (estimate_requested()) refuse_boost_under_estimate();
     Configured c = configure(model, optimizer);
     // A plugin that replaced the optimizer keeps the schedule: the scheduler follows the new one.
     if (lr_scheduler && c.optimizer && optimizer && c.optimizer->optimizer_ptr() != optimizer)
@@ -142,12 +121,12 @@ class BOOSTER_API Booster {
                     std::move(lr_scheduler));
   }
 
-  // The micro-batch [booster] estimate = true measures when boost() gets no data loader (a trainer
-  // that builds its own batches, like examples/gpt): inputs as the model's forward takes them
-  // ([micro-batch, ...]) and targets as the criterion takes them. boost() then runs
-  // criterion(model->forward(inputs), targets), its backward and one optimizer step to measure the
-  // activations and the optimizer state (estimate.h's measure_iteration). Call it before boost();
-  // without an estimate run it is only kept. A data loader given to boost() takes precedence.
+  // The micro-batch estimate() measures when it gets no data loader (a trainer that builds its own
+  // batches, like examples/gpt): inputs as the model's forward takes them ([micro-batch, ...]) and
+  // targets as the criterion takes them. estimate() then runs criterion(model->forward(inputs),
+  // targets), its backward and one optimizer step to measure the activations and the optimizer state
+  // (estimate.h's measure_iteration). Call it before estimate(); otherwise it is only kept. A data
+  // loader given to estimate() takes precedence.
   // Throws std::invalid_argument when either tensor is undefined or inputs has no batch dimension.
   void set_estimate_batch(torch::Tensor inputs, torch::Tensor targets);
 
@@ -317,12 +296,51 @@ class BOOSTER_API Booster {
   dist::ProcessGroup& world();
   // This rank's device ([booster] device): cpu, or cuda:(LOCAL_RANK % visible devices). Models are
   // moved there at boost(); prepare_dataloader's batches arrive there.
+  // [booster] estimate = true (a trainer's `--estimate N`): the run asks for the memory estimate
+  // instead of training; the trainer calls estimate() and decides what follows (the examples print
+  // report.text and exit 0). boost() refuses to train such a run (ConfigError naming estimate()).
+  bool estimate_requested() const;
+  // The per-rank memory of every installed plugin's configurations for this model and optimizer at
+  // [booster] estimate_world_size ranks (default: this job's), as estimate.h's
+  // estimate_installed_plugins, with the activations and the optimizer state measured on one real
+  // micro-batch when the model's forward takes one tensor and a criterion is given: the data
+  // loader's first batch, else set_estimate_batch()'s (run under the configured precision and
+  // activation checkpointing); without one they are left out (the text says so). Prints nothing and
+  // does not exit. The measured micro-batch runs a forward, a backward and one optimizer step: build
+  // a fresh model and optimizer to train afterwards. Throws ConfigError in a job of more than one
+  // rank (it measures one process; set estimate_world_size instead), std::invalid_argument when the
+  // measured loss is not a scalar that requires grad. Models: Booster's own memory formulas
+  // (docs/plugins.md) with ZeRO's (Rajbhandari et al., SC 2020) and Korthikanti et al. 2022's
+  // activations when not measured.
+  template <class M>
+  EstimateReport estimate(std::shared_ptr<M> model, std::shared_ptr<torch::optim::Optimizer> optimizer = nullptr,
+                          Criterion criterion = {}, std::shared_ptr<data::DataLoader> dataloader = nullptr) {
+    static_assert(std::is_base_of_v<torch::nn::Module, M>, "estimate(): the model must derive from torch::nn::Module");
+    std::function<torch::Tensor()> loss;
+    std::string source = "the data loader's first batch";
+    if constexpr (detail::HasTensorForward<M>::value) {
+      if (dataloader && criterion)
+        loss = [&]() -> torch::Tensor {
+          data::Example batch = *dataloader->begin();
+          return criterion(model->forward(batch.data), batch.target);
+        };
+      else if (criterion && estimate_batch().first.defined()) {
+        loss = [&]() -> torch::Tensor {
+          const auto& [inputs, targets] = estimate_batch();
+          return criterion(model->forward(inputs), targets);
+        };
+        source = "set_estimate_batch()'s micro-batch";
+      }
+    }
+    return estimate_report(*model, optimizer.get(), loss, source);
+  }
+
   const c10::Device& device() const;
   const std::string& mixed_precision() const;
 
  private:
   Configured configure(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
-  bool estimate_requested() const;
+  [[noreturn]] void refuse_boost_under_estimate() const;
   // Removes the parameters with requires_grad false (a LoRA base model) from the optimizer's groups
   // and their state (logged); std::invalid_argument when none is left. Idempotent.
   void drop_frozen_parameters(torch::optim::Optimizer& optimizer);
@@ -332,10 +350,9 @@ class BOOSTER_API Booster {
   // plugin = "auto": picks and loads the configuration for this model (auto_select.h).
   void choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
   std::string auto_not_chosen(const std::string& what) const;
-  // Prints the estimate table (estimate.h) for this model, optimizer and measured micro-batch (loss
-  // may be empty: activations not measured; source names where its micro-batch came from) on stdout
-  // and exits the process with status 0.
-  [[noreturn]] void run_estimate(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+  // estimate()'s work for this model, optimizer and measured micro-batch (loss may be empty:
+  // activations not measured; source names where its micro-batch came from).
+  EstimateReport estimate_report(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                  const std::function<torch::Tensor()>& loss, const std::string& source);
   ScopeGuard no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer);
   MemoryReport memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer);

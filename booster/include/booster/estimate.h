@@ -1,8 +1,8 @@
 // estimate.h — "will it fit, and with which plugin?": per-rank memory of every installed plugin's
 // configurations for the user's own model (DeepSpeed's estimate_zero2/3_model_states_mem_needs,
-// for every strategy, plus the activations of one real micro-batch). Used by a trainer run with
-// [booster] estimate = true (Booster::boost prints the table and exits), by the `booster estimate`
-// command (a parameter count on the command line) and by plugin = "auto".
+// for every strategy, plus the activations of one real micro-batch). Used by Booster::estimate (a
+// trainer run with [booster] estimate = true: it gets an EstimateReport and decides what follows),
+// by the `booster estimate` command (a parameter count on the command line) and by plugin = "auto".
 //
 // The printed total of a configuration is: runtime (this process's resident memory that is not the
 // model: LibTorch, Gloo, data) + model states + communication buffers + the iteration's transient
@@ -63,6 +63,15 @@ struct EstimateTable {
 };
 BOOSTER_API EstimateTable estimate_installed_plugins(const EstimateRequest& request,
                                                      const std::shared_ptr<dist::ProcessGroup>& world);
+
+// What Booster::estimate returns: the request it estimated (model sizes, world size, precision,
+// measured activations), every installed plugin's rows, and `text`: the table with its notes as
+// `--estimate` prints it (format_estimate_table, then what was measured, the budgets and any guess).
+struct EstimateReport {
+  EstimateRequest request;
+  EstimateTable table;
+  std::string text;
+};
 
 // MemAvailable of /proc/meminfo (bytes); 0 when unreadable.
 BOOSTER_API int64_t available_memory_bytes();

@@ -1,6 +1,8 @@
 // host_cache.cpp — the caching CPU allocator (see host_cache.h).
 #include "booster/core/host_cache.h"
 
+#include "booster/core/cpu_byte_counter.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
@@ -226,8 +228,15 @@ void install_host_cache(int64_t limit_bytes, bool huge_pages) {
                                 " bytes is negative; use 0 (keep no free blocks) or more");
   std::call_once(install_once, [] {
     // Never destroyed: storage it served may be freed at any point until the process exits.
-    HostCache::instance = new HostCache(c10::GetCPUAllocator());
-    c10::SetCPUAllocator(HostCache::instance, /*priority=*/1);
+    if (at::Allocator* below = cpu_byte_counter_inner()) {
+      // The byte counter (core/cpu_byte_counter.h, priority 255) is LibTorch's CPU allocator already:
+      // the cache goes under it, over what it forwarded to.
+      HostCache::instance = new HostCache(below);
+      set_cpu_byte_counter_inner(HostCache::instance);
+    } else {
+      HostCache::instance = new HostCache(c10::GetCPUAllocator());
+      c10::SetCPUAllocator(HostCache::instance, /*priority=*/1);
+    }
   });
   const std::string thp = transparent_huge_pages_mode();
   HostCache::instance->set_huge_pages(huge_pages && (thp == "always" || thp == "madvise"));

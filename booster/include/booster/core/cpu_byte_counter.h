@@ -11,6 +11,10 @@
 
 #include "booster/export.h"
 
+namespace c10 {
+struct Allocator;
+}  // namespace c10
+
 namespace booster {
 
 // Installs the counter if it is not installed yet. Thread-safe. Tensors allocated before it are not
@@ -24,5 +28,14 @@ BOOSTER_API int64_t counted_cpu_bytes();
 BOOSTER_API int64_t peak_cpu_bytes();
 // Sets the peak to the current live bytes.
 BOOSTER_API void reset_peak_cpu_bytes();
+
+// The allocator the counter forwards to (null when it is not installed), and its replacement by
+// `inner` (not null, not the counter): an allocator installed after the counter goes under it this
+// way (the host cache, core/host_cache.h), since c10 keeps the counter (priority 255) as LibTorch's
+// CPU allocator. Each block records the deleter of the allocator that served it, so blocks served
+// before the replacement are freed by their own allocator. Not thread-safe against a concurrent
+// replacement (allocations may go on).
+BOOSTER_API c10::Allocator* cpu_byte_counter_inner();
+BOOSTER_API void set_cpu_byte_counter_inner(c10::Allocator* inner);
 
 }  // namespace booster
