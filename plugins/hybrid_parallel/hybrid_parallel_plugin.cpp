@@ -19,6 +19,7 @@
 #include "booster/nn/pipeline.h"
 #include "booster/plugin.h"
 #include "hybrid_checkpoint_io.h"
+#include "hybrid_estimate.h"
 #include "hybrid_optimizer.h"
 #include "hybrid_state.h"
 
@@ -305,109 +306,9 @@ class HybridParallelPlugin : public Plugin {
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
 
-  // Every mesh with tp * pp > 1 dividing the world (pp at most the model's layers; none when the
-  // model is not a PipelineModule), zero_stage 0 and, when dp > 1, 1; with pp = 1 also sequence
-  // parallelism: split_gather for tp > 1, all_to_all for every sp_size >= 2 that fits beside tp. A
-  // rank holds ~Ψ/(tp·pp) parameters (Megatron's split; pipeline stages assumed equal): the DDP
-  // formula for zero_stage 0, ZeRO-1's over the data-parallel replicas (dp, times sp under
-  // all_to_all) for 1 (core/memory_estimate.h), in the request's precision with fp32 masters.
-  // Activations (Korthikanti et al. 2022, the per-layer 34·s·b·h bytes without the attention-score
-  // term): tensor parallelism alone splits 24 of the 34 over tp and keeps the LayerNorm, dropout and
-  // residual activations (10 of 34) whole; split_gather shards those too (all / tp); all_to_all
-  // shards everything over sp (then as tp alone over tp); over pp a stage's share (num_microbatches
-  // = pp in flight under 1F1B). Not data parallel: the model is built for the mesh. Communication
-  // volume: the dp gradient traffic in Ψ; the activations' tp collectives, all-to-alls and pp sends
-  // are extra (noted).
-  // Each pp > 1 mesh with at least 2 * pp layers also has a pp_style = "zbv" row (after its 1F1B
-  // rows, so auto prefers 1F1B at equal need): a rank holds the V's two stages of the 2 * pp stage
-  // partition (r and 2pp-1-r; the largest such pair when the layers' sizes are known), and its
-  // activations are counted as 1F1B's (ZB-V's peak equals 1F1B's at the same micro-batch size, Qi et
-  // al. 2024 section 6; with its num_microbatches = 2 * pp the micro-batches are half 1F1B's, so this
-  // is an upper bound).
+  // hybrid_estimate.h's rows, with this plugin's default zero_bucket_size_in_m.
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
-    if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
-    const int64_t bytes = precision_bytes(r.precision);
-    std::vector<MemoryEstimate> out;
-    struct SeqPar {
-      std::string mode;  // "" | "split_gather" | "all_to_all"
-      int sp = 1;        // all_to_all's sp_size (the mesh's sp dim)
-    };
-    for (int tp = 1; tp <= r.world_size; tp *= 2) {
-      for (int pp = 1; tp * pp <= r.world_size; ++pp) {
-        if (r.world_size % (tp * pp) != 0) continue;
-        if (pp > 1 && pp > r.layers) continue;
-        std::vector<SeqPar> variants;
-        if (tp * pp > 1) variants.push_back({"", 1});
-        if (pp == 1 && tp > 1) variants.push_back({"split_gather", 1});
-        for (int sp = 2; pp == 1 && tp * sp <= r.world_size; sp *= 2)
-          if (r.world_size % (tp * sp) == 0) variants.push_back({"all_to_all", sp});
-        // The replicas that average gradients (and shard ZeRO-1): dp, times sp under all_to_all.
-        const int replicas = r.world_size / (tp * pp);
-        const double tp_share = (10.0 + 24.0 / tp) / 34.0;  // tensor parallelism alone
-        for (bool zbv : {false, true}) {
-          if (zbv && (pp == 1 || r.layers < 2 * pp)) continue;
-          // This rank's share: the ranks' largest under the default (uniform) partition when the
-          // layers' sizes are known, else Ψ / pp; over tp. zbv: the V's two stages per rank.
-          int64_t stage = (r.parameters + pp - 1) / pp;
-          if (pp > 1 && static_cast<int64_t>(r.layer_parameters.size()) == r.layers) {
-            const ScheduleKind kind = zbv ? ScheduleKind::kZeroBubbleV : ScheduleKind::k1F1B;
-            const int chunks = zbv ? 2 : 1;
-            std::vector<int64_t> per_rank(static_cast<size_t>(pp), 0);
-            const auto ranges = partition_layers(static_cast<int>(r.layers), pp * chunks, false, {});
-            for (int v = 0; v < pp * chunks; ++v)
-              for (int i = ranges[v].first; i < ranges[v].second; ++i)
-                per_rank[static_cast<size_t>(stage_rank(kind, pp, v))] += r.layer_parameters[static_cast<size_t>(i)];
-            stage = *std::max_element(per_rank.begin(), per_rank.end());
-          }
-          const int64_t local = (stage + tp - 1) / tp;
-          const int64_t largest = (r.largest_parameter + tp - 1) / tp;
-          for (const SeqPar& v : variants) {
-            if (zbv && !v.mode.empty()) continue;  // sequence parallelism runs with pp = 1
-            for (int zero : {0, 1}) {
-              if (zero == 1 && replicas == 1) continue;
-              MemoryEstimate e = zero == 0 ? replicated_estimate(r, local, bytes, true, 0, largest)
-                                           : zero_estimate(r, 1, local, replicas,
-                                                           bytes, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)),
-                                                           largest);
-              const double share = v.mode == "split_gather" ? 1.0 / tp : tp_share / v.sp;
-              e.activations = static_cast<int64_t>(std::llround(static_cast<double>(r.activation_bytes) * share)) / pp;
-              e.communication_volume = replicas > 1 ? 2.0 * static_cast<double>(local) / static_cast<double>(r.parameters) : 0.0;
-              e.data_parallel = false;
-              e.pipeline = tp == 1 && v.mode.empty();
-              e.configuration = "tp_size = " + std::to_string(tp) + ", pp_size = " + std::to_string(pp) +
-                                (zbv ? ", pp_style = \"zbv\", num_model_chunks = 2" : "") +
-                                ", zero_stage = " + std::to_string(zero) + ", precision = \"" + r.precision + "\"";
-              e.options = {"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
-                           "zero_stage=" + std::to_string(zero), "precision=\"" + r.precision + "\""};
-              if (zbv) {
-                e.options.push_back("pp_style=\"zbv\"");
-                e.options.push_back("num_model_chunks=2");
-                e.options.push_back("num_microbatches=" + std::to_string(2 * pp));
-              } else if (pp > 1) {
-                e.options.push_back("num_microbatches=" + std::to_string(pp));
-              }
-              if (!v.mode.empty()) {
-                e.configuration += ", sequence_parallelism_mode = \"" + v.mode + "\"" +
-                                   (v.mode == "all_to_all" ? ", sp_size = " + std::to_string(v.sp) : std::string());
-                e.options.push_back("enable_sequence_parallelism=true");
-                e.options.push_back("sequence_parallelism_mode=\"" + v.mode + "\"");
-                if (v.mode == "all_to_all") e.options.push_back("sp_size=" + std::to_string(v.sp));
-              }
-              e.note = e.pipeline ? "plus activation traffic (pp sends); train with booster.execute_pipeline"
-                       : v.mode == "all_to_all"
-                           ? "plus activation traffic (all-to-alls around attention" + std::string(tp > 1 ? ", tp collectives" : "") +
-                                 "); the model must be built for the mesh (sequence a multiple of sp_size, heads divisible by it)"
-                       : v.mode == "split_gather"
-                           ? "plus activation traffic (tp all-gathers and reduce-scatters); the model must be built for the "
-                             "mesh (sequence a multiple of tp_size)"
-                           : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
-              out.push_back(std::move(e));
-            }
-          }
-        }
-      }
-    }
-    return out;
+    return hybrid_estimate_memory(r, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)));
   }
   bool control_precision() const override { return true; }
   bool control_checkpoint_io() const override { return true; }
