@@ -43,7 +43,8 @@ class StepProfiler {
                                   "\": expected FIRST-LAST:PATH, e.g. \"201-210:/tmp/trace.json\"");
     }
     if (first_ < 1 || last_ < first_ || path_.empty())
-      throw std::invalid_argument("BOOSTER_EXAMPLE_PROFILE=\"" + v + "\": needs 1 <= FIRST <= LAST and a PATH");
+      throw std::invalid_argument("BOOSTER_EXAMPLE_PROFILE=\"" + v +
+                                  "\": expected FIRST-LAST:PATH with 1 <= FIRST <= LAST and a PATH");
   }
 
   // Call before training step `step` (1-based) starts.

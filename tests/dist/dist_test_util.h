@@ -209,4 +209,20 @@ inline void check_overflow(const std::vector<std::string>& extra_args) {
   }
 }
 
+#if defined(BOOSTER_CLI_PATH) && defined(BOOSTER_BINARY_DIR) && defined(BOOSTER_SOURCE_DIR)
+// The Fashion-MNIST example on 2 ranks under `booster run` for 2 epochs of its first train_subset
+// samples (test_subset evaluated, 2 warm-up steps) with `config` and extra --set assignments;
+// 180 s timeout.
+inline ProcessResult run_fashion_mnist_two_ranks(const std::string& config, const std::string& out,
+                                                 std::vector<std::string> sets, int train_subset, int test_subset) {
+  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
+                                std::to_string(free_port()), kFashionMnistBinary, "--config", config, "--output_dir", out};
+  for (std::string s : {std::string("train.epochs=2"), "train.train_subset=" + std::to_string(train_subset),
+                        "train.test_subset=" + std::to_string(test_subset), std::string("train.lr_scheduler.warmup_steps=2")})
+    sets.push_back(s);
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  return run_process(argv, {}, 180);
+}
+#endif
+
 }  // namespace booster::testing

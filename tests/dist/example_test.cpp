@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/test_util.h"
+#include "dist/dist_test_util.h"
 
 using namespace booster::testing;
 using ::testing::HasSubstr;
@@ -45,13 +46,7 @@ void expect_run_outputs(const std::string& out) {
 // The example on 2 ranks under `booster run` for 2 epochs of a 512-sample subset (the checkpoint
 // tests' size) with `config` and extra --set assignments; 180 s timeout.
 ProcessResult run_small_example(const std::string& config, const std::string& out, std::vector<std::string> sets) {
-  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                std::to_string(free_port()), kFashionMnistBinary, "--config", config, "--output_dir", out};
-  for (std::string s : {"train.epochs=2", "train.train_subset=512", "train.test_subset=200",
-                        "train.lr_scheduler.warmup_steps=2"})
-    sets.push_back(s);
-  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  return run_process(argv, {}, 180);
+  return run_fashion_mnist_two_ranks(config, out, std::move(sets), 512, 200);
 }
 
 }  // namespace
@@ -278,4 +273,29 @@ TEST(Example, EstimatePrintsEveryPluginForTheRequestedWorldAndExits) {
   auto bad = run_process(two, {}, 120);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("run the trainer as a single process"));
+}
+
+// BOOSTER_EXAMPLE_PROFILE (examples/common/step_profiler.h): a Kineto trace (Chrome JSON) of the
+// asked optimizer steps with the steps' operators; a malformed value is refused naming the expected
+// form, before training.
+TEST(Example, StepProfilerTracesTheAskedStepsAndRefusesAMalformedValue) {
+  TempDir dir;
+  const std::vector<std::string> argv{kFashionMnistBinary, "--config", kDdpConfig, "--output_dir", dir.file("run"),
+                                      "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=6",
+                                      "--set", "train.train_subset=512", "--set", "train.test_subset=100",
+                                      "--set", "train.lr_scheduler.warmup_steps=2"};
+  const std::string trace = dir.file("trace.json");
+  auto r = run_process(argv, {{"BOOSTER_EXAMPLE_PROFILE", "3-4:" + trace}}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step_profiler: steps 3-4 traced to " + trace));
+  const std::string json = read_file(trace);
+  EXPECT_THAT(json, HasSubstr("\"traceEvents\""));
+  EXPECT_THAT(json, HasSubstr("aten::convolution")) << "the CNN's forward";
+  EXPECT_THAT(json, HasSubstr("ConvolutionBackward0")) << "its backward";
+  for (const std::string& bad : std::vector<std::string>{"3:x.json", "5-4:" + trace, "0-1:" + trace, "3-4:"}) {
+    auto b = run_process(argv, {{"BOOSTER_EXAMPLE_PROFILE", bad}}, 120);
+    EXPECT_NE(b.exit_code, 0) << bad;
+    EXPECT_THAT(b.output, HasSubstr("BOOSTER_EXAMPLE_PROFILE")) << bad << "\n" << b.output;
+    EXPECT_THAT(b.output, HasSubstr("FIRST-LAST:PATH")) << bad << "\n" << b.output;
+  }
 }

@@ -173,13 +173,7 @@ double compare_curves(const std::vector<double>& got, const std::vector<double>&
 }
 
 ProcessResult run_main_job(const std::string& config, const std::string& out, std::vector<std::string> sets) {
-  std::vector<std::string> argv{BOOSTER_CLI_PATH, "run", "--nproc_per_node", "2", "--master_port",
-                                std::to_string(free_port()), kFashionMnistBinary, "--config", config, "--output_dir", out};
-  for (std::string s : {"train.epochs=2", "train.train_subset=1024", "train.test_subset=500",
-                        "train.lr_scheduler.warmup_steps=2"})
-    sets.push_back(s);
-  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  return run_process(argv, {}, 180);
+  return run_fashion_mnist_two_ranks(config, out, std::move(sets), 1024, 500);
 }
 
 TEST(Fp8Communication, MainJobLossWithinBandOfFp32) {

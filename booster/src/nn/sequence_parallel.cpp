@@ -23,13 +23,6 @@ namespace {
 using detail::save_group;
 using detail::saved_group;
 
-bool sp_active(const SpGroup& group) { return group && group->size() > 1; }
-
-void sp_check_floating(const at::Tensor& x, const char* op) {
-  if (!x.defined() || !at::isFloatingType(x.scalar_type()))
-    throw std::invalid_argument(std::string("booster::nn::") + op + ": needs a defined floating-point tensor, got " +
-                                (x.defined() ? std::string(c10::toString(x.scalar_type())) : std::string("undefined")));
-}
 
 int64_t sp_wrap_dim(const at::Tensor& x, int64_t dim, const char* op) {
   const int64_t n = x.dim();
@@ -151,9 +144,9 @@ struct MeanLossIdentityBackward : torch::autograd::Function<MeanLossIdentityBack
 // ColumnParallelLinear's forward under split_gather (tensor_parallel.cpp): x [B, T/P, in] -> [B, T, out/P].
 at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                            const SpGroup& group) {
-  sp_check_floating(x, "ColumnParallelLinear");
+  detail::check_floating(x, "ColumnParallelLinear");
   if (x.dim() < 2) throw std::invalid_argument("booster::nn::ColumnParallelLinear: sequence parallelism needs x [B, T, ...]");
-  if (!sp_active(group)) return at::linear(x, weight, bias);
+  if (!detail::group_active(group)) return at::linear(x, weight, bias);
   at::Tensor y = GatherLinear::apply(x, weight, group);
   return bias.defined() ? y + bias : y;
 }
@@ -180,27 +173,27 @@ int TensorParallelContext::sequence_parallel_rank() const {
 }
 
 at::Tensor gather_sequence(const at::Tensor& x, const SpGroup& group, int64_t dim) {
-  sp_check_floating(x, "gather_sequence");
+  detail::check_floating(x, "gather_sequence");
   dim = sp_wrap_dim(x, dim, "gather_sequence");
-  if (!sp_active(group)) return x;
+  if (!detail::group_active(group)) return x;
   return GatherSequence::apply(x, group, dim);
 }
 
 at::Tensor reduce_scatter_sequence(const at::Tensor& x, const SpGroup& group, int64_t dim) {
-  sp_check_floating(x, "reduce_scatter_sequence");
+  detail::check_floating(x, "reduce_scatter_sequence");
   dim = sp_wrap_dim(x, dim, "reduce_scatter_sequence");
-  if (!sp_active(group)) return x;
+  if (!detail::group_active(group)) return x;
   return ReduceScatterSequence::apply(x, group, dim);
 }
 
 at::Tensor sequence_all_to_all(const at::Tensor& x, const SpGroup& group, int64_t scatter_dim, int64_t gather_dim) {
-  sp_check_floating(x, "sequence_all_to_all");
+  detail::check_floating(x, "sequence_all_to_all");
   scatter_dim = sp_wrap_dim(x, scatter_dim, "sequence_all_to_all");
   gather_dim = sp_wrap_dim(x, gather_dim, "sequence_all_to_all");
   if (scatter_dim == gather_dim)
     throw std::invalid_argument("booster::nn::sequence_all_to_all: scatter_dim and gather_dim must differ (both " +
                                 std::to_string(scatter_dim) + ")");
-  if (!sp_active(group)) return x;
+  if (!detail::group_active(group)) return x;
   return SequenceAllToAll::apply(x, group, scatter_dim, gather_dim);
 }
 
@@ -233,10 +226,10 @@ at::Tensor shard_sequence_input(const at::Tensor& x) {
 }
 
 at::Tensor sequence_parallel_loss(const at::Tensor& local_loss) {
-  sp_check_floating(local_loss, "sequence_parallel_loss");
+  detail::check_floating(local_loss, "sequence_parallel_loss");
   if (!has_tensor_parallel_context()) return local_loss;
   const auto& c = tensor_parallel_context();
-  if (c.sequence_parallel != SequenceParallelMode::kAllToAll || !sp_active(c.sp_group)) return local_loss;
+  if (c.sequence_parallel != SequenceParallelMode::kAllToAll || !detail::group_active(c.sp_group)) return local_loss;
   return MeanLossIdentityBackward::apply(local_loss, c.sp_group);
 }
 

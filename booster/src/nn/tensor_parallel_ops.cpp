@@ -29,14 +29,8 @@ namespace {
 using detail::save_group;
 using detail::saved_group;
 
-// A group of one rank behaves as no group (T = 1).
-bool active(const Group& group) { return group && group->size() > 1; }
-
-void check_floating(const at::Tensor& x, const char* op) {
-  if (!x.defined() || !at::isFloatingType(x.scalar_type()))
-    throw std::invalid_argument(std::string("booster::nn::") + op + ": needs a defined floating-point tensor, got " +
-                                (x.defined() ? std::string(c10::toString(x.scalar_type())) : std::string("undefined")));
-}
+using detail::check_floating;
+using detail::group_active;
 
 at::Tensor all_reduce_sum(const at::Tensor& x, const Group& group) {
   at::Tensor out = x.contiguous().clone();
@@ -109,25 +103,25 @@ struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
 
 at::Tensor copy_to_tensor_parallel_region(const at::Tensor& x, const Group& group) {
   check_floating(x, "copy_to_tensor_parallel_region");
-  if (!active(group)) return x;
+  if (!group_active(group)) return x;
   return CopyToRegion::apply(x, group);
 }
 
 at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& x, const Group& group) {
   check_floating(x, "reduce_from_tensor_parallel_region");
-  if (!active(group)) return x;
+  if (!group_active(group)) return x;
   return ReduceFromRegion::apply(x, group);
 }
 
 at::Tensor gather_from_tensor_parallel_region(const at::Tensor& x, const Group& group) {
   check_floating(x, "gather_from_tensor_parallel_region");
-  if (!active(group)) return x;
+  if (!group_active(group)) return x;
   return GatherFromRegion::apply(x, group);
 }
 
 at::Tensor scatter_to_tensor_parallel_region(const at::Tensor& x, const Group& group) {
   check_floating(x, "scatter_to_tensor_parallel_region");
-  if (!active(group)) return x;
+  if (!group_active(group)) return x;
   return ScatterToRegion::apply(x, group);
 }
 
@@ -151,7 +145,7 @@ void check_targets(const at::Tensor& target, int64_t limit, const char* what) {
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
                             int64_t vocab_size, const Group& group) {
-    const bool multi = active(group);
+    const bool multi = group_active(group);
     const int64_t local = logits.size(-1);
     const int64_t start = multi ? group->rank() * local : 0;
     at::Tensor x = logits.to(at::kFloat).reshape({-1, local});  // [N, local]
@@ -211,7 +205,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
     throw std::invalid_argument("booster::nn::vocab_parallel_cross_entropy: target shape " + c10::str(target.sizes()) +
                                 " must be the logits' shape without the last dim, " + c10::str(batch));
   Group group = group_or_null ? group_or_null : tensor_parallel_context().group;
-  const int64_t t = active(group) ? group->size() : 1;
+  const int64_t t = group_active(group) ? group->size() : 1;
   const int64_t local = local_logits.size(-1);
   const int64_t total = local * t;
   if (vocab_size > total)
@@ -224,7 +218,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
     return at::cross_entropy_loss(local_logits.to(at::kFloat).reshape({-1, local}), target.reshape({-1}));
   }
   return VocabParallelCrossEntropyFn::apply(local_logits, target, vocab_size > 0 ? vocab_size : total,
-                                            active(group) ? group : nullptr);
+                                            group_active(group) ? group : nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
