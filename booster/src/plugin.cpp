@@ -1,4 +1,4 @@
-// plugin.cpp — Plugin's default implementations (throw "does not support"), ModelHooks, ScopeGuard.
+// plugin.cpp — Plugin's default implementations (throw "does not support"), ScopeGuard.
 #include "booster/plugin.h"
 
 #include <algorithm>
@@ -10,11 +10,7 @@
 namespace booster {
 
 // ---------------------------------------------------------------------------------------------
-// ModelHooks / ScopeGuard
-
-ModelHooks::~ModelHooks() = default;
-
-void ModelHooks::backward(const torch::Tensor& loss) { loss.backward(); }
+// ScopeGuard
 
 ScopeGuard& ScopeGuard::operator=(ScopeGuard&& other) noexcept {
   if (this != &other) {

@@ -14,37 +14,38 @@ namespace booster::plugins::gemini {
 
 GeminiOptimizer::GeminiOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                                  OptimizerWrapperOptions options, std::shared_ptr<GeminiState> state)
-    : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options), NoMasterCopies{}),
+    : ShardOptimizer(std::move(optimizer), std::move(hooks), std::move(options), state->config().group),
       state_(std::move(state)) {
-  optimizer_type_info(*optimizer_);  // throws for optimizers whose state cannot be sliced
-  std::vector<ParamOptimState> existing = OptimizerWrapper::gather_param_states();
-  const bool has_state = !optimizer_->state().empty();
-  for (size_t i = 0; i < model_params_.size(); ++i) index_of_[model_params_[i].unsafeGetTensorImpl()] = i;
-  optimizer_->state().clear();
   bind();
-  if (has_state) load_param_states(existing);
 }
 
 void GeminiOptimizer::bind() {
-  auto& chunks = state_->chunks();
   if (bound_generation_ == state_->generation()) return;
-  auto& groups = optimizer_->param_groups();
-  std::vector<std::vector<at::Tensor>> group_masters(groups.size());
-  shards_.clear();
-  for (auto& c : chunks) {
+  auto& chunks = state_->chunks();
+  std::vector<Shard> shards;
+  std::vector<int> groups;
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    Chunk& c = chunks[ci];
     if (c.group < 0) continue;
-    Shard s{&c, {}};
-    for (const auto& [name, p] : c.flat->params()) s.param_index.push_back(index_of_.at(p.unsafeGetTensorImpl()));
-    group_masters.at(static_cast<size_t>(c.group)).push_back(c.master);
-    shards_.push_back(std::move(s));
+    Shard s;
+    s.flat = c.flat;
+    s.stepped = c.master;
+    s.flat_index = ci;
+    for (const auto& [name, p] : c.flat->params()) s.param_index.push_back(param_index_of(p));
+    shards.push_back(std::move(s));
+    groups.push_back(c.group);
   }
-  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = group_masters[g];
   bound_generation_ = state_->generation();
+  bind_shards(std::move(shards), groups);
 }
 
-dist::ProcessGroup* GeminiOptimizer::norm_group() const {
-  dist::ProcessGroup& g = *state_->config().group;
-  return g.size() > 1 ? &g : nullptr;
+void GeminiOptimizer::prepare_state_access(bool need_tensors) {
+  bind();
+  if (!need_tensors) return;
+  for (auto& s : shards_) {
+    std::vector<at::Tensor> states = state_tensors(s.stepped);
+    state_->fetch_optim(chunk_of(s), states);
+  }
 }
 
 std::vector<torch::Tensor> GeminiOptimizer::local_gradients() const {
@@ -70,12 +71,12 @@ bool GeminiOptimizer::step() {
   if (state_->config().margin_mem_ratio > 0) {
     // Master (4 bytes) + the optimizer's planned states + the gradient shard, per master element.
     int64_t masters = 0;
-    for (const auto& s : shards_) masters += s.chunk->master.numel();
+    for (const auto& s : shards_) masters += s.stepped.numel();
     const double states = masters > 0 ? static_cast<double>(optimizer_state_bytes(*optimizer_)) / masters : 0.0;
     state_->place_optim_in_margin(4.0 + states + static_cast<double>(c10::elementSize(state_->config().compute_dtype)));
   }
   for (auto& s : shards_) {
-    Chunk& c = *s.chunk;
+    Chunk& c = chunk_of(s);
     const at::Tensor grad = c.flat->local_grad();
     if (!grad.defined()) continue;
     std::vector<at::Tensor> states = state_tensors(c.master);
@@ -117,72 +118,6 @@ void GeminiOptimizer::zero_grad() {
   unscaled_ = false;
 }
 
-void GeminiOptimizer::fetch_all() {
-  bind();
-  for (auto& s : shards_) {
-    std::vector<at::Tensor> states = state_tensors(s.chunk->master);
-    state_->fetch_optim(*s.chunk, states);
-  }
-}
-
-std::vector<ParamOptimState> GeminiOptimizer::gather_param_states() {
-  fetch_all();
-  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  std::vector<ParamOptimState> out(model_params_.size());
-  for (auto& s : shards_) {
-    auto it = optimizer_->state().find(optimizer_state_key(s.chunk->master));
-    if (it == optimizer_->state().end()) continue;
-    gather_slice_state(info.extract_state(*it->second), s.chunk->flat->layout(), s.chunk->flat->group(), s.param_index, out);
-  }
-  return out;
-}
-
-std::vector<checkpoint::StatePiece> GeminiOptimizer::local_state_pieces() {
-  fetch_all();
-  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  std::vector<checkpoint::StatePiece> pieces;
-  for (auto& s : shards_) {
-    auto it = optimizer_->state().find(optimizer_state_key(s.chunk->master));
-    if (it == optimizer_->state().end()) continue;
-    for (auto& p : slice_state_pieces(info.extract_state(*it->second), s.chunk->flat->layout(),
-                                      s.chunk->flat->group().rank(), s.param_index))
-      pieces.push_back(std::move(p));
-  }
-  return pieces;
-}
-
-std::vector<std::map<std::string, int64_t>> GeminiOptimizer::local_state_scalars() {
-  bind();
-  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  std::vector<std::map<std::string, int64_t>> out(model_params_.size());
-  for (auto& s : shards_) {
-    auto it = optimizer_->state().find(optimizer_state_key(s.chunk->master));
-    if (it == optimizer_->state().end()) continue;
-    auto scalars = info.extract_state(*it->second).scalars;
-    for (size_t idx : s.param_index) out[idx] = scalars;
-  }
-  return out;
-}
-
-bool GeminiOptimizer::state_is_sharded() const { return state_->config().group->size() > 1; }
-
-void GeminiOptimizer::load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) {
-  bind();
-  const OptimizerTypeInfo& info = optimizer_type_info(*optimizer_);
-  if (sources.size() != model_params_.size())
-    throw std::invalid_argument("booster: load_state_ranges: " + std::to_string(sources.size()) + " sources for " +
-                                std::to_string(model_params_.size()) + " parameters");
-  std::vector<std::pair<OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
-  for (auto& s : shards_) {
-    const FlatParameter& flat = *s.chunk->flat;
-    ParamOptimState slice = read_slice_state(sources, read, flat.layout(), flat.group().rank(), s.param_index,
-                                             at::TensorOptions().dtype(at::kFloat));
-    if (!slice.empty()) fresh.emplace_back(optimizer_state_key(s.chunk->master), info.make_state(slice));
-  }
-  optimizer_->state().clear();
-  for (auto& [k, st] : fresh) optimizer_->state()[k] = std::move(st);
-  state_->freeze_layout();  // the state is keyed by the current master shards
-}
 
 MemoryReport GeminiOptimizer::memory_report() const {
   // Steady state as placed: what lives in memory (an offload file's share is not counted).

@@ -28,12 +28,12 @@
 #include <string>
 #include <vector>
 
-#include "booster/wrappers/optimizer_wrapper.h"
+#include "booster/parallel/shard_optimizer.h"
 #include "gemini_state.h"
 
 namespace booster::plugins::gemini {
 
-class GeminiOptimizer : public OptimizerWrapper {
+class GeminiOptimizer : public parallel::ShardOptimizer {
  public:
   // options.group: the data-parallel group. Throws std::invalid_argument for an optimizer type that
   // is not registered.
@@ -42,31 +42,22 @@ class GeminiOptimizer : public OptimizerWrapper {
 
   bool step() override;
   void zero_grad() override;
-  std::vector<ParamOptimState> gather_param_states() override;
-  std::vector<checkpoint::StatePiece> local_state_pieces() override;
-  std::vector<std::map<std::string, int64_t>> local_state_scalars() override;
-  bool state_is_sharded() const override;
-  void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) override;
-  void sync_master_from_model() override {}  // the checkpoint IO loads the master shards
   MemoryReport memory_report() const override;
 
  protected:
+  // The reduced gradient shards of the current chunks (bound or not yet).
   std::vector<torch::Tensor> local_gradients() const override;
-  dist::ProcessGroup* norm_group() const override;
+  // Binds the current chunks; with need_tensors, every chunk's optimizer side in memory.
+  void prepare_state_access(bool need_tensors) override;
+  void after_state_load() override { state_->freeze_layout(); }  // the state is keyed by these masters
 
  private:
-  struct Shard {
-    Chunk* chunk;
-    std::vector<size_t> param_index;  // index in parameters() of each of the chunk's parameters
-  };
-  void bind();  // param groups and shards_ from the state's current chunks
+  void bind();  // param groups and shards from the state's current chunks
   std::vector<at::Tensor> state_tensors(const at::Tensor& master) const;  // in key order; empty: none
-  void fetch_all();
+  Chunk& chunk_of(const Shard& s) const { return state_->chunks()[s.flat_index]; }
 
   std::shared_ptr<GeminiState> state_;
-  std::vector<Shard> shards_;
-  std::map<const void*, size_t> index_of_;  // model parameter -> index in parameters()
-  int64_t bound_generation_ = -1;           // the state's chunk generation the binding was made for
+  int64_t bound_generation_ = -1;  // the state's chunk generation the binding was made for
 };
 
 }  // namespace booster::plugins::gemini

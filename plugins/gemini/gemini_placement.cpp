@@ -162,11 +162,10 @@ void GeminiState::fetch_optim(Chunk& c, std::vector<at::Tensor>& states) {
   if (!file_ || c.optim_slot < 0) return;
   const int64_t size = c.master.numel() * 4;
   file_->swap_in(c.master, c.optim_slot);
-  for (size_t k = 0; k < states.size() && static_cast<int64_t>(k + 1) * size < optim_slot_bytes(c); ++k)
+  for (size_t k = 0; k < states.size() && static_cast<int64_t>(k + 1) * size < c.optim_slot_size; ++k)
     if (!OffloadFile::resident(states[k])) file_->swap_in(states[k], c.optim_slot + static_cast<int64_t>(k + 1) * size);
 }
 
-int64_t GeminiState::optim_slot_bytes(const Chunk& c) const { return c.optim_slot_size; }
 
 void GeminiState::release_clean_master(Chunk& c) {
   if (file_ && c.optim_slot >= 0 && c.optim_tier == Tier::kOffload && !c.master_dirty) file_->release(c.master);

@@ -2,7 +2,7 @@
 // over chunks with heterogeneous memory placement. This file maps the [plugin] options (ColossalAI's
 // names and defaults, plus memory_budget_mb and offload_dir for CPU builds), checks that the ranks
 // start from the same weights, and wires the runtime (gemini_state.h), the optimizer on the master
-// shards (gemini_optimizer.h) and the checkpoint IO (gemini_checkpoint_io.h) together.
+// shards (gemini_optimizer.h) and the checkpoint IO (parallel::ShardedCheckpointIO) together.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -15,7 +15,6 @@
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin.h"
-#include "gemini_checkpoint_io.h"
 #include "gemini_optimizer.h"
 #include "gemini_state.h"
 
@@ -107,25 +106,6 @@ static GeminiOptions parse_options(const Options& o) {
 static int64_t available_memory_bytes() {
   return static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
 }
-
-// ---------------------------------------------------------------------------------------------
-// Model hooks: the whole model's forward and backward around the units' own hooks.
-
-class GeminiModelHooks : public ModelHooks {
- public:
-  GeminiModelHooks(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<GeminiState> state)
-      : model_(std::move(model)), state_(std::move(state)) {}
-  torch::nn::Module& module() override { return *model_; }
-  void pre_forward() override { state_->begin_forward(); }
-  void post_forward() override { state_->end_forward(); }
-  void abort_forward() override { state_->abort_forward(); }
-  void set_require_grad_sync(bool required) override { state_->set_require_grad_sync(required); }
-  std::map<std::string, int64_t> stats() const override { return state_->stats(); }
-
- private:
-  std::shared_ptr<torch::nn::Module> model_;
-  std::shared_ptr<GeminiState> state_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Plugin
@@ -265,7 +245,7 @@ class GeminiPlugin : public Plugin {
               (options_.offload_dir.empty() ? std::string("host memory") : options_.offload_dir) + "), placement " +
               options_.placement_policy);
 
-    std::shared_ptr<ModelHooks> hooks = std::make_shared<GeminiModelHooks>(model, state);
+    std::shared_ptr<ModelHooks> hooks = std::make_shared<parallel::ShardedModelHooks>(model, state);
     Configured c;
     c.hooks = options_.mixed ? options_.mixed->wrap_hooks(hooks) : hooks;
     if (!optimizer) return c;
@@ -282,7 +262,7 @@ class GeminiPlugin : public Plugin {
   }
 
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
-    return std::make_shared<GeminiCheckpointIO>(world(), state_);
+    return std::make_shared<parallel::ShardedCheckpointIO>(world(), state_, "gemini");
   }
 
   Criterion wrap_criterion(Criterion criterion) const override {

@@ -1,21 +1,18 @@
-// gemini_state.cpp — Gemini's chunks and their gather / release schedule (see gemini_state.h);
-// placement and the optimizer side are in gemini_placement.cpp.
+// gemini_state.cpp — Gemini's chunks and their gather / release schedule (see gemini_state.h; the
+// bookkeeping is the sharded runtime's); placement and the optimizer side are in
+// gemini_placement.cpp.
 #include "gemini_state.h"
 
-#include <torch/csrc/autograd/engine.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-
 
 #include <algorithm>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
 
+#include "booster/core/cpu_byte_counter.h"
 #include "booster/logging.h"
 #include "chunk_search.h"
-#include "booster/core/cpu_byte_counter.h"
 #include "gemini_detail.h"
 
 namespace booster::plugins::gemini {
@@ -23,61 +20,12 @@ namespace booster::plugins::gemini {
 using detail::bytes_of;
 using detail::mib;
 
-namespace {
-
-std::string join(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
-
-bool is_batch_norm(const torch::nn::Module* m) {
-  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(m) || dynamic_cast<const torch::nn::BatchNorm2dImpl*>(m) ||
-         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(m);
-}
-
-}  // namespace
 // ---------------------------------------------------------------------------------------------
 // Construction
 
 GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, GeminiConfig config)
-    : model_(&model), config_(std::move(config)) {
+    : ShardedRuntime(model, optimizer, "gemini"), config_(std::move(config)) {
   if (!config_.group) throw std::invalid_argument("booster: gemini needs a data-parallel group");
-  std::vector<nn::NamedUnit> named_units = nn::collect_named_units(model);  // throws: nested, shared
-  std::vector<std::shared_ptr<nn::UnitBase>> unit_ptrs;
-  for (const auto& nu : named_units) unit_ptrs.push_back(nu.unit);
-
-  std::map<const void*, std::string> model_names;
-  for (const auto& item : model.named_parameters(true)) model_names.emplace(item.value().unsafeGetTensorImpl(), item.key());
-  if (optimizer != nullptr) {
-    const auto& groups = optimizer->param_groups();
-    for (size_t g = 0; g < groups.size(); ++g)
-      for (size_t j = 0; j < groups[g].params().size(); ++j) {
-        const at::Tensor& p = groups[g].params()[j];
-        if (!model_names.count(p.unsafeGetTensorImpl()))
-          throw std::invalid_argument("booster: gemini: optimizer parameter group " + std::to_string(g) + " position " +
-                                      std::to_string(j) + " (shape " + c10::str(p.sizes()) +
-                                      ") is not a parameter of the model being boosted; build the optimizer from this "
-                                      "model's parameters (e.g. model->parameters())");
-        group_of_[p.unsafeGetTensorImpl()] = static_cast<int>(g);
-      }
-  }
-  units_.push_back(nullptr);
-  unit_params_.push_back(nn::root_parameters(model, unit_ptrs));
-  for (const auto& nu : named_units) {
-    unit_index_[nu.unit.get()] = units_.size();
-    units_.push_back(nu.unit.get());
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& item : nu.unit->unit_module().named_parameters(true))
-      named.emplace_back(join(nu.path, item.key()), item.value());
-    unit_params_.push_back(std::move(named));
-  }
-  for (size_t u = 0; u < unit_params_.size(); ++u)
-    for (const auto& [name, p] : unit_params_[u])
-      if (p.requires_grad() && optimizer != nullptr && !group_of_.count(p.unsafeGetTensorImpl()))
-        throw std::invalid_argument("booster: gemini: parameter " + name +
-                                    " requires grad but is not in the optimizer, so it would never be updated; add it "
-                                    "to the optimizer or set requires_grad(false)");
-  forward_calls_.assign(units_.size(), 0);
-
   if (config_.auto_placement) install_cpu_byte_counter();  // before any chunk memory is allocated
   if (!config_.offload_dir.empty()) {
     // Offloading is only worth its I/O if the freed bytes leave the process: the plugin's default
@@ -86,7 +34,7 @@ GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* opti
   }
 
   // Registration order: model.named_parameters(), each tensor once.
-  std::vector<std::pair<std::string, at::Tensor>> order;
+  parallel::NamedParameters order;
   std::set<const void*> listed;
   for (const auto& item : model.named_parameters(true))
     if (listed.insert(item.value().unsafeGetTensorImpl()).second) order.emplace_back(item.key(), item.value());
@@ -99,27 +47,14 @@ GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* opti
   build_chunks(order);
 }
 
-GeminiState::~GeminiState() {
-  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-}
-
-void GeminiState::build_chunks(const std::vector<std::pair<std::string, at::Tensor>>& order) {
-  // BatchNorm parameters keep full precision (FSDP's rule, as in the torch_fsdp plugin).
-  std::set<const void*> full_precision;
-  for (const auto& m : model_->modules(true))
-    if (is_batch_norm(m.get()))
-      for (const auto& p : m->parameters(false)) full_precision.insert(p.unsafeGetTensorImpl());
-  // One packing per (optimizer group or frozen, compute dtype), in first-appearance order.
+void GeminiState::build_chunks(const parallel::NamedParameters& order) {
+  // One packing per (optimizer group or frozen, compute dtype), in first-appearance order; BatchNorm
+  // parameters keep full precision (FSDP's rule).
   using Key = std::pair<int, at::ScalarType>;
   std::vector<std::pair<Key, std::vector<std::pair<std::string, at::Tensor>>>> parts;
   for (const auto& [name, p] : order) {
-    int group = -1;
-    if (p.requires_grad()) {
-      auto it = group_of_.find(p.unsafeGetTensorImpl());
-      group = it == group_of_.end() ? 0 : it->second;
-    }
-    const at::ScalarType dtype = full_precision.count(p.unsafeGetTensorImpl()) ? at::kFloat : config_.compute_dtype;
-    Key key{group, dtype};
+    const at::ScalarType dtype = keeps_full_precision(p) ? at::kFloat : config_.compute_dtype;
+    Key key{group_of(p), dtype};
     auto part = std::find_if(parts.begin(), parts.end(), [&](const auto& x) { return x.first == key; });
     if (part == parts.end()) {
       parts.push_back({key, {}});
@@ -129,6 +64,7 @@ void GeminiState::build_chunks(const std::vector<std::pair<std::string, at::Tens
   }
   at::NoGradGuard no_grad;
   chunks_.clear();
+  std::vector<parallel::ShardedFlat> flats;
   ++generation_;
   order_ = order;
   for (auto& [key, params] : parts) {
@@ -163,12 +99,17 @@ void GeminiState::build_chunks(const std::vector<std::pair<std::string, at::Tens
       FlatParameterOptions fo;
       fo.compute_dtype = key.second;
       fo.fp8_communication = config_.fp8_communication;
-      c.flat = std::make_unique<FlatParameter>(std::move(members), config_.group, fo);
-      c.arrived.assign(c.flat->params().size(), 0);
+      parallel::ShardedFlat s;
+      s.flat = std::make_unique<FlatParameter>(std::move(members), config_.group, fo);
+      s.group = c.group;
+      c.flat = s.flat.get();
+      flats.push_back(std::move(s));
       chunks_.push_back(std::move(c));
     }
   }
-  rebuild_maps();
+  set_flats(std::move(flats));
+  next_uses_.assign(chunks_.size(), {});
+  previous_accesses_.clear();
   if (config_.auto_placement) {
     for (auto& c : chunks_) c.optim_tier = Tier::kOffload;
   } else {
@@ -189,50 +130,13 @@ void GeminiState::build_chunks(const std::vector<std::pair<std::string, at::Tens
   }
 }
 
-void GeminiState::rebuild_maps() {
-  where_.clear();
-  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
-    chunks_[ci].units.clear();
-    const auto& params = chunks_[ci].flat->params();
-    for (size_t j = 0; j < params.size(); ++j) where_[params[j].second.unsafeGetTensorImpl()] = Location{ci, j};
-  }
-  unit_chunks_.assign(units_.size(), {});
-  for (size_t u = 0; u < unit_params_.size(); ++u)
-    for (const auto& [name, p] : unit_params_[u]) {
-      const size_t ci = where_.at(p.unsafeGetTensorImpl()).chunk;
-      auto& list = unit_chunks_[u];
-      if (std::find(list.begin(), list.end(), ci) == list.end()) list.push_back(ci);
-      auto& units = chunks_[ci].units;
-      if (std::find(units.begin(), units.end(), u) == units.end()) units.push_back(u);
-    }
-  next_uses_.assign(chunks_.size(), {});
-  previous_accesses_.clear();
-}
-
-void GeminiState::install() {
-  for (auto* unit : units_)
-    if (unit != nullptr) unit->set_unit_hooks(shared_from_this());
-  std::weak_ptr<GeminiState> weak = shared_from_this();
-  for (const auto& chunk : chunks_) {
-    if (chunk.group < 0) continue;
-    for (const auto& [name, p] : chunk.flat->params()) {
-      auto acc = torch::autograd::impl::grad_accumulator(p);
-      if (!acc) throw std::invalid_argument("booster: gemini: parameter " + name + " has no gradient accumulator");
-      const void* key = p.unsafeGetTensorImpl();
-      hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [weak, key](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (auto s = weak.lock()) s->on_grad_accumulated(static_cast<const at::TensorImpl*>(key));
-            return outputs;
-          })));
-      accumulators_.push_back(std::move(acc));
-    }
-  }
+void GeminiState::on_install() {
   baseline_non_model_ = counted_cpu_bytes() + OffloadFile::mapped_bytes() - model_bytes_in_memory();
   if (config_.auto_placement) {
     int64_t largest = 0;
-    for (size_t u = 0; u < unit_chunks_.size(); ++u) {
+    for (const auto& unit_chunks : unit_flats_) {
       int64_t need = 0;
-      for (size_t ci : unit_chunks_[u])
+      for (size_t ci : unit_chunks)
         need += chunks_[ci].flat->layout().padded_numel * static_cast<int64_t>(c10::elementSize(chunks_[ci].flat->compute_dtype()));
       largest = std::max(largest, need);
     }
@@ -245,51 +149,36 @@ void GeminiState::install() {
   }
 }
 
-size_t GeminiState::unit_index(nn::UnitBase& unit) const {
-  auto it = unit_index_.find(&unit);
-  if (it == unit_index_.end())
-    throw std::logic_error("booster: gemini: a Unit (" + unit.unit_block_type() +
-                           ") that was not in the model at boost() time ran; add units before Booster::boost");
-  return it->second;
+// Before the all-gather of a sharded chunk about to be used: room for it, its shard in memory.
+void GeminiState::before_gather(size_t ci) {
+  Chunk& c = chunks_[ci];
+  std::vector<size_t> in_use = forward_chunks_in_use();
+  in_use.push_back(ci);
+  make_room(c.flat->layout().padded_numel * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype())), in_use);
+  ensure_param_resident(c);
 }
 
 void GeminiState::access(size_t ci) {
   Chunk& c = chunks_[ci];
   accesses_.push_back(ci);
-  if (c.flat->state() == FlatParameter::State::kSharded && !c.flat->unshard_in_flight()) {
-    std::vector<size_t> in_use = forward_chunks_in_use();
-    in_use.push_back(ci);
-    make_room(c.flat->layout().padded_numel * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype())), in_use);
-    ensure_param_resident(c);
-    ++all_gathers_;
-  }
-  c.flat->unshard();
+  gather(ci);
   if (file_ && c.param_tier == Tier::kOffload && c.param_slot >= 0 && !c.param_dirty) file_->release(c.flat->local_shard());
   sample_memory();
-  int64_t gathered = 0;
-  for (const auto& x : chunks_) gathered += x.flat->is_aliased() ? 0 : x.flat->unsharded_storage_bytes();
-  max_gathered_bytes_ = std::max(max_gathered_bytes_, gathered);
+  note_gathered_bytes();
 }
 
 std::vector<size_t> GeminiState::forward_chunks_in_use() const {
-  std::vector<size_t> out = unit_chunks_[0];  // the chunks outside every unit stay gathered
+  std::vector<size_t> out = unit_flats_[0];  // the chunks outside every unit stay gathered
   for (size_t u : active_units_)
-    for (size_t ci : unit_chunks_[u]) out.push_back(ci);
+    for (size_t ci : unit_flats_[u]) out.push_back(ci);
   return out;
 }
 
 void GeminiState::prefetch_after(size_t position) {
   if (config_.max_prefetch <= 0 || previous_accesses_.empty()) return;
   int started = 0;
-  for (size_t k = position + 1; k < previous_accesses_.size() && started < config_.max_prefetch; ++k) {
-    Chunk& c = chunks_[previous_accesses_[k]];
-    if (c.flat->state() != FlatParameter::State::kSharded || c.flat->unshard_in_flight()) continue;
-    ensure_param_resident(c);
-    c.flat->unshard_async();
-    ++all_gathers_;
-    ++prefetches_;
-    ++started;
-  }
+  for (size_t k = position + 1; k < previous_accesses_.size() && started < config_.max_prefetch; ++k)
+    if (prefetch(previous_accesses_[k])) ++started;
 }
 
 void GeminiState::release(size_t ci) {
@@ -323,29 +212,20 @@ void GeminiState::note_first_use(size_t u) {
     if (seen_.insert(p.unsafeGetTensorImpl()).second) first_use_.emplace_back(name, p);
 }
 
-void GeminiState::begin_forward() {
-  if (!pending_backward_) {
-    for (auto& n : forward_calls_) n = 0;
-    for (auto& c : chunks_) c.forward_left = static_cast<int>(std::count_if(c.units.begin(), c.units.end(), [](size_t u) { return u != 0; }));
-    active_units_.clear();
+void GeminiState::on_begin_iteration() {
+  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
+    const auto& units = flats_[ci].units;
+    chunks_[ci].forward_left = static_cast<int>(std::count_if(units.begin(), units.end(), [](size_t u) { return u != 0; }));
   }
+  active_units_.clear();
+}
+
+void GeminiState::on_begin_forward() {
   note_first_use(0);
-  for (size_t ci : unit_chunks_[0]) access(ci);
+  for (size_t ci : unit_flats_[0]) access(ci);
 }
 
-void GeminiState::end_forward() {
-  if (torch::GradMode::is_enabled()) {
-    pending_backward_ = true;
-    return;
-  }
-  release_all_but_kept();
-  if (!pending_backward_) {
-    for (auto& n : forward_calls_) n = 0;
-    finish_iteration_order();
-  }
-}
-
-void GeminiState::abort_forward() {
+void GeminiState::on_abort_forward() {
   release_all();
   active_units_.clear();
 }
@@ -354,21 +234,18 @@ void GeminiState::release_all_but_kept() {
   for (size_t ci = 0; ci < chunks_.size(); ++ci) release(ci);
 }
 
-void GeminiState::pre_forward(nn::UnitBase& unit) {
-  const size_t u = unit_index(unit);
+void GeminiState::on_pre_forward(size_t u) {
   note_first_use(u);
-  ++forward_calls_[u];
   active_units_.push_back(u);
-  for (size_t ci : unit_chunks_[u]) access(ci);
+  for (size_t ci : unit_flats_[u]) access(ci);
   prefetch_after(accesses_.size() - 1);
 }
 
-void GeminiState::post_forward(nn::UnitBase& unit) {
-  const size_t u = unit_index(unit);
+void GeminiState::on_post_forward(size_t u) {
   auto it = std::find(active_units_.begin(), active_units_.end(), u);
   if (it != active_units_.end()) active_units_.erase(it);
   if (forward_calls_[u] > 1) return;  // counted at its first run
-  for (size_t ci : unit_chunks_[u]) {
+  for (size_t ci : unit_flats_[u]) {
     Chunk& c = chunks_[ci];
     if (--c.forward_left > 0) continue;
     // Still needed by the parameters outside every unit, or by a unit that is running.
@@ -382,72 +259,33 @@ void GeminiState::post_forward(nn::UnitBase& unit) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-void GeminiState::arm_final_callback() {
-  if (in_backward_) return;
+void GeminiState::on_backward_start() {
   if (backward_since_step_ && require_sync_ && !config_.enable_gradient_accumulation)
     throw std::runtime_error(
         "booster: gemini: a second backward pass before optimizer.step() / zero_grad(): gradient accumulation is off; "
         "set plugin.enable_gradient_accumulation = true, or use booster.no_sync() for the passes that only accumulate");
-  in_backward_ = true;
-  std::weak_ptr<GeminiState> weak = shared_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([weak]() {
-    if (auto s = weak.lock()) s->finish_backward();
-  });
 }
 
-void GeminiState::pre_backward(nn::UnitBase& unit) {
-  arm_final_callback();
-  const size_t u = unit_index(unit);
+void GeminiState::on_pre_backward(size_t u) {
   active_units_.push_back(u);
-  for (size_t ci : unit_chunks_[u]) access(ci);
+  for (size_t ci : unit_flats_[u]) access(ci);
   prefetch_after(accesses_.size() - 1);
 }
 
-void GeminiState::post_backward(nn::UnitBase& unit) { (void)unit; }
-
-void GeminiState::on_grad_accumulated(const at::TensorImpl* param) {
-  arm_final_callback();
-  const Location where = where_.at(param);
-  Chunk& c = chunks_[where.chunk];
-  if (c.arrived[where.param]) return;  // a second gradient in this pass: left to the end
-  c.arrived[where.param] = 1;
-  if (++c.arrived_count < c.arrived.size()) return;
+void GeminiState::on_gradients_ready(size_t ci) {
+  const auto& units = flats_[ci].units;
   bool multi = false;
-  for (size_t u : c.units) multi = multi || forward_calls_[u] > 1;
+  for (size_t u : units) multi = multi || forward_calls_[u] > 1;
   if (multi) return;  // its units run again in this backward: reduced and released at the end
-  reduce_chunk(where.chunk);
+  reduce(ci);
   active_units_.erase(std::remove_if(active_units_.begin(), active_units_.end(),
-                                     [&](size_t u) { return std::find(c.units.begin(), c.units.end(), u) != c.units.end(); }),
+                                     [&](size_t u) { return std::find(units.begin(), units.end(), u) != units.end(); }),
                       active_units_.end());
-  release(where.chunk);
+  release(ci);
   sample_memory();
 }
 
-void GeminiState::reduce_chunk(size_t ci) {
-  Chunk& c = chunks_[ci];
-  if (require_sync_) {
-    c.flat->reduce_gradients();
-    ++reduce_scatters_;
-    c.reduced = true;
-  }
-  std::fill(c.arrived.begin(), c.arrived.end(), 0);
-  c.arrived_count = 0;
-}
-
-void GeminiState::finish_backward() {
-  in_backward_ = false;
-  pending_backward_ = false;
-  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
-    Chunk& c = chunks_[ci];
-    if (c.group < 0) continue;
-    bool leftover = c.arrived_count > 0;
-    for (const auto& [name, p] : c.flat->params()) leftover = leftover || p.grad().defined();
-    if (leftover && require_sync_) reduce_chunk(ci);
-    std::fill(c.arrived.begin(), c.arrived.end(), 0);
-    c.arrived_count = 0;
-    c.reduced = false;
-  }
-  for (auto& n : forward_calls_) n = 0;
+void GeminiState::on_finish_backward() {
   active_units_.clear();
   release_all_but_kept();
   if (require_sync_) backward_since_step_ = true;
@@ -502,8 +340,8 @@ void GeminiState::rebuild_in_first_use_order() {
       if (full_grad.defined()) grads[p.unsafeGetTensorImpl()] = full_grad.narrow(0, l.offsets[j], l.numels[j]);
     }
   }
-  std::vector<Chunk> old = std::move(chunks_);
-  old.clear();
+  chunks_.clear();
+  flats_.clear();  // the old chunks' FlatParameters go before the new ones are built
   if (file_) file_ = std::make_unique<OffloadFile>(config_.offload_dir, config_.group->rank());  // fresh slots
   build_chunks(first_use_);
   for (auto& c : chunks_) {
@@ -529,25 +367,53 @@ std::map<std::string, int64_t> GeminiState::stats() const {
     optim_off += c.optim_tier == Tier::kOffload;
     if (c.master.defined() && OffloadFile::resident(c.master)) masters_resident += c.master.numel() * 4;
   }
-  return {{"chunk_size", chunk_size_},
+  std::map<std::string, int64_t> out = ShardedRuntime::stats();
+  out.insert({{"chunk_size", chunk_size_},
           {"chunks", static_cast<int64_t>(chunks_.size())},
           {"chunks_kept_gathered", kept},
           {"chunks_param_offloaded", param_off},
           {"chunks_optim_offloaded", optim_off},
-          {"all_gathers", all_gathers_},
-          {"prefetches", prefetches_},
-          {"reduce_scatters", reduce_scatters_},
           {"evictions", evictions_},
           {"offload_bytes_written", file_ ? file_->bytes_written() : 0},
           {"offload_bytes_read", file_ ? file_->bytes_read() : 0},
           {"compute_model_bytes_peak", compute_peak_},
           {"non_model_bytes_peak", non_model_peak_},
-          {"max_gathered_bytes", max_gathered_bytes_},
           {"margin_bytes", margin_bytes_},
           {"optim_bytes_in_margin", optim_in_margin_bytes_},
           {"rebuilt", rebuilt_ ? 1 : 0},
           {"fused_param_writes", fused_param_writes_},
-          {"master_bytes_resident", masters_resident}};
+          {"master_bytes_resident", masters_resident}});
+  return out;
+}
+
+std::vector<checkpoint::FlatSource> GeminiState::checkpoint_sources() {
+  release_all();
+  std::vector<checkpoint::FlatSource> sources;
+  for (auto& c : chunks_) {
+    Chunk* chunk = &c;
+    auto master = [chunk, this] {
+      std::vector<at::Tensor> none;
+      fetch_optim(*chunk, none);
+      return chunk->master;
+    };
+    sources.push_back({chunk->flat, at::kFloat,
+                       [chunk, master, this] {
+                         const FlatLayout& l = chunk->flat->layout();
+                         at::Tensor full = at::empty({l.padded_numel}, at::kFloat);
+                         chunk->flat->group().all_gather_into_tensor(full, master()).wait();
+                         release_clean_master(*chunk);  // a save only reads it
+                         return full;
+                       },
+                       [chunk, master] {
+                         chunk->master_dirty = true;  // a load writes into it
+                         return master();
+                       }});
+  }
+  return sources;
+}
+
+void GeminiState::after_checkpoint_load() {
+  for (auto& c : chunks_) refresh_param_shard(c);
 }
 
 std::vector<std::pair<std::string, size_t>> GeminiState::chunk_map() const {

@@ -1,6 +1,6 @@
-// gemini_state.h — the runtime of the Gemini plugin (ColossalAI's GeminiDDP + ChunkManager +
-// placement policies): the model's parameters packed into chunks, each chunk a FlatParameter
-// (core/flat_param.h: the one gather / release path, shared with FSDP) sharded over the
+// gemini_state.h — the Gemini plugin's layout policy on the sharded runtime
+// (booster/parallel/sharded_runtime.h; ColossalAI's GeminiDDP + ChunkManager + placement policies):
+// the model's parameters packed into chunks, each chunk a FlatParameter sharded over the
 // data-parallel group, gathered around the shard units (booster::nn::Unit) that use it, and a
 // placement of every chunk's pieces in a compute and an offload tier.
 //
@@ -61,9 +61,8 @@
 #include <string>
 #include <vector>
 
-#include "booster/core/flat_param.h"
 #include "booster/dist/process_group.h"
-#include "booster/nn/unit.h"
+#include "booster/parallel/sharded_runtime.h"
 #include "offload_file.h"
 
 namespace booster::plugins::gemini {
@@ -89,54 +88,42 @@ struct GeminiConfig {
   bool fp8_communication = false;
 };
 
+// A chunk's placement; chunks()[c] describes flats()[c], the FlatParameter of chunk c.
 struct Chunk {
-  std::unique_ptr<FlatParameter> flat;
+  FlatParameter* flat = nullptr;  // flats()[c].flat
   int group = -1;            // optimizer parameter group; -1: frozen parameters
   int64_t capacity = 0;      // the chunk size (elements); oversized parameters: their numel
   bool keep_gathered = false;
-  std::vector<size_t> units;  // indices of the units with parameters in it (0: outside every unit)
   at::Tensor master;          // [shard_numel] float32 (trainable chunks)
   Tier param_tier = Tier::kCompute, optim_tier = Tier::kCompute;
   int64_t param_slot = -1, optim_slot = -1;  // offload file offsets (-1: none reserved)
   int64_t optim_slot_size = 0;               // bytes of the optimizer slot (master + states)
   bool param_dirty = true;                   // the file's copy of the parameter shard is stale
   bool master_dirty = false;                 // the master shard in memory differs from the file's copy
-  // backward bookkeeping
-  std::vector<char> arrived;
-  size_t arrived_count = 0;
-  bool reduced = false;
   int forward_left = 0;  // units of this chunk still to run in this forward
 };
 
-class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<GeminiState> {
+// Gemini's chunk packing and placement policy on the sharded runtime.
+class GeminiState : public parallel::ShardedRuntime {
  public:
   // Builds the chunks of `model` (its parameters become views of the chunk buffers, cast to the
   // compute dtype) and places them. `optimizer` (may be null) decides the chunk of each trainable
-  // parameter. Throws std::invalid_argument naming the parameter for a trainable parameter missing
-  // from the optimizer or an optimizer parameter the model does not own; as nn::collect_named_units;
-  // std::runtime_error for an offload_dir that cannot be used and a budget too small for one chunk.
+  // parameter. Throws std::invalid_argument without a group, and as parallel::ShardedRuntime's
+  // constructor (a trainable parameter missing from the optimizer, an optimizer parameter the model
+  // does not own, nested units, parameters shared by two units); std::runtime_error for an
+  // offload_dir that cannot be used; at install(), std::runtime_error for a budget too small for one
+  // unit's chunks.
   GeminiState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, GeminiConfig config);
-  ~GeminiState() override;
-  void install();
 
-  // nn::UnitHooks
-  void pre_forward(nn::UnitBase& unit) override;
-  void post_forward(nn::UnitBase& unit) override;
-  void pre_backward(nn::UnitBase& unit) override;
-  void post_backward(nn::UnitBase& unit) override;
-
-  void begin_forward();
-  void end_forward();
-  void abort_forward();
   // Releases every gathered chunk (kept-gathered ones too): after a step, before a checkpoint.
-  void release_all();
+  void release_all() override;
 
-  void set_require_grad_sync(bool required) { require_sync_ = required; }
   // Called by the optimizer once it has state: the chunk layout is final (no first-use rebuild).
   void freeze_layout() { layout_frozen_ = true; }
+  // Set by the optimizer's zero_grad / step: a backward is allowed again without accumulation.
+  void note_gradients_consumed() { backward_since_step_ = false; }
 
   std::vector<Chunk>& chunks() { return chunks_; }
-  torch::nn::Module& module() { return *model_; }
   const GeminiConfig& config() const { return config_; }
   OffloadFile* offload_file() const { return file_.get(); }
   // Incremented whenever the chunks are (re)built: pointers into chunks() are valid within one.
@@ -165,30 +152,46 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   // Counts a chunk step whose bf16 parameter shard was written by the fused CPU Adam pass (stat
   // fused_param_writes).
   void note_fused_param_write() { ++fused_param_writes_; }
-  // chunk_size, chunks, all_gathers, prefetches, reduce_scatters, evictions, offload_bytes_written,
-  // offload_bytes_read, compute_model_bytes_peak, non_model_bytes_peak, rebuilt (1 when the chunks
-  // were rebuilt in first-use order), max_gathered_bytes, margin_bytes and optim_bytes_in_margin
-  // (gpu_margin_mem_ratio: the margin measured, the optimizer-side bytes moved into it),
-  // fused_param_writes (see note_fused_param_write), master_bytes_resident (float32 master shards in
-  // memory now; with offload_dir, 0 between steps).
-  std::map<std::string, int64_t> stats() const;
+  // The runtime's counters plus chunk_size, chunks, chunks_kept_gathered, chunks_param_offloaded,
+  // chunks_optim_offloaded, evictions, offload_bytes_written, offload_bytes_read,
+  // compute_model_bytes_peak, non_model_bytes_peak, rebuilt (1 when the chunks were rebuilt in
+  // first-use order), margin_bytes and optim_bytes_in_margin (gpu_margin_mem_ratio: the margin
+  // measured, the optimizer-side bytes moved into it), fused_param_writes (see
+  // note_fused_param_write), master_bytes_resident (float32 master shards in memory now; with
+  // offload_dir, 0 between steps).
+  std::map<std::string, int64_t> stats() const override;
+  // The model checkpoint reads the float32 master shards (gathered one chunk at a time, an offloaded
+  // master read back and released again) and loads into them; after_checkpoint_load refreshes every
+  // chunk's parameter shard from its master.
+  std::vector<checkpoint::FlatSource> checkpoint_sources() override;
+  void after_checkpoint_load() override;
   // (name, chunk index) for every parameter, in chunk order (tests and logs).
   std::vector<std::pair<std::string, size_t>> chunk_map() const;
 
  private:
-  struct Location {
-    size_t chunk;
-    size_t param;
-  };
-  void build_chunks(const std::vector<std::pair<std::string, at::Tensor>>& order);
+  // The schedule (see "Schedule of one iteration").
+  void on_install() override;
+  void on_begin_iteration() override;
+  void on_begin_forward() override;
+  void on_pre_forward(size_t u) override;
+  void on_post_forward(size_t u) override;
+  void on_forward_without_backward() override { release_all_but_kept(); }
+  void on_end_iteration() override { finish_iteration_order(); }
+  void on_abort_forward() override;
+  void on_backward_start() override;
+  void on_pre_backward(size_t u) override;
+  void on_gradients_ready(size_t c) override;
+  void on_finish_backward() override;
+  void before_gather(size_t c) override;
+  void before_prefetch(size_t c) override { ensure_param_resident(chunks_[c]); }
+
+  void build_chunks(const parallel::NamedParameters& order);
   int64_t model_capacity() const;  // bytes of compute memory model data may use now (auto)
   std::vector<size_t> forward_chunks_in_use() const;
   void note_first_use(size_t u);
   void release_all_but_kept();
   void finish_iteration_order();
-  int64_t optim_slot_bytes(const Chunk& c) const;
   void place_static();
-  size_t unit_index(nn::UnitBase& unit) const;
   void access(size_t c);  // gather chunk c for use now (placement, eviction, all-gather)
   void prefetch_after(size_t c);
   void release(size_t c);
@@ -197,14 +200,8 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   int64_t compute_model_bytes() const;
   int64_t model_bytes_in_memory() const;
   void sample_memory();
-  void on_grad_accumulated(const at::TensorImpl* param);
-  void reduce_chunk(size_t c);
-  void arm_final_callback();
-  void finish_backward();
   void rebuild_in_first_use_order();
-  void rebuild_maps();
 
-  torch::nn::Module* model_;
   GeminiConfig config_;
   std::unique_ptr<OffloadFile> file_;
   std::vector<Chunk> chunks_;
@@ -212,34 +209,18 @@ class GeminiState : public nn::UnitHooks, public std::enable_shared_from_this<Ge
   bool keep_all_gathered_ = false;  // the model is under min_chunk_size: one chunk, kept gathered
   int64_t baseline_non_model_ = 0;  // counted CPU bytes that are not model data, at install()
   std::vector<size_t> active_units_;  // units between pre_forward/pre_backward and their end
-  std::map<const void*, int> group_of_;  // parameter -> optimizer group
-  std::vector<nn::UnitBase*> units_;     // [0] = nullptr (outside every unit)
-  std::map<const nn::UnitBase*, size_t> unit_index_;
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> unit_params_;
-  std::vector<std::vector<size_t>> unit_chunks_;
-  std::map<const void*, Location> where_;
-  std::vector<int> forward_calls_;
-  std::vector<size_t> forward_order_;
   // access order (chunk indices) of the current and the previous iteration
   std::vector<size_t> accesses_, previous_accesses_;
   std::vector<std::vector<size_t>> next_uses_;  // per chunk: its positions in previous_accesses_
-  std::vector<std::pair<std::string, at::Tensor>> first_use_, order_;  // recorded / current packing order
+  parallel::NamedParameters first_use_, order_;  // recorded / current packing order
   std::set<const void*> seen_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
-  std::vector<const void*> hooked_;
-  bool require_sync_ = true, in_backward_ = false, pending_backward_ = false;
   bool first_iteration_ = true, layout_frozen_ = false, rebuilt_ = false, backward_since_step_ = false;
   bool warmed_up_ = false, margin_placed_ = false;
   int64_t margin_bytes_ = 0, optim_in_margin_bytes_ = 0;
   int64_t generation_ = 0;
   int64_t non_model_peak_ = 0;
-  int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, evictions_ = 0, fused_param_writes_ = 0;
-  int64_t compute_peak_ = 0, max_gathered_bytes_ = 0;
-
- public:
-  // Set by the optimizer's zero_grad / step: a backward is allowed again without accumulation.
-  void note_gradients_consumed() { backward_since_step_ = false; }
+  int64_t evictions_ = 0, fused_param_writes_ = 0;
+  int64_t compute_peak_ = 0;
 };
 
 }  // namespace booster::plugins::gemini

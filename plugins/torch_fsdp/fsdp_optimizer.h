@@ -13,8 +13,8 @@
 //  - step(): overflow check, global-norm clipping (sum of squares over the shard group: every element
 //    counted once), the optimizer's step on the shards; then every gathered unit is freed, so the
 //    next forward gathers the updated shards.
-//  - Checkpoints (fsdp_checkpoint_io.h): gathered by gather_param_states, or sharded by
-//    local_state_pieces (the default, nothing gathered); either loads through load_state_ranges.
+//  - Checkpoints: parallel::ShardOptimizer's, gathered or sharded (the default, nothing gathered);
+//    replicated shards (HYBRID_SHARD, NO_SHARD) are saved from replica 0 only.
 //  - The shard keeps the parameters' original dtype (fp32 under a bf16 param_dtype policy): it is the
 //    master copy, so master_weights needs no second copy.
 #pragma once
@@ -24,12 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "booster/wrappers/optimizer_wrapper.h"
+#include "booster/parallel/shard_optimizer.h"
 #include "fsdp_state.h"
 
 namespace booster::plugins::fsdp {
 
-class FsdpOptimizer : public OptimizerWrapper {
+class FsdpOptimizer : public parallel::ShardOptimizer {
  public:
   // options.group: the world (overflow agreement); the norm is summed over the shard group.
   // Throws std::invalid_argument for an optimizer type that is not registered.
@@ -40,34 +40,16 @@ class FsdpOptimizer : public OptimizerWrapper {
   void zero_grad() override;
   double clip_grad_by_norm(double max_norm, double norm_type = 2.0) override;
   void clip_grad_by_value(double clip_value) override;
-  std::vector<ParamOptimState> gather_param_states() override;
-  // Checkpoints without gathering: the pieces of this rank's shards (per FlatParameter, state tensor
-  // and parameter, FlatLayout::piece at the rank in the shard group), only on rank 0 of the replicate
-  // group when the shards are replicated (HYBRID_SHARD, NO_SHARD); on load each rank reads just the
-  // ranges of its own shards.
-  std::vector<checkpoint::StatePiece> local_state_pieces() override;
-  std::vector<std::map<std::string, int64_t>> local_state_scalars() override;
-  bool state_is_sharded() const override;  // the shard group has more than one rank (not NO_SHARD)
-  void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) override;
-  void sync_master_from_model() override {}  // the shards are the weights (the plugin's checkpoint IO loads them)
   MemoryReport memory_report() const override;
 
-  // Each trainable FlatParameter with the index in parameters() of each of its parameters.
-  struct Shard {
-    FlatParameter* flat;
-    std::vector<size_t> param_index;
-  };
-  const std::vector<Shard>& shards() const { return shards_; }
-
  protected:
-  std::vector<torch::Tensor> local_gradients() const override;
-  dist::ProcessGroup* norm_group() const override;
+  // Replicated shards (HYBRID_SHARD, NO_SHARD) are saved from replica 0 only.
+  bool saves_pieces(const Shard& s) const override;
 
  private:
   void attach_grads();
 
   std::shared_ptr<FsdpState> state_;
-  std::vector<Shard> shards_;
 };
 
 }  // namespace booster::plugins::fsdp

@@ -1,8 +1,8 @@
-// fsdp_state.h — the runtime of the FSDP plugin: the model's shard units (booster::nn::Unit plus the
-// root unit), one FlatParameter per (unit, optimizer parameter group, dtype) and the schedule that
-// gathers and frees them around each unit's forward and backward. PyTorch FSDP's
-// FullyShardedDataParallel runtime (_runtime_utils.py: pre/post forward, pre/post backward,
-// prefetching), driven by booster::nn::UnitHooks instead of module hooks.
+// fsdp_state.h — the FSDP layout policy on the sharded runtime (booster/parallel/sharded_runtime.h):
+// one FlatParameter per (unit, optimizer parameter group, dtype) and the schedule that gathers and
+// frees them around each unit's forward and backward. PyTorch FSDP's FullyShardedDataParallel
+// runtime (_runtime_utils.py: pre/post forward, pre/post backward, prefetching), driven by
+// booster::nn::UnitHooks instead of module hooks.
 //
 // Schedule of one iteration (unit k, strategy S):
 //   model pre_forward       unshard the root unit (parameters outside every Unit); it stays
@@ -34,10 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "booster/core/flat_param.h"
 #include "booster/dist/process_group.h"
-#include "booster/nn/unit.h"
-#include "booster/plugin.h"
+#include "booster/parallel/sharded_runtime.h"
 
 namespace booster::plugins::fsdp {
 
@@ -58,85 +56,42 @@ struct FsdpConfig {
   bool fp8_communication = false;
 };
 
-// One shard unit: a booster::nn::Unit, or the root unit (unit == nullptr).
-struct FsdpUnit {
-  std::string path;            // dotted module path; "" for the root unit
-  nn::UnitBase* unit = nullptr;
-  std::vector<std::unique_ptr<FlatParameter>> flats;
-  std::vector<int> flat_group;  // per flat: its optimizer parameter group, -1 for frozen parameters
-  std::vector<std::vector<char>> arrived;  // per trainable flat, per parameter: gradient arrived
-  std::vector<size_t> arrived_count;
-  std::vector<char> reduced;   // per flat: reduced in this backward pass
-  int forward_calls = 0;       // in the current iteration
-  bool backward_done = false;  // post_backward ran in this pass
-};
-
-class FsdpState : public nn::UnitHooks, public std::enable_shared_from_this<FsdpState> {
+// The FSDP layout on the sharded runtime: one FlatParameter per (unit, optimizer parameter group or
+// frozen, dtype, BatchNorm full precision), in unit order, and the schedule above.
+class FsdpState : public parallel::ShardedRuntime {
  public:
-  // Builds the units and FlatParameters of `model` (the model's parameters become views of the
-  // flat buffers, sharded). `optimizer` (may be null) decides the FlatParameter of every trainable
-  // parameter: one per (unit, parameter group); frozen parameters get their own. Throws
-  // std::invalid_argument naming the parameter for a trainable parameter missing from the optimizer,
-  // an optimizer parameter the model does not own, and as nn::collect_named_units (nested units,
-  // parameters shared by two units). Call install() afterwards.
+  // Builds the FlatParameters of `model` (the model's parameters become views of the flat buffers,
+  // sharded). `optimizer` (may be null) decides the FlatParameter of every trainable parameter.
+  // Throws std::invalid_argument without a shard group, and as parallel::ShardedRuntime's
+  // constructor (a trainable parameter missing from the optimizer, an optimizer parameter the model
+  // does not own, nested units, parameters shared by two units). Call install() afterwards.
   FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, FsdpConfig config);
-  ~FsdpState() override;
-  // Installs the unit hooks and the gradient-accumulator hooks.
-  void install();
 
-  // nn::UnitHooks
-  void pre_forward(nn::UnitBase& unit) override;
-  void post_forward(nn::UnitBase& unit) override;
-  void pre_backward(nn::UnitBase& unit) override;
-  void post_backward(nn::UnitBase& unit) override;
-
-  // Around the whole model's forward (the ModelHooks).
-  void begin_forward();
-  void end_forward();
-  void abort_forward();
-  // Frees every gathered unit (after an optimizer step, before a checkpoint, on abort).
-  void reshard_all();
-
-  void set_require_grad_sync(bool required) { require_sync_ = required; }
-  bool require_grad_sync() const { return require_sync_; }
-
-  std::vector<FsdpUnit>& units() { return units_; }
-  torch::nn::Module& module() { return *model_; }
   const FsdpConfig& config() const { return config_; }
-  // all_gathers, prefetches, reduce_scatters, units, flat_parameters, max_gathered_units,
-  // max_gathered_bytes (the largest gathered parameter bytes at one moment).
-  std::map<std::string, int64_t> stats() const;
+  // The runtime's counters plus flat_parameters and max_gathered_units (the most units with a
+  // gathered FlatParameter at one moment).
+  std::map<std::string, int64_t> stats() const override;
 
  private:
-  struct Location {
-    size_t unit;
-    size_t flat;
-    size_t param;
-  };
-  size_t index_of(nn::UnitBase& unit) const;
-  size_t trainable_count(size_t u, size_t f) const;
+  void on_begin_forward() override { unshard_unit(0); }
+  void on_pre_forward(size_t u) override;
+  void on_post_forward(size_t u) override;
+  void on_forward_without_backward() override { release_all(); }
+  void on_pre_backward(size_t u) override;
+  void on_post_backward(size_t u) override;
+  void on_gradients_ready(size_t f) override;
+  void on_finish_backward() override;
+
   void unshard_unit(size_t u);
   void prefetch_unit(size_t u);
   void reshard_unit(size_t u);
-  void on_grad_accumulated(const Location& where);
-  void reduce_flat(size_t u, size_t f);
   void maybe_post_backward(size_t u);
-  void arm_final_callback();
-  void finish_backward();
   void note_gathered();
   bool reshards_after_forward() const;
 
-  torch::nn::Module* model_;  // owned by the ModelHooks (the units hold this state: no cycle)
   FsdpConfig config_;
-  std::vector<FsdpUnit> units_;  // units_[0] is the root unit
-  std::map<const nn::UnitBase*, size_t> unit_index_;
-  std::vector<size_t> forward_order_, previous_forward_order_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
-  bool require_sync_ = true;
-  bool in_backward_ = false;
-  bool pending_backward_ = false;  // a grad-mode forward ran and its backward has not ended
-  int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, max_gathered_units_ = 0, max_gathered_bytes_ = 0;
+  std::vector<char> backward_done_;  // per unit: post_backward ran in this pass
+  int64_t max_gathered_units_ = 0;
 };
 
 }  // namespace booster::plugins::fsdp

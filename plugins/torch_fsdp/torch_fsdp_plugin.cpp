@@ -3,7 +3,7 @@
 // maps the [plugin] options (PyTorch FSDP's names and defaults), builds the process mesh of the
 // sharding strategy, keeps the ranks' initial weights identical, and wires the runtime
 // (fsdp_state.h), the optimizer on the shards (fsdp_optimizer.h) and the checkpoint IO
-// (fsdp_checkpoint_io.h) together.
+// (parallel::ShardedCheckpointIO) together.
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -14,7 +14,6 @@
 #include "booster/dist/process_mesh.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin.h"
-#include "fsdp_checkpoint_io.h"
 #include "fsdp_optimizer.h"
 #include "fsdp_state.h"
 
@@ -116,25 +115,6 @@ static void make_replicas_identical(dist::ProcessGroup& world, torch::nn::Module
                         "seed every rank identically before building the model, or set plugin.sync_module_states = "
                         "true to broadcast rank 0's weights");
 }
-
-// ---------------------------------------------------------------------------------------------
-// Model hooks: the whole model's forward and backward around the units' own hooks.
-
-class FsdpModelHooks : public ModelHooks {
- public:
-  FsdpModelHooks(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<FsdpState> state)
-      : model_(std::move(model)), state_(std::move(state)) {}
-  torch::nn::Module& module() override { return *model_; }
-  void pre_forward() override { state_->begin_forward(); }
-  void post_forward() override { state_->end_forward(); }
-  void abort_forward() override { state_->abort_forward(); }
-  void set_require_grad_sync(bool required) override { state_->set_require_grad_sync(required); }
-  std::map<std::string, int64_t> stats() const override { return state_->stats(); }
-
- private:
-  std::shared_ptr<torch::nn::Module> model_;
-  std::shared_ptr<FsdpState> state_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Plugin
@@ -263,7 +243,7 @@ class TorchFSDPPlugin : public Plugin {
     state->install();
     state_ = state;
 
-    std::shared_ptr<ModelHooks> hooks = std::make_shared<FsdpModelHooks>(model, state);
+    std::shared_ptr<ModelHooks> hooks = std::make_shared<parallel::ShardedModelHooks>(model, state);
     Configured c;
     c.hooks = mixed_ ? mixed_->wrap_hooks(hooks) : hooks;
     if (!optimizer) return c;
@@ -280,7 +260,7 @@ class TorchFSDPPlugin : public Plugin {
   }
 
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
-    return std::make_shared<FsdpCheckpointIO>(world(), state_);
+    return std::make_shared<parallel::ShardedCheckpointIO>(world(), state_, "torch_fsdp");
   }
 
   Criterion wrap_criterion(Criterion criterion) const override {

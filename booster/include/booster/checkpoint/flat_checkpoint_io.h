@@ -1,6 +1,6 @@
 // flat_checkpoint_io.h — model checkpoints of a model whose parameters live in FlatParameters
-// (core/flat_param.h) sharded over a group, without undoing the sharding: the CheckpointIO of the
-// torch_fsdp and gemini plugins.
+// (core/flat_param.h) sharded over a group, without undoing the sharding: the base of the sharded
+// runtime's CheckpointIO (parallel/sharded_runtime.h).
 //  - save_model streams: for one FlatParameter at a time every rank of its group all-gathers the
 //    full-precision values (the source's gather_full), rank 0 hands its parameters to the streamed HF
 //    writer (checkpoint/state_dict_io.h save_state_dict_streamed) and drops them before the next, so
@@ -24,6 +24,16 @@
 
 namespace booster::checkpoint {
 
+// One FlatParameter as a checkpoint sees it.
+struct FlatSource {
+  FlatParameter* flat = nullptr;
+  at::ScalarType dtype = at::ScalarType::Undefined;  // the dtype saved and loaded (full precision)
+  // Collective over flat's group: [padded_numel] values in `dtype` (a new tensor).
+  std::function<at::Tensor()> gather_full;
+  // This rank's shard to load into: [shard_numel], `dtype`, in memory while load_model runs.
+  std::function<at::Tensor()> shard;
+};
+
 class BOOSTER_API FlatCheckpointIO : public CheckpointIO {
  public:
   using CheckpointIO::CheckpointIO;
@@ -32,15 +42,7 @@ class BOOSTER_API FlatCheckpointIO : public CheckpointIO {
   void load_model(torch::nn::Module& model, const std::string& path, const ModelLoadOptions& options) override;
 
  protected:
-  // One FlatParameter as the checkpoint sees it.
-  struct FlatSource {
-    FlatParameter* flat = nullptr;
-    at::ScalarType dtype = at::ScalarType::Undefined;  // the dtype saved and loaded (full precision)
-    // Collective over flat's group: [padded_numel] values in `dtype` (a new tensor).
-    std::function<at::Tensor()> gather_full;
-    // This rank's shard to load into: [shard_numel], `dtype`, in memory while load_model runs.
-    std::function<at::Tensor()> shard;
-  };
+  using FlatSource = checkpoint::FlatSource;
   // The model's sources, in save order, with the model made ready (gathered parameters freed).
   // Throws CheckpointError when `model` is not the model the plugin boosted.
   virtual std::vector<FlatSource> flat_sources(torch::nn::Module& model) = 0;

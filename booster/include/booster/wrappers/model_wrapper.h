@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "booster/plugin.h"
+#include "booster/wrappers/model_hooks.h"
 
 namespace booster {
 
