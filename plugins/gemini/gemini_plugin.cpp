@@ -226,10 +226,22 @@ class GeminiPlugin : public Plugin {
     config.max_prefetch = static_cast<int>(options_.max_prefetch);
     config.enable_gradient_accumulation = options_.enable_gradient_accumulation;
 
+    OptimizerWrapperOptions wo;
+    wo.max_norm = options_.max_norm;
+    wo.norm_type = options_.norm_type;
+    parallel::HooksDecorator decorate;
+    if (options_.mixed)
+      decorate = [this](std::shared_ptr<ModelHooks> hooks) { return options_.mixed->wrap_hooks(std::move(hooks)); };
     std::shared_ptr<GeminiState> state;
+    parallel::ShardedModel sharded;
     try {
       state = std::make_shared<GeminiState>(*model, optimizer.get(), config);
-      state->install();
+      parallel::ShardOptimizerFactory make_optimizer;
+      if (optimizer)
+        make_optimizer = [&](std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions o) {
+          return std::make_shared<GeminiOptimizer>(optimizer, std::move(hooks), std::move(o), state);
+        };
+      sharded = parallel::make_sharded_model(model, state, world(), "gemini", decorate, make_optimizer, wo);
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
       throw PluginError(what.find("gemini") == std::string::npos ? "gemini: " + what : what);
@@ -245,19 +257,9 @@ class GeminiPlugin : public Plugin {
               (options_.offload_dir.empty() ? std::string("host memory") : options_.offload_dir) + "), placement " +
               options_.placement_policy);
 
-    std::shared_ptr<ModelHooks> hooks = std::make_shared<parallel::ShardedModelHooks>(model, state);
     Configured c;
-    c.hooks = options_.mixed ? options_.mixed->wrap_hooks(hooks) : hooks;
-    if (!optimizer) return c;
-    OptimizerWrapperOptions wo;
-    wo.group = world();
-    wo.max_norm = options_.max_norm;
-    wo.norm_type = options_.norm_type;
-    try {
-      c.optimizer = std::make_shared<GeminiOptimizer>(optimizer, c.hooks, wo, state);
-    } catch (const std::invalid_argument& e) {
-      throw PluginError(std::string("gemini: ") + e.what());
-    }
+    c.hooks = sharded.hooks;
+    c.optimizer = sharded.optimizer;
     return c;
   }
 
@@ -271,7 +273,7 @@ class GeminiPlugin : public Plugin {
 
  private:
   GeminiOptions options_;
-  std::weak_ptr<GeminiState> state_;
+  std::weak_ptr<parallel::ShardedRuntime> state_;
 };
 
 }  // namespace booster::plugins::gemini

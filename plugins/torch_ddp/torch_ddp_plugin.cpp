@@ -1,14 +1,14 @@
 // torch_ddp_plugin.cpp — the TorchDDP plugin: data parallelism with bucketed, overlapped gradient
-// averaging (PyTorch DistributedDataParallel semantics), built on the core's GradientReducer,
-// sync_replicas and broadcast_coalesced. Options and defaults are ColossalAI's TorchDDPPlugin.
+// averaging (PyTorch DistributedDataParallel semantics): a recipe over booster::parallel::replicate.
+// Options and defaults are ColossalAI's TorchDDPPlugin.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include "booster/core/grad_reducer.h"
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
+#include "booster/parallel/replicate.h"
 #include "booster/plugin.h"
 
 namespace booster::plugins {
@@ -54,61 +54,6 @@ static TorchDDPOptions parse_options(const Options& o) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-model hooks
-
-class DDPModelHooks : public ModelHooks {
- public:
-  DDPModelHooks(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<dist::ProcessGroup> world,
-                const TorchDDPOptions& options)
-      : model_(std::move(model)), world_(std::move(world)), options_(options) {
-    sync_replicas(*world_, *model_);
-    for (auto& [n, t] : named_buffers_of(*model_)) buffers_.push_back(t);
-
-    ReducerOptions ro;
-    ro.bucket_cap_bytes = mib_to_bytes(options.bucket_cap_mb);
-    ro.first_bucket_bytes = mib_to_bytes(options.first_bucket_mb);
-    ro.find_unused_parameters = options.find_unused_parameters;
-    ro.gradient_as_bucket_view = options.gradient_as_bucket_view;
-    ro.rebuild_buckets = true;  // PyTorch DDP: buckets follow the gradient-ready order after iteration 1
-    ro.static_graph = options.static_graph;
-    ro.communication_dtype = mixed_precision::dtype_from_name(options.communication_dtype);
-    if (world_->size() > 1)
-      reducer_ = std::make_unique<GradientReducer>(named_parameters_of(*model_, true), world_, ro);
-  }
-
-  void pre_forward() override {
-    // As DDP: keep buffers (e.g. BatchNorm running statistics) identical to rank 0's.
-    if (options_.broadcast_buffers && model_->is_training() && world_->size() > 1 && !buffers_.empty())
-      broadcast_coalesced(*world_, buffers_, 0);
-  }
-
-  void set_require_grad_sync(bool required) override {
-    if (reducer_) reducer_->set_require_grad_sync(required);
-  }
-
-  torch::nn::Module& module() override { return *model_; }
-
-  int64_t communication_buffer_bytes() const override {
-    if (!reducer_ || options_.gradient_as_bucket_view) return 0;  // buckets are the gradients then
-    int64_t bytes = 0;
-    for (int64_t b : reducer_->bucket_bytes()) bytes += b;
-    return bytes;
-  }
-
-  std::map<std::string, int64_t> stats() const override {
-    if (!reducer_) return {{"buckets", 0}};
-    return reducer_->stats();
-  }
-
- private:
-  std::shared_ptr<torch::nn::Module> model_;
-  std::shared_ptr<dist::ProcessGroup> world_;
-  TorchDDPOptions options_;
-  std::vector<torch::Tensor> buffers_;
-  std::unique_ptr<GradientReducer> reducer_;
-};
-
-// ---------------------------------------------------------------------------------------------
 // Plugin
 
 class TorchDDPPlugin : public Plugin {
@@ -133,11 +78,18 @@ class TorchDDPPlugin : public Plugin {
 
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
-    auto hooks = std::make_shared<DDPModelHooks>(model, world(), options_);
+    parallel::ReplicateOptions ro;
+    ro.reducer.bucket_cap_bytes = mib_to_bytes(options_.bucket_cap_mb);
+    ro.reducer.first_bucket_bytes = mib_to_bytes(options_.first_bucket_mb);
+    ro.reducer.find_unused_parameters = options_.find_unused_parameters;
+    ro.reducer.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+    ro.reducer.static_graph = options_.static_graph;
+    ro.reducer.communication_dtype = mixed_precision::dtype_from_name(options_.communication_dtype);
+    ro.broadcast_buffers = options_.broadcast_buffers;
     // The optimizer wrapper (loss scaling, clipping, master weights) is the Booster's: DDP's
     // gradients are replicated after backward, which is the wrapper's default.
     Configured c;
-    c.hooks = hooks;
+    c.hooks = parallel::replicate(model, world(), ro);
     return c;
   }
 

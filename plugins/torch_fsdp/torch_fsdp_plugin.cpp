@@ -1,9 +1,8 @@
 // torch_fsdp_plugin.cpp — the TorchFSDP plugin (`plugin = "torch_fsdp"`, ColossalAI's
 // TorchFSDPPlugin): ZeRO-3 as PyTorch FSDP does it, per shard unit (booster::nn::Unit). This file
 // maps the [plugin] options (PyTorch FSDP's names and defaults), builds the process mesh of the
-// sharding strategy, keeps the ranks' initial weights identical, and wires the runtime
-// (fsdp_state.h), the optimizer on the shards (fsdp_optimizer.h) and the checkpoint IO
-// (parallel::ShardedCheckpointIO) together.
+// sharding strategy, keeps the ranks' initial weights identical, and applies
+// booster::parallel::fully_shard (the runtime, the optimizer on the shards, the checkpoint IO).
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -13,9 +12,8 @@
 #include "booster/dist/process_group.h"
 #include "booster/dist/process_mesh.h"
 #include "booster/mixed_precision/precision.h"
+#include "booster/parallel/fully_shard.h"
 #include "booster/plugin.h"
-#include "fsdp_optimizer.h"
-#include "fsdp_state.h"
 
 namespace booster::plugins::fsdp {
 
@@ -217,14 +215,14 @@ class TorchFSDPPlugin : public Plugin {
         if (b.is_floating_point()) b.set_data(b.to(dtype));
     }
 
-    FsdpConfig config;
-    config.strategy = options_.sharding_strategy == "SHARD_GRAD_OP" ? ShardingStrategy::kShardGradOp
-                      : options_.sharding_strategy == "NO_SHARD"    ? ShardingStrategy::kNoShard
-                      : options_.sharding_strategy == "HYBRID_SHARD" ? ShardingStrategy::kHybridShard
-                                                                     : ShardingStrategy::kFullShard;
-    config.backward_prefetch = options_.backward_prefetch == "BACKWARD_PRE"    ? BackwardPrefetch::kBackwardPre
-                               : options_.backward_prefetch == "BACKWARD_POST" ? BackwardPrefetch::kBackwardPost
-                                                                               : BackwardPrefetch::kNone;
+    parallel::FullyShardOptions config;
+    config.strategy = options_.sharding_strategy == "SHARD_GRAD_OP" ? parallel::ShardingStrategy::kShardGradOp
+                      : options_.sharding_strategy == "NO_SHARD"    ? parallel::ShardingStrategy::kNoShard
+                      : options_.sharding_strategy == "HYBRID_SHARD" ? parallel::ShardingStrategy::kHybridShard
+                                                                     : parallel::ShardingStrategy::kFullShard;
+    config.backward_prefetch = options_.backward_prefetch == "BACKWARD_PRE"    ? parallel::BackwardPrefetch::kBackwardPre
+                               : options_.backward_prefetch == "BACKWARD_POST" ? parallel::BackwardPrefetch::kBackwardPost
+                                                                               : parallel::BackwardPrefetch::kNone;
     config.forward_prefetch = options_.forward_prefetch;
     config.limit_all_gathers = options_.limit_all_gathers;
     config.param_dtype = mixed_precision::dtype_from_name(options_.param_dtype);
@@ -233,29 +231,23 @@ class TorchFSDPPlugin : public Plugin {
     config.shard_group = mesh_->group("shard");
     config.replicate_group = mesh_->group("replicate");
 
-    std::shared_ptr<FsdpState> state;
+    config.world = world();
+    OptimizerWrapperOptions wo;
+    wo.max_norm = options_.max_norm;
+    wo.norm_type = options_.norm_type;
+    parallel::HooksDecorator decorate;
+    if (mixed_) decorate = [this](std::shared_ptr<ModelHooks> hooks) { return mixed_->wrap_hooks(std::move(hooks)); };
+    parallel::ShardedModel sharded;
     try {
-      state = std::make_shared<FsdpState>(*model, optimizer.get(), config);
+      sharded = parallel::fully_shard(model, optimizer, config, wo, decorate, "torch_fsdp");
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
       throw PluginError(what.find("torch_fsdp") == std::string::npos ? "torch_fsdp: " + what : what);
     }
-    state->install();
-    state_ = state;
-
-    std::shared_ptr<ModelHooks> hooks = std::make_shared<parallel::ShardedModelHooks>(model, state);
+    state_ = sharded.runtime;
     Configured c;
-    c.hooks = mixed_ ? mixed_->wrap_hooks(hooks) : hooks;
-    if (!optimizer) return c;
-    OptimizerWrapperOptions wo;
-    wo.group = world();
-    wo.max_norm = options_.max_norm;
-    wo.norm_type = options_.norm_type;
-    try {
-      c.optimizer = std::make_shared<FsdpOptimizer>(optimizer, c.hooks, wo, state);
-    } catch (const std::invalid_argument& e) {
-      throw PluginError(std::string("torch_fsdp: ") + e.what());
-    }
+    c.hooks = sharded.hooks;
+    c.optimizer = sharded.optimizer;
     return c;
   }
 
@@ -271,7 +263,7 @@ class TorchFSDPPlugin : public Plugin {
   FsdpOptions options_;
   std::shared_ptr<dist::ProcessMesh> mesh_;
   std::shared_ptr<mixed_precision::MixedPrecision> mixed_;
-  std::weak_ptr<FsdpState> state_;
+  std::weak_ptr<parallel::ShardedRuntime> state_;
 };
 
 }  // namespace booster::plugins::fsdp

@@ -329,4 +329,25 @@ std::vector<checkpoint::FlatSource> ShardedCheckpointIO::flat_sources(torch::nn:
 
 void ShardedCheckpointIO::after_load(torch::nn::Module& model) { runtime_for(model)->after_checkpoint_load(); }
 
+ShardedModel make_sharded_model(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<ShardedRuntime> runtime,
+                                std::shared_ptr<dist::ProcessGroup> world, const std::string& owner,
+                                const HooksDecorator& decorate, const ShardOptimizerFactory& make_optimizer,
+                                OptimizerWrapperOptions options) {
+  ShardedModel out;
+  runtime->install();
+  out.runtime = runtime;
+  out.hooks = std::make_shared<ShardedModelHooks>(model, runtime);
+  if (decorate) out.hooks = decorate(out.hooks);
+  out.checkpoint_io = std::make_shared<ShardedCheckpointIO>(world, runtime, owner);
+  if (!make_optimizer) return out;
+  options.group = world;
+  out.optimizer = make_optimizer(out.hooks, options);
+  std::map<const void*, std::string> names;
+  for (const auto& item : model->named_parameters(true)) names[item.value().unsafeGetTensorImpl()] = item.key();
+  std::vector<std::string> ordered;
+  for (const auto& p : out.optimizer->parameters()) ordered.push_back(names.at(p.unsafeGetTensorImpl()));
+  out.optimizer->set_parameter_names(std::move(ordered));
+  return out;
+}
+
 }  // namespace booster::parallel

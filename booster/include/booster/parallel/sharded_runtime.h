@@ -33,6 +33,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -45,6 +46,7 @@
 #include "booster/export.h"
 #include "booster/nn/unit.h"
 #include "booster/wrappers/model_hooks.h"
+#include "booster/wrappers/optimizer_wrapper.h"
 
 namespace torch::autograd {
 struct Node;
@@ -222,5 +224,29 @@ class BOOSTER_API ShardedCheckpointIO : public checkpoint::FlatCheckpointIO {
   std::weak_ptr<ShardedRuntime> runtime_;
   std::string owner_;
 };
+
+// The pieces a sharded model runs with.
+struct ShardedModel {
+  std::shared_ptr<ShardedRuntime> runtime;
+  std::shared_ptr<ModelHooks> hooks;            // for ModelWrapper and Booster::backward
+  std::shared_ptr<OptimizerWrapper> optimizer;  // null when no optimizer was given
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
+};
+// Decorates the model hooks before the optimizer wrapper takes them (mixed precision's wrap_hooks).
+using HooksDecorator = std::function<std::shared_ptr<ModelHooks>(std::shared_ptr<ModelHooks>)>;
+// Makes the layout's optimizer wrapper over the (decorated) model hooks.
+using ShardOptimizerFactory =
+    std::function<std::shared_ptr<OptimizerWrapper>(std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options)>;
+
+// Installs `runtime` (ShardedRuntime::install) and assembles the pieces around it: the model hooks
+// (decorated when `decorate` is set), the checkpoint IO over `world`, and, with a factory, the
+// optimizer wrapper (options.group = world) with the model's parameter names set (checkpoints key
+// the optimizer state by them). Throws what install() and the factory throw.
+BOOSTER_API ShardedModel make_sharded_model(std::shared_ptr<torch::nn::Module> model,
+                                            std::shared_ptr<ShardedRuntime> runtime,
+                                            std::shared_ptr<dist::ProcessGroup> world, const std::string& owner,
+                                            const HooksDecorator& decorate = {},
+                                            const ShardOptimizerFactory& make_optimizer = {},
+                                            OptimizerWrapperOptions options = {});
 
 }  // namespace booster::parallel

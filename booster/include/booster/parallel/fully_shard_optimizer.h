@@ -1,11 +1,11 @@
-// fsdp_optimizer.h — the FSDP plugin's optimizer wrapper: the user's optimizer runs on the
+// fully_shard_optimizer.h — fully_shard's optimizer wrapper (fully_shard.h): the user's optimizer runs on the
 // FlatParameters' local shards (one tensor per FlatParameter in the shard's parameter group), as
 // PyTorch FSDP's optimizer sees the sharded FlatParameters; any elementwise optimizer registered in
 // wrappers/optimizer_registry.h works unchanged and its state exists only for the shard.
 //
 // Invariants:
 //  - The optimizer's param group g holds the local shards of every trainable FlatParameter built
-//    from group g (fsdp_state.h), in unit order; group options are kept. Frozen parameters have no
+//    from group g (fully_shard.h), in unit order; group options are kept. Frozen parameters have no
 //    shard in the optimizer. parameters() still lists the model's parameters (checkpoint names).
 //  - A shard's gradient is its FlatParameter's local_grad(): the gradient averaged over the data-
 //    parallel ranks. A FlatParameter that got no gradient in a step has none, so the optimizer skips
@@ -25,16 +25,16 @@
 #include <vector>
 
 #include "booster/parallel/shard_optimizer.h"
-#include "fsdp_state.h"
+#include "booster/parallel/fully_shard.h"
 
-namespace booster::plugins::fsdp {
+namespace booster::parallel {
 
-class FsdpOptimizer : public parallel::ShardOptimizer {
+class BOOSTER_API FullyShardOptimizer : public ShardOptimizer {
  public:
   // options.group: the world (overflow agreement); the norm is summed over the shard group.
   // Throws std::invalid_argument for an optimizer type that is not registered.
-  FsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
-                OptimizerWrapperOptions options, std::shared_ptr<FsdpState> state);
+  FullyShardOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                      OptimizerWrapperOptions options, std::shared_ptr<FullyShardState> state);
 
   bool step() override;
   void zero_grad() override;
@@ -49,7 +49,7 @@ class FsdpOptimizer : public parallel::ShardOptimizer {
  private:
   void attach_grads();
 
-  std::shared_ptr<FsdpState> state_;
+  std::shared_ptr<FullyShardState> state_;
 };
 
-}  // namespace booster::plugins::fsdp
+}  // namespace booster::parallel

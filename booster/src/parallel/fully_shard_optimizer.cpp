@@ -1,5 +1,6 @@
-// fsdp_optimizer.cpp — the optimizer on FlatParameter shards (see fsdp_optimizer.h).
-#include "fsdp_optimizer.h"
+// fully_shard_optimizer.cpp — the optimizer on FlatParameter shards (see
+// booster/parallel/fully_shard_optimizer.h).
+#include "booster/parallel/fully_shard_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -10,10 +11,11 @@
 
 #include "booster/wrappers/optimizer_registry.h"
 
-namespace booster::plugins::fsdp {
+namespace booster::parallel {
 
-FsdpOptimizer::FsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
-                             OptimizerWrapperOptions options, std::shared_ptr<FsdpState> state)
+FullyShardOptimizer::FullyShardOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                         std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
+                                         std::shared_ptr<FullyShardState> state)
     : ShardOptimizer(std::move(optimizer), std::move(hooks), std::move(options), state->config().shard_group),
       state_(std::move(state)) {
   std::vector<Shard> shards;
@@ -32,26 +34,26 @@ FsdpOptimizer::FsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   bind_shards(std::move(shards), groups);
 }
 
-bool FsdpOptimizer::saves_pieces(const Shard& s) const {
+bool FullyShardOptimizer::saves_pieces(const Shard& s) const {
   const auto& replicas = s.flat->replicate_group();
   return !replicas || replicas->rank() == 0;
 }
 
-void FsdpOptimizer::attach_grads() {
+void FullyShardOptimizer::attach_grads() {
   for (auto& s : shards_) s.flat->local_shard().mutable_grad() = s.flat->local_grad();
 }
 
-double FsdpOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
+double FullyShardOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
   attach_grads();
   return OptimizerWrapper::clip_grad_by_norm(max_norm, norm_type);
 }
 
-void FsdpOptimizer::clip_grad_by_value(double clip_value) {
+void FullyShardOptimizer::clip_grad_by_value(double clip_value) {
   attach_grads();
   OptimizerWrapper::clip_grad_by_value(clip_value);
 }
 
-bool FsdpOptimizer::step() {
+bool FullyShardOptimizer::step() {
   at::NoGradGuard no_grad;
   attach_grads();
   const bool stepped = OptimizerWrapper::step();  // overflow skip, clip, the optimizer on the shards
@@ -59,7 +61,7 @@ bool FsdpOptimizer::step() {
   return stepped;
 }
 
-void FsdpOptimizer::zero_grad() {
+void FullyShardOptimizer::zero_grad() {
   for (auto& s : shards_) {
     s.flat->local_grad() = at::Tensor();
     s.flat->local_shard().mutable_grad() = at::Tensor();
@@ -69,7 +71,7 @@ void FsdpOptimizer::zero_grad() {
 }
 
 
-MemoryReport FsdpOptimizer::memory_report() const {
+MemoryReport FullyShardOptimizer::memory_report() const {
   MemoryReport r;
   auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
   for (const auto& s : state_->flats()) {
@@ -87,4 +89,4 @@ MemoryReport FsdpOptimizer::memory_report() const {
   return r;
 }
 
-}  // namespace booster::plugins::fsdp
+}  // namespace booster::parallel

@@ -1,8 +1,15 @@
-// fsdp_state.h — the FSDP layout policy on the sharded runtime (booster/parallel/sharded_runtime.h):
-// one FlatParameter per (unit, optimizer parameter group, dtype) and the schedule that gathers and
-// frees them around each unit's forward and backward. PyTorch FSDP's FullyShardedDataParallel
-// runtime (_runtime_utils.py: pre/post forward, pre/post backward, prefetching), driven by
-// booster::nn::UnitHooks instead of module hooks.
+// fully_shard.h — ZeRO-3 as a function over a mesh: PyTorch FSDP's layout (Zhao et al., "PyTorch
+// FSDP: Experiences on Scaling Fully Sharded Data Parallel", VLDB 2023) as a policy on the sharded
+// runtime (sharded_runtime.h): one FlatParameter per (unit, optimizer parameter group, dtype) and
+// the schedule that gathers and frees them around each unit's forward and backward
+// (torch/distributed/fsdp/_runtime_utils.py: pre/post forward, pre/post backward, prefetching),
+// driven by booster::nn::UnitHooks instead of module hooks. Usable without a plugin:
+//     booster::parallel::FullyShardOptions options;
+//     options.shard_group = world;
+//     auto sharded = booster::parallel::fully_shard(model, optimizer, options);
+//     booster::ModelWrapper<Net> m(model, sharded.hooks);  // forward gathers unit by unit
+//     sharded.hooks->backward(loss); sharded.optimizer->step();  // reduce-scatter, step on shards
+// The torch_fsdp plugin is this function behind PyTorch FSDP's option names.
 //
 // Schedule of one iteration (unit k, strategy S):
 //   model pre_forward       unshard the root unit (parameters outside every Unit); it stays
@@ -29,6 +36,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,12 +45,12 @@
 #include "booster/dist/process_group.h"
 #include "booster/parallel/sharded_runtime.h"
 
-namespace booster::plugins::fsdp {
+namespace booster::parallel {
 
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 enum class BackwardPrefetch { kNone, kBackwardPre, kBackwardPost };
 
-struct FsdpConfig {
+struct FullyShardOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
@@ -54,20 +62,25 @@ struct FsdpConfig {
   // Float8 e4m3 all-gathers of the parameters and reduce-scatters of the gradients over the shard
   // group (FlatParameterOptions::fp8_communication; ColossalAI's fp8_communication).
   bool fp8_communication = false;
+  // Every rank taking part (the checkpoint IO and the optimizer wrapper's overflow agreement are
+  // collective over it); null: shard_group.
+  std::shared_ptr<dist::ProcessGroup> world;
 };
 
 // The FSDP layout on the sharded runtime: one FlatParameter per (unit, optimizer parameter group or
 // frozen, dtype, BatchNorm full precision), in unit order, and the schedule above.
-class FsdpState : public parallel::ShardedRuntime {
+class BOOSTER_API FullyShardState : public ShardedRuntime {
  public:
   // Builds the FlatParameters of `model` (the model's parameters become views of the flat buffers,
   // sharded). `optimizer` (may be null) decides the FlatParameter of every trainable parameter.
   // Throws std::invalid_argument without a shard group, and as parallel::ShardedRuntime's
   // constructor (a trainable parameter missing from the optimizer, an optimizer parameter the model
   // does not own, nested units, parameters shared by two units). Call install() afterwards.
-  FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, FsdpConfig config);
+  // `owner` names the caller in errors.
+  FullyShardState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, FullyShardOptions config,
+                  const std::string& owner = "fully_shard");
 
-  const FsdpConfig& config() const { return config_; }
+  const FullyShardOptions& config() const { return config_; }
   // The runtime's counters plus flat_parameters and max_gathered_units (the most units with a
   // gathered FlatParameter at one moment).
   std::map<std::string, int64_t> stats() const override;
@@ -89,9 +102,19 @@ class FsdpState : public parallel::ShardedRuntime {
   void note_gathered();
   bool reshards_after_forward() const;
 
-  FsdpConfig config_;
+  FullyShardOptions config_;
   std::vector<char> backward_done_;  // per unit: post_backward ran in this pass
   int64_t max_gathered_units_ = 0;
 };
 
-}  // namespace booster::plugins::fsdp
+// Shards `model` (its parameters become views of sharded FlatParameters) and wraps `optimizer`
+// (may be null) to step the shards. Collective over options.world. optimizer_options: clipping and
+// loss scaling as OptimizerWrapper's; its group is set to options.world. `owner` names the caller in
+// errors. Throws std::invalid_argument without a shard group, for an optimizer type that is not
+// registered (wrappers/optimizer_registry.h), and as FullyShardState's constructor.
+BOOSTER_API ShardedModel fully_shard(std::shared_ptr<torch::nn::Module> model,
+                                     std::shared_ptr<torch::optim::Optimizer> optimizer, FullyShardOptions options,
+                                     OptimizerWrapperOptions optimizer_options = {}, const HooksDecorator& decorate = {},
+                                     const std::string& owner = "fully_shard");
+
+}  // namespace booster::parallel

@@ -1,27 +1,31 @@
-// fsdp_state.cpp — the FSDP layout: building one FlatParameter per (unit, group, dtype), and the
-// gather / free schedule (see fsdp_state.h); the bookkeeping is the sharded runtime's.
-#include "fsdp_state.h"
+// fully_shard.cpp — the FSDP layout: building one FlatParameter per (unit, group, dtype), the gather /
+// free schedule, and fully_shard() (see booster/parallel/fully_shard.h); the bookkeeping is the
+// sharded runtime's.
+#include "booster/parallel/fully_shard.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <tuple>
 
-namespace booster::plugins::fsdp {
+#include "booster/parallel/fully_shard_optimizer.h"
 
-FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, FsdpConfig config)
-    : ShardedRuntime(model, optimizer, "torch_fsdp"), config_(std::move(config)) {
-  if (!config_.shard_group) throw std::invalid_argument("booster: FSDP needs a shard group");
+namespace booster::parallel {
+
+FullyShardState::FullyShardState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, FullyShardOptions config,
+                                 const std::string& owner)
+    : ShardedRuntime(model, optimizer, owner), config_(std::move(config)) {
+  if (!config_.shard_group) throw std::invalid_argument("booster: " + owner + ": FSDP needs a shard group");
   FlatParameterOptions mixed, full;
   mixed.compute_dtype = config_.param_dtype;
   mixed.reduce_dtype = config_.reduce_dtype;
   mixed.replicate_group = full.replicate_group = config_.replicate_group;
   mixed.fp8_communication = full.fp8_communication = config_.fp8_communication;
-  std::vector<parallel::ShardedFlat> flats;
+  std::vector<ShardedFlat> flats;
   for (size_t u = 0; u < unit_params_.size(); ++u) {
     // One FlatParameter per (optimizer group or frozen, dtype, full precision), in first-appearance
     // order.
     using Key = std::tuple<int, at::ScalarType, bool>;
-    std::vector<std::pair<Key, parallel::NamedParameters>> parts;
+    std::vector<std::pair<Key, NamedParameters>> parts;
     for (const auto& [name, p] : unit_params_[u]) {
       Key key{group_of(p), p.scalar_type(), keeps_full_precision(p)};
       auto part = std::find_if(parts.begin(), parts.end(), [&](const auto& x) { return x.first == key; });
@@ -32,7 +36,7 @@ FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimize
       part->second.emplace_back(name, p);
     }
     for (auto& [key, params] : parts) {
-      parallel::ShardedFlat s;
+      ShardedFlat s;
       s.flat = std::make_unique<FlatParameter>(std::move(params), config_.shard_group, std::get<2>(key) ? full : mixed);
       s.group = std::get<0>(key);
       flats.push_back(std::move(s));
@@ -42,14 +46,14 @@ FsdpState::FsdpState(torch::nn::Module& model, torch::optim::Optimizer* optimize
   backward_done_.assign(units_.size(), 0);
 }
 
-bool FsdpState::reshards_after_forward() const {
+bool FullyShardState::reshards_after_forward() const {
   return config_.strategy == ShardingStrategy::kFullShard || config_.strategy == ShardingStrategy::kHybridShard;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Gathering and freeing
 
-void FsdpState::note_gathered() {
+void FullyShardState::note_gathered() {
   int64_t units = 0;
   for (const auto& flats : unit_flats_) {
     bool any = false;
@@ -65,24 +69,24 @@ void FsdpState::note_gathered() {
   note_gathered_bytes();
 }
 
-void FsdpState::unshard_unit(size_t u) {
+void FullyShardState::unshard_unit(size_t u) {
   for (size_t f : unit_flats_[u]) gather(f);
   note_gathered();
 }
 
-void FsdpState::prefetch_unit(size_t u) {
+void FullyShardState::prefetch_unit(size_t u) {
   for (size_t f : unit_flats_[u]) prefetch(f);
   note_gathered();
 }
 
-void FsdpState::reshard_unit(size_t u) {
+void FullyShardState::reshard_unit(size_t u) {
   for (size_t f : unit_flats_[u]) flats_[f].flat->reshard();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-void FsdpState::on_pre_forward(size_t u) {
+void FullyShardState::on_pre_forward(size_t u) {
   unshard_unit(u);
   if (!config_.forward_prefetch) return;
   // The units that followed this one in the previous iteration's forward.
@@ -92,14 +96,14 @@ void FsdpState::on_pre_forward(size_t u) {
   for (size_t k = 1; k <= ahead && pos + k < previous_forward_order_.size(); ++k) prefetch_unit(previous_forward_order_[pos + k]);
 }
 
-void FsdpState::on_post_forward(size_t u) {
+void FullyShardState::on_post_forward(size_t u) {
   if (reshards_after_forward()) reshard_unit(u);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-void FsdpState::on_pre_backward(size_t u) {
+void FullyShardState::on_pre_backward(size_t u) {
   unshard_unit(u);
   if (config_.backward_prefetch != BackwardPrefetch::kBackwardPre) return;
   auto it = std::find(forward_order_.begin(), forward_order_.end(), u);
@@ -108,12 +112,12 @@ void FsdpState::on_pre_backward(size_t u) {
   for (size_t k = 1; k <= ahead && k <= pos && it != forward_order_.end(); ++k) prefetch_unit(forward_order_[pos - k]);
 }
 
-void FsdpState::on_gradients_ready(size_t f) {
+void FullyShardState::on_gradients_ready(size_t f) {
   reduce(f);
   maybe_post_backward(flats_[f].units.front());
 }
 
-void FsdpState::maybe_post_backward(size_t u) {
+void FullyShardState::maybe_post_backward(size_t u) {
   if (backward_done_[u]) return;
   for (size_t f : unit_flats_[u]) {
     // Frozen parameters (a LoRA base layer) are still read by the input-gradient products after the
@@ -124,7 +128,7 @@ void FsdpState::maybe_post_backward(size_t u) {
   if (units_[u] != nullptr) post_backward(*units_[u]);
 }
 
-void FsdpState::on_post_backward(size_t u) {
+void FullyShardState::on_post_backward(size_t u) {
   backward_done_[u] = 1;
   if (forward_calls_[u] <= 1) reshard_unit(u);
   if (config_.backward_prefetch != BackwardPrefetch::kBackwardPost) return;
@@ -135,16 +139,31 @@ void FsdpState::on_post_backward(size_t u) {
   for (size_t k = 1; k <= ahead && k <= pos; ++k) prefetch_unit(forward_order_[pos - k]);
 }
 
-void FsdpState::on_finish_backward() {
+void FullyShardState::on_finish_backward() {
   std::fill(backward_done_.begin(), backward_done_.end(), 0);
   release_all();
 }
 
-std::map<std::string, int64_t> FsdpState::stats() const {
+std::map<std::string, int64_t> FullyShardState::stats() const {
   std::map<std::string, int64_t> out = ShardedRuntime::stats();
   out["flat_parameters"] = static_cast<int64_t>(flats_.size());
   out["max_gathered_units"] = max_gathered_units_;
   return out;
 }
 
-}  // namespace booster::plugins::fsdp
+ShardedModel fully_shard(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
+                         FullyShardOptions options, OptimizerWrapperOptions optimizer_options, const HooksDecorator& decorate,
+                         const std::string& owner) {
+  if (!model) throw std::invalid_argument("booster: " + owner + ": the model is null");
+  if (!options.shard_group) throw std::invalid_argument("booster: " + owner + ": FSDP needs a shard group");
+  if (!options.world) options.world = options.shard_group;
+  auto state = std::make_shared<FullyShardState>(*model, optimizer.get(), options, owner);
+  ShardOptimizerFactory make_optimizer;
+  if (optimizer)
+    make_optimizer = [&](std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions wo) {
+      return std::make_shared<FullyShardOptimizer>(optimizer, std::move(hooks), std::move(wo), state);
+    };
+  return make_sharded_model(model, state, options.world, owner, decorate, make_optimizer, std::move(optimizer_options));
+}
+
+}  // namespace booster::parallel
