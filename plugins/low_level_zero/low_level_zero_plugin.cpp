@@ -1,17 +1,15 @@
 // low_level_zero_plugin.cpp — the LowLevelZero plugin: ZeRO stage 1 (optimizer states sharded) and
 // stage 2 (gradients too) across the data-parallel ranks, ColossalAI's LowLevelZeroPlugin in C++.
-// The mechanism is the core's ZeroOptimizer (wrappers/zero_optimizer.h); this file maps the options,
-// controls precision (the model is cast to bf16 with fp32 master slices, as ColossalAI casts it to
-// fp16/bf16) and keeps the replicas identical at start.
+// A recipe over booster::parallel::shard_optimizer_states / shard_gradients (parallel/zero.h): this
+// file maps the options and controls precision (the model is cast to bf16 with fp32 master slices,
+// as ColossalAI casts it to fp16/bf16).
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include "booster/core/grad_reducer.h"
-#include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
 #include "booster/mixed_precision/precision.h"
+#include "booster/parallel/zero.h"
 #include "booster/plugin.h"
-#include "booster/wrappers/zero_optimizer.h"
 
 namespace booster::plugins {
 
@@ -59,39 +57,6 @@ static LowLevelZeroOptions parse_options(const Options& o) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-model hooks: gradients are reduced by the ZeroOptimizer's reducer (autograd hooks), so the
-// hooks only forward no_sync and the statistics.
-
-class ZeroModelHooks : public ModelHooks {
- public:
-  explicit ZeroModelHooks(std::shared_ptr<torch::nn::Module> model) : model_(std::move(model)) {}
-  torch::nn::Module& module() override { return *model_; }
-  void set_require_grad_sync(bool required) override {
-    if (auto z = zero_.lock()) z->set_require_grad_sync(required);
-  }
-  std::map<std::string, int64_t> stats() const override {
-    auto z = zero_.lock();
-    if (!z) return {{"buckets", 0}};
-    auto stats = z->reducer().stats();
-    stats["stage"] = z->stage();
-    if (z->zero_options().cpu_offload) {
-      // Where the offloaded master slices and optimizer states are: host bytes, and how many of them
-      // are pinned (all of them with the model on an accelerator; none on the CPU).
-      const MemoryReport r = z->memory_report();
-      stats["offload_host_bytes"] = (r.master_weights - r.master_weights_on_device) +
-                                    (r.optimizer_states - r.optimizer_states_on_device);
-      stats["offload_pinned_bytes"] = r.pinned_host_bytes;
-    }
-    return stats;
-  }
-  void attach(const std::shared_ptr<ZeroOptimizer>& z) { zero_ = z; }
-
- private:
-  std::shared_ptr<torch::nn::Module> model_;
-  std::weak_ptr<ZeroOptimizer> zero_;
-};
-
-// ---------------------------------------------------------------------------------------------
 // Plugin
 
 class LowLevelZeroPlugin : public Plugin {
@@ -135,34 +100,26 @@ class LowLevelZeroPlugin : public Plugin {
     options_.mixed->prepare_model(*model);  // device checks (fp16 needs CUDA and casts to half)
     if (options_.precision == "bf16") mixed_precision::cast_floating_point(*model, at::kBFloat16);
 
-    // Identical replicas at start, as DDP: verify names/shapes/dtypes, broadcast from rank 0.
-    sync_replicas(*world(), *model);
-    auto params = named_parameters_of(*model, false);
-
-    auto hooks = std::make_shared<ZeroModelHooks>(model);
-    Configured c;
-    c.hooks = options_.mixed->wrap_hooks(hooks);
-    if (!optimizer) return c;
-
     OptimizerWrapperOptions wo = options_.mixed->optimizer_options();  // fp16: a fresh loss scaler
-    wo.group = world();
     wo.max_norm = options_.max_norm;
     wo.norm_type = options_.norm_type;
     wo.master_weights = options_.master_weights;
     ZeroOptions zo;
-    zo.stage = options_.stage;
     zo.reduce_bucket_elements = std::max<int64_t>(1, static_cast<int64_t>(options_.reduce_bucket_size_in_m * (1 << 20)));
     zo.overlap_communication = options_.overlap_communication;
     zo.communication_dtype = mixed_precision::dtype_from_name(options_.communication_dtype);
     zo.cpu_offload = options_.cpu_offload;
-    std::shared_ptr<ZeroOptimizer> zero;
+    auto decorate = [this](std::shared_ptr<ModelHooks> hooks) { return options_.mixed->wrap_hooks(std::move(hooks)); };
+    parallel::ZeroModel zero;
     try {
-      zero = std::make_shared<ZeroOptimizer>(optimizer, c.hooks, wo, zo, params);
+      zero = options_.stage == 1 ? parallel::shard_optimizer_states(model, optimizer, world(), zo, wo, decorate)
+                                 : parallel::shard_gradients(model, optimizer, world(), zo, wo, decorate);
     } catch (const std::invalid_argument& e) {
       throw PluginError(std::string("low_level_zero: ") + e.what());
     }
-    hooks->attach(zero);
-    c.optimizer = zero;
+    Configured c;
+    c.hooks = zero.hooks;
+    c.optimizer = zero.optimizer;
     return c;
   }
 
