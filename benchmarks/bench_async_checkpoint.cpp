@@ -70,8 +70,7 @@ int run(const Args& a) {
   if (which == "gpt") {
     gpt::GPTConfig cfg;
     cfg.n_ctx = 128;
-    booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});  // one process, no tp
-    net = std::make_shared<gpt::GPTImpl>(cfg);
+    net = std::make_shared<gpt::GPTImpl>(cfg);  // one process: the default context, tp = 1
     adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(3e-3));
     train_step = [&] {
       auto idx = torch::randint(0, 256, {16, 129}, torch::kLong);

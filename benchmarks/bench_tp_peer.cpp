@@ -35,13 +35,15 @@
 namespace {
 
 using booster::nn::ColumnParallelLinear;
+using booster::nn::LinearParallelOptions;
 using booster::nn::RowParallelLinear;
+using booster::nn::TensorParallelContext;
 
 // Causal self-attention exactly as examples/gpt/model.cpp (dropout 0): x [B, T, C] -> [B, T, C].
 struct AttentionImpl : torch::nn::Module {
-  AttentionImpl(int64_t embd, int64_t heads) : head_dim(embd / heads) {
-    c_attn = register_module("c_attn", ColumnParallelLinear(embd, 3 * embd));
-    c_proj = register_module("c_proj", RowParallelLinear(embd, embd));
+  AttentionImpl(int64_t embd, int64_t heads, const TensorParallelContext& tp) : head_dim(embd / heads) {
+    c_attn = register_module("c_attn", ColumnParallelLinear(LinearParallelOptions(embd, 3 * embd).context(tp)));
+    c_proj = register_module("c_proj", RowParallelLinear(LinearParallelOptions(embd, embd).context(tp)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1);
@@ -62,9 +64,9 @@ struct AttentionImpl : torch::nn::Module {
 TORCH_MODULE(Attention);
 
 struct MLPImpl : torch::nn::Module {
-  explicit MLPImpl(int64_t embd) {
-    c_fc = register_module("c_fc", ColumnParallelLinear(embd, 4 * embd));
-    c_proj = register_module("c_proj", RowParallelLinear(4 * embd, embd));
+  MLPImpl(int64_t embd, const TensorParallelContext& tp) {
+    c_fc = register_module("c_fc", ColumnParallelLinear(LinearParallelOptions(embd, 4 * embd).context(tp)));
+    c_proj = register_module("c_proj", RowParallelLinear(LinearParallelOptions(4 * embd, embd).context(tp)));
   }
   torch::Tensor forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x))); }
   ColumnParallelLinear c_fc{nullptr};
@@ -73,11 +75,11 @@ struct MLPImpl : torch::nn::Module {
 TORCH_MODULE(MLP);
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t embd, int64_t heads) {
+  BlockImpl(int64_t embd, int64_t heads, const TensorParallelContext& tp) {
     ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embd})));
-    attn = register_module("attn", Attention(embd, heads));
+    attn = register_module("attn", Attention(embd, heads, tp));
     ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embd})));
-    mlp = register_module("mlp", MLP(embd));
+    mlp = register_module("mlp", MLP(embd, tp));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = x + attn(ln_1(x));
@@ -91,9 +93,9 @@ TORCH_MODULE(Block);
 
 // Parameter names h.<i>.ln_1.weight, h.<i>.attn.c_attn.weight, ... (the peer's names).
 struct StackImpl : torch::nn::Module {
-  StackImpl(int64_t layers, int64_t embd, int64_t heads) {
+  StackImpl(int64_t layers, int64_t embd, int64_t heads, const TensorParallelContext& tp) {
     h = register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < layers; ++i) h->push_back(Block(embd, heads));
+    for (int64_t i = 0; i < layers; ++i) h->push_back(Block(embd, heads, tp));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (const auto& block : *h) x = block->as<Block>()->forward(x);
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
     auto world = booster::launch_from_config(config, launch);
     booster::Booster booster(config);
     torch::manual_seed(0);  // the initial values are replaced by --init below
-    Stack net(layers, embd, heads);
+    Stack net(layers, embd, heads, booster.tensor_parallel_context());
     auto adamw = std::make_shared<torch::optim::AdamW>(
         net->parameters(), torch::optim::AdamWOptions(a.real("lr", 1e-3))
                                .betas(std::make_tuple(0.9, 0.95))

@@ -94,12 +94,6 @@ static void check_shadowed_settings(const Config& config, const Plugin& plugin,
   }
 }
 
-namespace {
-// The Booster whose tensor-parallel context is current on this thread (weak: a destroyed Booster
-// clears only its own context).
-thread_local std::weak_ptr<int> published_context;
-}  // namespace
-
 Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
   impl_->config = config;
   config.check_sections(kSections);
@@ -159,9 +153,6 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
                         " is set, but plugin = \"auto\" chooses the plugin and its [plugin] options at boost(); "
                         "remove [plugin], or name the plugin in booster.plugin");
     impl_->auto_pending = true;
-    nn::set_tensor_parallel_context(nn::TensorParallelContext{});  // auto picks data-parallel configurations: tp = 1
-    impl_->context_token = std::make_shared<int>(0);
-    published_context = impl_->context_token;
     log::info("booster: plugin auto (chosen at boost() from the installed plugins' estimates), world size " +
               std::to_string(world->size()) + " (" + world->backend() + ")");
     return;
@@ -211,9 +202,7 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
     throw PluginError("booster: plugin " + plugin_name + " does not support mixed_precision = \"" +
                       impl_->mixed_precision + "\" (it supports: " + list + ")");
   }
-  nn::set_tensor_parallel_context(impl_->plugin->tensor_parallel_context());
-  impl_->context_token = std::make_shared<int>(0);
-  published_context = impl_->context_token;
+  impl_->tensor_parallel_context = impl_->plugin->tensor_parallel_context();
   const std::string precision = impl_->plugin->control_precision() ? "set by the plugin" : impl_->mixed_precision;
   log::info("booster: plugin " + plugin_name + ", precision " + precision + ", device " + impl_->device.str() +
             ", world size " + std::to_string(world->size()) + " (" + world->backend() + ")");
@@ -228,8 +217,6 @@ Booster Booster::from_file(const std::string& path, const std::vector<std::strin
 
 Booster::~Booster() {
   if (impl_) checkpoint::wait_async_save_noexcept();  // an asynchronous save in flight (logs its error)
-  if (impl_ && impl_->context_token && published_context.lock() == impl_->context_token)
-    nn::set_tensor_parallel_context(std::nullopt);
 }
 Booster::Booster(Booster&&) noexcept = default;
 Booster& Booster::operator=(Booster&&) noexcept = default;
@@ -475,6 +462,7 @@ std::shared_ptr<dist::ProcessGroup> Booster::data_parallel_group() {
   impl_->world_sharded_before_boost = true;  // auto: see prepare_dataloader
   return impl_->world;
 }
+const nn::TensorParallelContext& Booster::tensor_parallel_context() const { return impl_->tensor_parallel_context; }
 const Config& Booster::config() const { return impl_->config; }
 const c10::Device& Booster::device() const { return impl_->device; }
 

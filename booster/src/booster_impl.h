@@ -30,7 +30,8 @@ struct Booster::Impl {
   double norm_type = 2.0;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
   std::vector<std::weak_ptr<OptimizerWrapper>> optimizers;  // boosted here (for after_model_load)
-  std::shared_ptr<int> context_token;  // identifies the tensor-parallel context this Booster published
+  // tensor_parallel_context(): the plugin's (set at attach_plugin); T = 1 until a plugin is attached.
+  nn::TensorParallelContext tensor_parallel_context;
   bool estimate = false;               // [booster] estimate
   std::pair<torch::Tensor, torch::Tensor> estimate_batch;  // set_estimate_batch
   int estimate_world_size = 0;         // [booster] estimate_world_size (0: the launched world size)

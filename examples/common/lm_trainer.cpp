@@ -396,8 +396,8 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
     // Sequence parallelism needs a multiple of its size S: the context is cut to the last multiple
     // of S within n_ctx and padded on the right with zeros (causal attention: padding after the last
     // byte does not change its logits).
-    const auto& tpc = booster::nn::tensor_parallel_context();
-    const int64_t S = booster::nn::sequence_parallel_size();
+    const booster::nn::TensorParallelContext& tpc = run.booster->tensor_parallel_context();
+    const int64_t S = tpc.sequence_parallel_size();
     const int64_t T = std::min<int64_t>(run.n_ctx / S * S, static_cast<int64_t>(ids.size()));
     const int64_t padded = (T + S - 1) / S * S;
     auto ctx = torch::zeros({1, padded}, torch::kLong);
@@ -416,7 +416,7 @@ std::string generate(Run& run, const std::string& prompt, int64_t length, double
     }
     int64_t next = 0;
     if (local.defined()) {
-      auto logits = booster::nn::gather_from_tensor_parallel_region(local, booster::nn::tensor_parallel_context().group)
+      auto logits = booster::nn::gather_from_tensor_parallel_region(local, tpc.group)
                         .select(1, T - 1)
                         .squeeze(0)
                         .narrow(0, 0, 256)

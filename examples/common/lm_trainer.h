@@ -4,8 +4,9 @@
 // through a state-dict adapter (booster/checkpoint/state_dict_adapter.h).
 //
 // An example's main() is run_lm<ModelImpl>(argc, argv, spec): ModelImpl is the model module (the
-// public shape of gpt::GPTImpl: a `config` member, forward(idx) -> logits [B, T, V / tp], embed /
-// run_blocks / head, pipeline_layers(), num_parameters()), spec says how to read its configuration
+// public shape of gpt::GPTImpl: a constructor (config, booster::nn::TensorParallelContext), to which
+// the trainer passes the Booster's tensor_parallel_context(); a `config` member, forward(idx) ->
+// logits [B, T, V / tp], embed / run_blocks / head, pipeline_layers(), num_parameters()), spec says how to read its configuration
 // from [train] and from / to a HuggingFace config.json, its loss and its adapter's name.
 //
 // Training: random windows of n_ctx + 1 bytes from the training books, a different stream on each
@@ -272,8 +273,11 @@ struct ModelSpec {
   std::function<Config(const nlohmann::json& hf, const Config& train)> from_hf;
   std::function<nlohmann::json(const Config&)> to_hf;
   std::function<std::string(const Config&)> describe;  // "4 layers, n_embd 256, 4 heads, n_ctx 128"
-  // Mean next-byte cross entropy: logits [B, T, V / tp], targets [B, T], the real vocabulary size.
-  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, int64_t)> loss;
+  // Mean next-byte cross entropy: logits [B, T, V / tp], targets [B, T], the real vocabulary size,
+  // the tensor-parallel context the model was built with.
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, int64_t,
+                              const booster::nn::TensorParallelContext&)>
+      loss;
   std::function<int64_t(const Config&)> vocab_size;
   std::function<int64_t(const Config&)> n_ctx;
 };
@@ -307,15 +311,15 @@ int run_lm(int argc, char** argv, const ModelSpec<Config>& spec) {
   const int64_t T = spec.n_ctx(cfg);
 
   torch::manual_seed(opt.seed);  // the same initial model on every rank
-  auto net = std::make_shared<ModelImpl>(cfg);
+  auto net = std::make_shared<ModelImpl>(cfg, booster.tensor_parallel_context());
   const std::optional<booster::nn::LoraConfig> lora = lora_config(spec.name, cli, opt, spec.lora_targets);
   if (lora) booster.enable_lora(*net, *lora);  // before the optimizer: boost() keeps the adapters only
   auto adamw = make_optimizer(*net, opt);
   auto progress = std::make_shared<double>(0.0);
   auto scheduler = make_scheduler(*adamw, opt, progress);
-  booster::Criterion criterion_fn = [loss = spec.loss, vocab = spec.vocab_size(cfg)](const torch::Tensor& logits,
-                                                                                   const torch::Tensor& targets) {
-    return loss(logits, targets, vocab);
+  booster::Criterion criterion_fn = [loss = spec.loss, vocab = spec.vocab_size(cfg), tp = booster.tensor_parallel_context()](
+                                        const torch::Tensor& logits, const torch::Tensor& targets) {
+    return loss(logits, targets, vocab, tp);
   };
   if (training && booster.estimate_requested()) {
     // --estimate N: the memory table instead of training. One training micro-batch (from its own

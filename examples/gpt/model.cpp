@@ -15,49 +15,55 @@ constexpr double kInitStd = 0.02;  // GPT-2's initializer_range
 double proj_init_std(const GPTConfig& c) { return kInitStd / std::sqrt(2.0 * static_cast<double>(c.n_layer)); }
 }  // namespace
 
-booster::nn::ColumnParallelLinear column_parallel_linear(int64_t in_features, int64_t out_features, double init_std) {
+booster::nn::ColumnParallelLinear column_parallel_linear(int64_t in_features, int64_t out_features, double init_std,
+                                                         const booster::nn::TensorParallelContext& tp) {
   return booster::nn::ColumnParallelLinear(booster::nn::LinearParallelOptions(in_features, out_features)
-                                               .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); }));
+                                               .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); })
+                                               .context(tp));
 }
 
-booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t out_features, double init_std) {
+booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t out_features, double init_std,
+                                                   const booster::nn::TensorParallelContext& tp) {
   return booster::nn::RowParallelLinear(booster::nn::LinearParallelOptions(in_features, out_features)
-                                            .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); }));
+                                            .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); })
+                                            .context(tp));
 }
 
-booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std) {
+booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std,
+                                                    const booster::nn::TensorParallelContext& tp) {
   return booster::nn::VocabParallelEmbedding(booster::nn::VocabParallelEmbeddingOptions(vocab_size, n_embd)
-                                                 .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); }));
+                                                 .init_method([init_std](at::Tensor& w) { w.normal_(0.0, init_std); })
+                                                 .context(tp));
 }
 
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size) {
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
+                      const booster::nn::TensorParallelContext& tp) {
   // all_to_all: the logits are this rank's sequence shard; its targets, and the mean over sp ranks.
-  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets) : targets;
-  return booster::nn::sequence_parallel_loss(booster::nn::vocab_parallel_cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}), vocab_size));
+  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets, tp) : targets;
+  return booster::nn::sequence_parallel_loss(
+      booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}),
+                                                vocab_size, tp.group),
+      tp);
 }
 
 // ---------------------------------------------------------------------------------------------
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& ctx)
     : head_dim(config.n_embd / config.n_head), dropout(config.dropout) {
   if (config.n_head <= 0 || config.n_embd % config.n_head != 0)
     throw std::invalid_argument("gpt: n_embd (" + std::to_string(config.n_embd) + ") must be a multiple of n_head (" +
                                 std::to_string(config.n_head) + ")");
-  c_attn = register_module("c_attn", column_parallel_linear(config.n_embd, 3 * config.n_embd, kInitStd));
-  c_proj = register_module("c_proj", row_parallel_linear(config.n_embd, config.n_embd, proj_init_std(config)));
-  if (booster::nn::has_tensor_parallel_context()) {
-    const auto& ctx = booster::nn::tensor_parallel_context();
-    if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
-        ctx.sp_group->size() > 1) {
-      sp_group = ctx.sp_group;
-      const int64_t sp = sp_group->size(), local_heads = config.n_head / (ctx.group ? ctx.group->size() : 1);
-      if (local_heads % sp != 0)
-        throw std::invalid_argument("gpt: sequence_parallelism_mode = \"all_to_all\" exchanges attention heads over "
-                                    "the sp group, but n_head = " + std::to_string(config.n_head) + " (" +
-                                    std::to_string(local_heads) + " per tp rank) is not divisible by sp_size = " +
-                                    std::to_string(sp) + "; choose an sp_size that divides the heads per tp rank");
-    }
+  c_attn = register_module("c_attn", column_parallel_linear(config.n_embd, 3 * config.n_embd, kInitStd, ctx));
+  c_proj = register_module("c_proj", row_parallel_linear(config.n_embd, config.n_embd, proj_init_std(config), ctx));
+  if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
+      ctx.sp_group->size() > 1) {
+    sp_group = ctx.sp_group;
+    const int64_t sp = sp_group->size(), local_heads = config.n_head / (ctx.group ? ctx.group->size() : 1);
+    if (local_heads % sp != 0)
+      throw std::invalid_argument("gpt: sequence_parallelism_mode = \"all_to_all\" exchanges attention heads over "
+                                  "the sp group, but n_head = " + std::to_string(config.n_head) + " (" +
+                                  std::to_string(local_heads) + " per tp rank) is not divisible by sp_size = " +
+                                  std::to_string(sp) + "; choose an sp_size that divides the heads per tp rank");
   }
 }
 
@@ -83,7 +89,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                             /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(static_cast<double>(head_dim)))
                  .softmax(-1);
   // Attention probabilities are split by head across tp ranks: a different mask per tp rank.
-  att = booster::nn::tensor_parallel_dropout(att, dropout, is_training());
+  att = booster::nn::tensor_parallel_dropout(att, dropout, is_training(), c_attn->group);
   auto y = torch::bmm(att.to(v.scalar_type()), v.reshape({B * H, T, head_dim}));  // [B H, T, D]
   y = y.view({B, H, T, head_dim}).transpose(1, 2);                                // [B, T, H, D]
   if (sp_group) y = booster::nn::sequence_all_to_all(y, sp_group, 1, 2);           // [B, T / sp, H sp, D]
@@ -92,9 +98,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
-MLPImpl::MLPImpl(const GPTConfig& config) : dropout(config.dropout), gelu_tanh(config.gelu_tanh) {
-  c_fc = register_module("c_fc", column_parallel_linear(config.n_embd, 4 * config.n_embd, kInitStd));
-  c_proj = register_module("c_proj", row_parallel_linear(4 * config.n_embd, config.n_embd, proj_init_std(config)));
+MLPImpl::MLPImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp)
+    : dropout(config.dropout), gelu_tanh(config.gelu_tanh) {
+  c_fc = register_module("c_fc", column_parallel_linear(config.n_embd, 4 * config.n_embd, kInitStd, tp));
+  c_proj = register_module("c_proj", row_parallel_linear(4 * config.n_embd, config.n_embd, proj_init_std(config), tp));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -103,14 +110,14 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
-BlockImpl::BlockImpl(const GPTConfig& config) {
+BlockImpl::BlockImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp) {
   auto ln = [&] {
     return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_eps));
   };
   ln_1 = register_module("ln_1", ln());
-  attn = register_module("attn", CausalSelfAttention(config));
+  attn = register_module("attn", CausalSelfAttention(config, tp));
   ln_2 = register_module("ln_2", ln());
-  mlp = register_module("mlp", MLP(config));
+  mlp = register_module("mlp", MLP(config, tp));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -118,12 +125,12 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp(ln_2(h));
 }
 
-TransformerImpl::TransformerImpl(const GPTConfig& config) {
-  wte = register_module("wte", vocab_embedding(config.vocab_size, config.n_embd, kInitStd));
+TransformerImpl::TransformerImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp) {
+  wte = register_module("wte", vocab_embedding(config.vocab_size, config.n_embd, kInitStd, tp));
   wpe = register_module("wpe", torch::nn::Embedding(config.n_ctx, config.n_embd));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) {
-    booster::nn::Unit<Block> block(config);
+    booster::nn::Unit<Block> block(config, tp);
     h->push_back(block);
     blocks.push_back(block);
   }
@@ -131,8 +138,8 @@ TransformerImpl::TransformerImpl(const GPTConfig& config) {
       "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_eps)));
 }
 
-GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
-  transformer = register_module("transformer", Transformer(config));
+GPTImpl::GPTImpl(const GPTConfig& cfg, booster::nn::TensorParallelContext tp_) : config(cfg), tp(std::move(tp_)) {
+  transformer = register_module("transformer", Transformer(config, tp));
   // The tensor-parallel layers initialised their full weights at construction (init_method:
   // N(0, 0.02), c_proj N(0, 0.02 / sqrt(2 n_layer)), biases 0); the replicated rest here, so the
   // initial model is the same at every tp size.
@@ -156,10 +163,10 @@ torch::Tensor GPTImpl::embed(const torch::Tensor& idx) {
                                 std::to_string(config.n_ctx));
   // Sequence parallelism: this rank's positions [offset, offset + T / sp) (booster/nn/sequence_parallel.h);
   // wte returns that shard (split_gather: reduce-scattered; all_to_all: looked up from the shard's ids).
-  const auto shard = booster::nn::sequence_shard(T);
+  const auto shard = booster::nn::sequence_shard(T, tp);
   auto pos = torch::arange(shard.offset, shard.offset + shard.length,
                            torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  auto x = transformer->wte(booster::nn::shard_sequence_input(idx)) + transformer->wpe(pos);  // [B, t, C] + [t, C]
+  auto x = transformer->wte(booster::nn::shard_sequence_input(idx, tp)) + transformer->wpe(pos);  // [B, t, C] + [t, C]
   if (config.dropout > 0 && is_training()) x = torch::dropout(x, config.dropout, true);
   return x;
 }

@@ -30,7 +30,9 @@
 //    both c_proj RowParallelLinear, wte a VocabParallelEmbedding whose lm_logits is the tied head,
 //    and lm_loss the vocab-parallel cross entropy; at tp = 1 (every other plugin) they are the dense
 //    layers. c_attn's [head, q|k|v, head_dim] row order (Megatron-LM's) makes the column split give
-//    each rank n_head / tp whole heads. Build the model after the Booster (the layers take its tp group).
+//    each rank n_head / tp whole heads. The layers shard over the group of the TensorParallelContext
+//    the model is built with (GPTImpl's `tp`: the Booster's tensor_parallel_context()); a
+//    default-constructed context is tp = 1.
 //  - Sequence parallelism (hybrid_parallel enable_sequence_parallelism; booster/nn/sequence_parallel.h):
 //    "split_gather" keeps [B, T/tp, C] between the tensor-parallel regions (the layers communicate;
 //    embed adds the shard's positions); "all_to_all" keeps [B, T/sp, C] everywhere, exchanging
@@ -67,20 +69,25 @@ struct GPTConfig {
 };
 
 // ---- The tensor-parallel layers (the one construction site of each); each initialises its full
-// weight ~ N(0, init_std) (biases 0) from the torch RNG.
+// weight ~ N(0, init_std) (biases 0) from the torch RNG and shards over tp's group.
 // Linear split by output features (c_attn, c_fc).
-booster::nn::ColumnParallelLinear column_parallel_linear(int64_t in_features, int64_t out_features, double init_std);
+booster::nn::ColumnParallelLinear column_parallel_linear(int64_t in_features, int64_t out_features, double init_std,
+                                                         const booster::nn::TensorParallelContext& tp);
 // Linear split by input features (both c_proj); its bias is replicated.
-booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t out_features, double init_std);
+booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t out_features, double init_std,
+                                                   const booster::nn::TensorParallelContext& tp);
 // The token embedding [vocab, C], split by vocabulary rows.
-booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std);
+booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std,
+                                                    const booster::nn::TensorParallelContext& tp);
 
 // Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, V / tp] (this rank's
 // vocabulary columns, any floating dtype), targets int64 [B, T]; vocab_size: the real vocabulary
-// (padding columns excluded). Collective over the tp group. Under sequence_parallelism_mode =
-// "all_to_all" the logits are this rank's shard [B, T/sp, V / tp]: the loss is taken on the same
-// shard of the targets and averaged over the sp group (sequence_parallel_loss).
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size);
+// (padding columns excluded); tp: the context the model was built with. Collective over tp's group.
+// Under sequence_parallelism_mode = "all_to_all" the logits are this rank's shard [B, T/sp, V / tp]:
+// the loss is taken on the same shard of the targets and averaged over the sp group
+// (sequence_parallel_loss).
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
+                      const booster::nn::TensorParallelContext& tp);
 
 // ---- Modules.
 
@@ -88,7 +95,7 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets,
 // [heads, 3 (q, k, v), head_dim] along its last dimension (each tp rank holds whole heads in that
 // layout).
 struct CausalSelfAttentionImpl : torch::nn::Module {
-  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  CausalSelfAttentionImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   booster::nn::ColumnParallelLinear c_attn{nullptr};  // C -> 3C
@@ -103,7 +110,7 @@ TORCH_MODULE(CausalSelfAttention);
 
 // x [B, T, C] -> c_proj(gelu(c_fc(x))) [B, T, C].
 struct MLPImpl : torch::nn::Module {
-  explicit MLPImpl(const GPTConfig& config);
+  MLPImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   booster::nn::ColumnParallelLinear c_fc{nullptr};    // C -> 4C
@@ -115,7 +122,7 @@ TORCH_MODULE(MLP);
 
 // Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(·)). [B, T, C] -> [B, T, C].
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(const GPTConfig& config);
+  BlockImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -127,7 +134,7 @@ TORCH_MODULE(Block);
 
 // The `transformer` sub-module: holds wte, wpe, h (ModuleList of Unit<Block>), ln_f.
 struct TransformerImpl : torch::nn::Module {
-  explicit TransformerImpl(const GPTConfig& config);
+  TransformerImpl(const GPTConfig& config, const booster::nn::TensorParallelContext& tp);
 
   booster::nn::VocabParallelEmbedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -141,7 +148,9 @@ struct GPTImpl : torch::nn::Module, booster::nn::PipelineModule {
   // Builds the model and initialises it as GPT-2 from the current torch RNG state (the caller seeds
   // it with torch::manual_seed(seed) on every rank): every Linear and Embedding weight ~ N(0, 0.02),
   // the c_proj weights ~ N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weight 1 / bias 0.
-  explicit GPTImpl(const GPTConfig& config);
+  // tp: the tensor-parallel context the layers shard over (Booster::tensor_parallel_context());
+  // the default is tp = 1, the dense model. Throws std::invalid_argument for sizes tp cannot split.
+  explicit GPTImpl(const GPTConfig& config, booster::nn::TensorParallelContext tp = {});
 
   // idx int64 [B, T] (T <= n_ctx) -> logits [B, T, vocab]: head(blocks(embed(idx))).
   torch::Tensor forward(const torch::Tensor& idx);
@@ -156,6 +165,7 @@ struct GPTImpl : torch::nn::Module, booster::nn::PipelineModule {
   int64_t num_parameters() const;  // each tensor once (wte counted once: the head is tied)
 
   GPTConfig config;
+  booster::nn::TensorParallelContext tp;  // the context the model was built with
   Transformer transformer{nullptr};
 };
 TORCH_MODULE(GPT);

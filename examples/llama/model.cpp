@@ -20,27 +20,19 @@ booster::nn::InitMethod normal_init() {
 }
 
 // The tensor-parallel layers (no bias); each initialises its FULL weight ~ N(0, 0.02).
-booster::nn::ColumnParallelLinear column_parallel(int64_t in_features, int64_t out_features) {
+booster::nn::ColumnParallelLinear column_parallel(int64_t in_features, int64_t out_features, const booster::nn::TensorParallelContext& tp) {
   return booster::nn::ColumnParallelLinear(
-      booster::nn::LinearParallelOptions(in_features, out_features).bias(false).init_method(normal_init()));
+      booster::nn::LinearParallelOptions(in_features, out_features).bias(false).init_method(normal_init()).context(tp));
 }
 
-booster::nn::RowParallelLinear row_parallel(int64_t in_features, int64_t out_features) {
+booster::nn::RowParallelLinear row_parallel(int64_t in_features, int64_t out_features, const booster::nn::TensorParallelContext& tp) {
   return booster::nn::RowParallelLinear(
-      booster::nn::LinearParallelOptions(in_features, out_features).bias(false).init_method(normal_init()));
+      booster::nn::LinearParallelOptions(in_features, out_features).bias(false).init_method(normal_init()).context(tp));
 }
 
-booster::nn::VocabParallelEmbedding vocab_table(int64_t vocab_size, int64_t n_embd) {
+booster::nn::VocabParallelEmbedding vocab_table(int64_t vocab_size, int64_t n_embd, const booster::nn::TensorParallelContext& tp) {
   return booster::nn::VocabParallelEmbedding(
-      booster::nn::VocabParallelEmbeddingOptions(vocab_size, n_embd).init_method(normal_init()));
-}
-
-// The tp size the layers built now will use (1 without a context: the layers then throw their own
-// "built before the Booster" error).
-int context_tp_size() {
-  if (!booster::nn::has_tensor_parallel_context()) return 1;
-  const auto& group = booster::nn::tensor_parallel_context().group;
-  return group ? group->size() : 1;
+      booster::nn::VocabParallelEmbeddingOptions(vocab_size, n_embd).init_method(normal_init()).context(tp));
 }
 
 void require_tp_divides(const char* field, int64_t value, int64_t tp, const char* why) {
@@ -99,11 +91,14 @@ void validate(const LlamaConfig& c) {
     throw std::invalid_argument("llama: rope_theta (" + std::to_string(c.rope_theta) + ") must be > 0");
 }
 
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size) {
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
+                      const booster::nn::TensorParallelContext& tp) {
   // all_to_all: the logits are this rank's sequence shard; its targets, and the mean over sp ranks.
-  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets) : targets;
-  return booster::nn::sequence_parallel_loss(booster::nn::vocab_parallel_cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}), vocab_size));
+  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets, tp) : targets;
+  return booster::nn::sequence_parallel_loss(
+      booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}),
+                                                vocab_size, tp.group),
+      tp);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -118,36 +113,33 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-AttentionImpl::AttentionImpl(const LlamaConfig& config)
+AttentionImpl::AttentionImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& ctx)
     : head_dim(config.n_embd / std::max<int64_t>(config.n_head, 1)), rope_theta(config.rope_theta) {
   validate(config);
-  const int64_t tp = context_tp_size();
+  const int64_t tp = ctx.size();
   require_tp_divides("n_head", config.n_head, tp, "each rank needs whole query heads");
   require_tp_divides("n_kv_head", config.n_kv_head, tp, "each rank needs whole key/value heads");
   const int64_t C = config.n_embd, D = head_dim;
-  q_proj = register_module("q_proj", column_parallel(C, config.n_head * D));
-  k_proj = register_module("k_proj", column_parallel(C, config.n_kv_head * D));
-  v_proj = register_module("v_proj", column_parallel(C, config.n_kv_head * D));
-  o_proj = register_module("o_proj", row_parallel(config.n_head * D, C));
+  q_proj = register_module("q_proj", column_parallel(C, config.n_head * D, ctx));
+  k_proj = register_module("k_proj", column_parallel(C, config.n_kv_head * D, ctx));
+  v_proj = register_module("v_proj", column_parallel(C, config.n_kv_head * D, ctx));
+  o_proj = register_module("o_proj", row_parallel(config.n_head * D, C, ctx));
   // The tp size the layers really use (their own group), from q_proj's local output size.
   const int64_t layer_tp = config.n_head * D / q_proj->weight.size(0);
   require_tp_divides("n_head", config.n_head, layer_tp, "each rank needs whole query heads");
   require_tp_divides("n_kv_head", config.n_kv_head, layer_tp, "each rank needs whole key/value heads");
-  if (booster::nn::has_tensor_parallel_context()) {
-    const auto& ctx = booster::nn::tensor_parallel_context();
-    if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
-        ctx.sp_group->size() > 1) {
-      sp_group = ctx.sp_group;
-      const int64_t sp = sp_group->size();
-      for (const auto& [field, heads] : {std::pair<const char*, int64_t>{"n_head", config.n_head},
-                                         std::pair<const char*, int64_t>{"n_kv_head", config.n_kv_head}})
-        if ((heads / layer_tp) % sp != 0)
-          throw std::invalid_argument(std::string("llama: sequence_parallelism_mode = \"all_to_all\" exchanges "
-                                                  "attention heads over the sp group, but ") + field + " = " +
-                                      std::to_string(heads) + " (" + std::to_string(heads / layer_tp) +
-                                      " per tp rank) is not divisible by sp_size = " + std::to_string(sp) +
-                                      "; choose an sp_size that divides the heads per tp rank");
-    }
+  if (ctx.sequence_parallel == booster::nn::SequenceParallelMode::kAllToAll && ctx.sp_group &&
+      ctx.sp_group->size() > 1) {
+    sp_group = ctx.sp_group;
+    const int64_t sp = sp_group->size();
+    for (const auto& [field, heads] : {std::pair<const char*, int64_t>{"n_head", config.n_head},
+                                       std::pair<const char*, int64_t>{"n_kv_head", config.n_kv_head}})
+      if ((heads / layer_tp) % sp != 0)
+        throw std::invalid_argument(std::string("llama: sequence_parallelism_mode = \"all_to_all\" exchanges "
+                                                "attention heads over the sp group, but ") + field + " = " +
+                                    std::to_string(heads) + " (" + std::to_string(heads / layer_tp) +
+                                    " per tp rank) is not divisible by sp_size = " + std::to_string(sp) +
+                                    "; choose an sp_size that divides the heads per tp rank");
   }
 }
 
@@ -200,22 +192,22 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   return o_proj(y.reshape({B, y.size(1), -1}));    // [B, T, H·D]
 }
 
-MLPImpl::MLPImpl(const LlamaConfig& config) {
+MLPImpl::MLPImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp) {
   validate(config);
   const int64_t I = intermediate_size(config);
-  require_tp_divides("intermediate_size", I, context_tp_size(), "gate_proj / up_proj are split by columns");
-  gate_proj = register_module("gate_proj", column_parallel(config.n_embd, I));
-  up_proj = register_module("up_proj", column_parallel(config.n_embd, I));
-  down_proj = register_module("down_proj", row_parallel(I, config.n_embd));
+  require_tp_divides("intermediate_size", I, tp.size(), "gate_proj / up_proj are split by columns");
+  gate_proj = register_module("gate_proj", column_parallel(config.n_embd, I, tp));
+  up_proj = register_module("up_proj", column_parallel(config.n_embd, I, tp));
+  down_proj = register_module("down_proj", row_parallel(I, config.n_embd, tp));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
 
-DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config) {
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp) {
   input_layernorm = register_module("input_layernorm", RMSNorm(config.n_embd, config.rms_norm_eps));
-  self_attn = register_module("self_attn", Attention(config));
+  self_attn = register_module("self_attn", Attention(config, tp));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(config.n_embd, config.rms_norm_eps));
-  mlp = register_module("mlp", MLP(config));
+  mlp = register_module("mlp", MLP(config, tp));
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
@@ -223,12 +215,12 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config) {
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp) {
   validate(config);
-  embed_tokens = register_module("embed_tokens", vocab_table(config.vocab_size, config.n_embd));
+  embed_tokens = register_module("embed_tokens", vocab_table(config.vocab_size, config.n_embd, tp));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) {
-    booster::nn::Unit<DecoderLayer> layer(config);
+    booster::nn::Unit<DecoderLayer> layer(config, tp);
     layers->push_back(layer);
     blocks.push_back(layer);
   }
@@ -243,11 +235,12 @@ LlamaConfig resolved(LlamaConfig c) {
 }
 }  // namespace
 
-LlamaImpl::LlamaImpl(const LlamaConfig& cfg) : config(resolved(cfg)) {
+LlamaImpl::LlamaImpl(const LlamaConfig& cfg, booster::nn::TensorParallelContext tp_)
+    : config(resolved(cfg)), tp(std::move(tp_)) {
   // Every weight is initialised by its layer at construction: Linear / Embedding ~ N(0, 0.02) on the
   // full tensor (init_method), RMSNorm weights 1.
-  model = register_module("model", LlamaModel(config));
-  lm_head = register_module("lm_head", vocab_table(config.vocab_size, config.n_embd));
+  model = register_module("model", LlamaModel(config, tp));
+  lm_head = register_module("lm_head", vocab_table(config.vocab_size, config.n_embd, tp));
 }
 
 torch::Tensor LlamaImpl::embed(const torch::Tensor& idx) {
@@ -255,8 +248,8 @@ torch::Tensor LlamaImpl::embed(const torch::Tensor& idx) {
   if (T > config.n_ctx)
     throw std::invalid_argument("llama: sequence length " + std::to_string(T) + " exceeds n_ctx " +
                                 std::to_string(config.n_ctx));
-  booster::nn::sequence_shard(T);  // sequence parallelism: the error naming T and sp_size
-  return model->embed_tokens(booster::nn::shard_sequence_input(idx));  // split_gather / all_to_all: [B, T/sp, C]
+  booster::nn::sequence_shard(T, tp);  // sequence parallelism: the error naming T and sp_size
+  return model->embed_tokens(booster::nn::shard_sequence_input(idx, tp));  // split_gather / all_to_all: [B, T/sp, C]
 }
 
 torch::Tensor LlamaImpl::run_blocks(torch::Tensor x, int64_t first, int64_t last) {

@@ -56,8 +56,9 @@
 //    an untied second vocabulary-split table used only through lm_logits (never looked up), giving
 //    this rank's vocabulary columns of the logits [B, T, Vp / tp] (Vp: the vocabulary padded as
 //    VocabParallelEmbedding pads it when tp does not divide V; Vp = V otherwise), exactly what
-//    lm_loss (vocab_parallel_cross_entropy) takes. The RMSNorm weights are replicated. Build the model
-//    after the Booster (the layers take its tp group).
+//    lm_loss (vocab_parallel_cross_entropy) takes. The RMSNorm weights are replicated. The layers
+//    shard over the group of the TensorParallelContext the model is built with (LlamaImpl's `tp`:
+//    the Booster's tensor_parallel_context()); a default-constructed context is tp = 1.
 //  - Sequence parallelism (hybrid_parallel enable_sequence_parallelism; booster/nn/sequence_parallel.h):
 //    "split_gather" keeps [B, T/tp, C] between the tensor-parallel regions (the layers communicate;
 //    the RMSNorm weights' gradients are per-shard parts the plugin sums); "all_to_all" keeps
@@ -108,8 +109,10 @@ void validate(const LlamaConfig& config);
 
 // Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, Vp / tp] (this rank's
 // vocabulary columns, any floating dtype), targets int64 [B, T]; vocab_size: the real vocabulary
-// (padding columns excluded). Collective over the tp group.
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size);
+// (padding columns excluded); tp: the context the model was built with. Collective over tp's group
+// (and, under sequence_parallelism_mode = "all_to_all", averaged over its sp group).
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
+                      const booster::nn::TensorParallelContext& tp);
 
 // ---- Modules.
 
@@ -127,7 +130,7 @@ TORCH_MODULE(RMSNorm);
 
 // Grouped-query causal self-attention with interleaved rotary embeddings: x [B, T, C] -> [B, T, C].
 struct AttentionImpl : torch::nn::Module {
-  explicit AttentionImpl(const LlamaConfig& config);
+  AttentionImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   booster::nn::ColumnParallelLinear q_proj{nullptr};  // C -> H·D (this rank: H/tp heads)
@@ -144,7 +147,7 @@ TORCH_MODULE(Attention);
 
 // x [B, T, C] -> down_proj(silu(gate_proj(x)) · up_proj(x)) [B, T, C].
 struct MLPImpl : torch::nn::Module {
-  explicit MLPImpl(const LlamaConfig& config);
+  MLPImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   booster::nn::ColumnParallelLinear gate_proj{nullptr};  // C -> I
@@ -156,7 +159,7 @@ TORCH_MODULE(MLP);
 // Pre-norm decoder layer: h = x + self_attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h)).
 // [B, T, C] -> [B, T, C].
 struct DecoderLayerImpl : torch::nn::Module {
-  explicit DecoderLayerImpl(const LlamaConfig& config);
+  DecoderLayerImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   RMSNorm input_layernorm{nullptr};
@@ -169,7 +172,7 @@ TORCH_MODULE(DecoderLayer);
 // The `model` sub-module (transformers' LlamaModel): embed_tokens, layers (ModuleList of
 // Unit<DecoderLayer>), norm.
 struct LlamaModelImpl : torch::nn::Module {
-  explicit LlamaModelImpl(const LlamaConfig& config);
+  LlamaModelImpl(const LlamaConfig& config, const booster::nn::TensorParallelContext& tp);
 
   booster::nn::VocabParallelEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -183,8 +186,10 @@ struct LlamaImpl : torch::nn::Module, booster::nn::PipelineModule {
   // does, from the current torch RNG state (the caller seeds it with torch::manual_seed(seed) on every
   // rank): every Linear and Embedding weight ~ N(0, 0.02) (initializer_range; drawn on the full
   // weight, so the same model at every tp size), RMSNorm weights 1. `config` keeps the resolved
-  // intermediate_size (never 0).
-  explicit LlamaImpl(const LlamaConfig& config);
+  // intermediate_size (never 0). tp: the tensor-parallel context the layers shard over
+  // (Booster::tensor_parallel_context()); the default is tp = 1, the dense model. Throws
+  // std::invalid_argument for sizes tp (or the sp group) cannot split.
+  explicit LlamaImpl(const LlamaConfig& config, booster::nn::TensorParallelContext tp = {});
 
   // idx int64 [B, T] (T <= n_ctx) -> logits [B, T, Vp / tp]: head(run_blocks(embed(idx))).
   torch::Tensor forward(const torch::Tensor& idx);
@@ -199,6 +204,7 @@ struct LlamaImpl : torch::nn::Module, booster::nn::PipelineModule {
   int64_t num_parameters() const;  // this rank's parameter elements, each tensor once
 
   LlamaConfig config;
+  booster::nn::TensorParallelContext tp;  // the context the model was built with
   LlamaModel model{nullptr};
   // Untied output projection [V, C] (a VocabParallelEmbedding used through lm_logits only; see the
   // header comment).

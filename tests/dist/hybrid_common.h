@@ -5,13 +5,17 @@
 //   -> kLayers (or the constructor's `blocks`) pre-LN MLP blocks (ColumnParallelLinear -> GELU -> RowParallelLinear, residual)
 //   -> ln_f -> tied LM head (wte.lm_logits) -> this rank's logits [B, S, Vp / tp].
 // Sequence parallelism: split_gather through the layers (activations [B, S/tp, kDim] between them),
-// all_to_all through shard_sequence_input (no attention: the blocks act per token).
+// all_to_all through shard_sequence_input (no attention: the blocks act per token). The layers and
+// the loss take the TensorParallelContext given to the constructor / criterion (the Booster's on the
+// ranks; a default-constructed one, tp = 1, for the reference).
 // kVocab = 37 is not divisible by 2 or 4, so at tp > 1 the vocabulary is padded (to 128).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "booster/nn/pipeline.h"
@@ -23,10 +27,10 @@ namespace booster::testing {
 constexpr int64_t kVocab = 37, kDim = 16, kSeq = 8, kLayers = 4;
 
 struct TinyBlockImpl : torch::nn::Module {
-  TinyBlockImpl() {
+  explicit TinyBlockImpl(const booster::nn::TensorParallelContext& tp = {}) {
     ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    fc = register_module("fc", booster::nn::ColumnParallelLinear(kDim, 4 * kDim));
-    proj = register_module("proj", booster::nn::RowParallelLinear(4 * kDim, kDim));
+    fc = register_module("fc", booster::nn::ColumnParallelLinear(booster::nn::LinearParallelOptions(kDim, 4 * kDim).context(tp)));
+    proj = register_module("proj", booster::nn::RowParallelLinear(booster::nn::LinearParallelOptions(4 * kDim, kDim).context(tp)));
   }
   torch::Tensor forward(const torch::Tensor& x) { return x + proj(torch::gelu(fc(ln(x)))); }
   torch::nn::LayerNorm ln{nullptr};
@@ -36,17 +40,17 @@ struct TinyBlockImpl : torch::nn::Module {
 TORCH_MODULE(TinyBlock);
 
 struct TinyLMImpl : torch::nn::Module, booster::nn::PipelineModule {
-  explicit TinyLMImpl(int64_t blocks = kLayers) {
-    wte = register_module("wte", booster::nn::VocabParallelEmbedding(kVocab, kDim));
+  explicit TinyLMImpl(booster::nn::TensorParallelContext tp_ = {}, int64_t blocks = kLayers) : tp(std::move(tp_)) {
+    wte = register_module("wte", booster::nn::VocabParallelEmbedding(booster::nn::VocabParallelEmbeddingOptions(kVocab, kDim).context(tp)));
     wpe = register_module("wpe", torch::nn::Embedding(kSeq, kDim));
     h = register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < blocks; ++i) h->push_back(TinyBlock());
+    for (int64_t i = 0; i < blocks; ++i) h->push_back(TinyBlock(tp));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
   }
   // Sequence parallelism (booster/nn/sequence_parallel.h): this rank's shard of the positions.
   torch::Tensor embed(const torch::Tensor& ids) {
-    const auto shard = booster::nn::sequence_shard(ids.size(1));
-    return wte(booster::nn::shard_sequence_input(ids)) +
+    const auto shard = booster::nn::sequence_shard(ids.size(1), tp);
+    return wte(booster::nn::shard_sequence_input(ids, tp)) +
            wpe(torch::arange(shard.offset, shard.offset + shard.length, torch::kLong)).unsqueeze(0);
   }
   torch::Tensor block(size_t i, const torch::Tensor& x) { return h[i]->as<TinyBlock>()->forward(x); }
@@ -64,6 +68,7 @@ struct TinyLMImpl : torch::nn::Module, booster::nn::PipelineModule {
     layers.push_back({"head", {ln_f.ptr(), wte.ptr()}, [this](const torch::Tensor& x) { return head(x); }});
     return layers;
   }
+  booster::nn::TensorParallelContext tp;
   booster::nn::VocabParallelEmbedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
@@ -73,10 +78,19 @@ TORCH_MODULE(TinyLM);
 
 // Mean token cross entropy of this rank's logits [B, S, Vp/tp] against targets [B, S] (all_to_all:
 // logits [B, S/sp, Vp/tp], the targets' shard, averaged over sp).
-inline torch::Tensor tiny_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  const torch::Tensor local = booster::nn::shard_sequence_input(targets);
+inline torch::Tensor tiny_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                                  const booster::nn::TensorParallelContext& tp) {
+  const torch::Tensor local = booster::nn::shard_sequence_input(targets, tp);
   return booster::nn::sequence_parallel_loss(
-      booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), local.reshape({-1}), kVocab));
+      booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), local.reshape({-1}), kVocab, tp.group),
+      tp);
+}
+// tiny_lm_loss over `tp` as a criterion (logits, targets) for boost().
+inline std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> tiny_lm_criterion(
+    booster::nn::TensorParallelContext tp) {
+  return [tp = std::move(tp)](const torch::Tensor& logits, const torch::Tensor& targets) {
+    return tiny_lm_loss(logits, targets, tp);
+  };
 }
 
 // Global batches of the language-model task: tokens[s] and targets[s] int64 [global_batch, kSeq].

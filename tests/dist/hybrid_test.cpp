@@ -32,15 +32,15 @@ struct Reference {
 // short_step: that step's sequences are cut to their first kSeq / 2 tokens (other activation shapes).
 Reference reference_lm(int64_t steps, int64_t batch, const std::string& optimizer, double max_norm = 0,
                        int64_t short_step = -1, int64_t blocks = kLayers) {
-  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
+  const booster::nn::TensorParallelContext dense;  // tp = 1
   torch::manual_seed(7);
-  TinyLM net(blocks);
+  TinyLM net(dense, blocks);
   auto opt = make_lm_optimizer(optimizer, net->parameters());
   auto data = make_token_batches(steps, batch, 11);
   Reference ref;
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t seq = s == short_step ? kSeq / 2 : kSeq;
-    auto loss = tiny_lm_loss(net->forward(data.tokens[s].narrow(1, 0, seq)), data.targets[s].narrow(1, 0, seq));
+    auto loss = tiny_lm_loss(net->forward(data.tokens[s].narrow(1, 0, seq)), data.targets[s].narrow(1, 0, seq), dense);
     loss.backward();
     ref.losses.push_back(loss.item<double>());
     if (max_norm > 0) ref.norms.push_back(torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm));
@@ -48,7 +48,6 @@ Reference reference_lm(int64_t steps, int64_t batch, const std::string& optimize
     opt->zero_grad();
   }
   for (const auto& item : net->named_parameters()) ref.params[item.key()] = item.value().detach().clone();
-  booster::nn::set_tensor_parallel_context(std::nullopt);
   return ref;
 }
 

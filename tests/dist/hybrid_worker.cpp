@@ -68,13 +68,13 @@ int run_errors() {
   attempt("not_a_pipeline_module", [&] {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
     torch::manual_seed(7);
-    auto plain = std::make_shared<TinyBlockImpl>();
+    auto plain = std::make_shared<TinyBlockImpl>(b.tensor_parallel_context());
     b.boost(plain);
   });
   attempt("too_few_layers", [&] {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 4\npp_style = \"interleaved\"\nnum_model_chunks = 4\n"));
     torch::manual_seed(7);
-    TinyLM net;  // 6 layers < 2 * 4 stages
+    TinyLM net(b.tensor_parallel_context());  // 6 layers < 2 * 4 stages
     b.boost(net);
   });
   // Sequence parallelism's options (ColossalAI's rules; a setting is never ignored).
@@ -93,8 +93,9 @@ int run_errors() {
       booster::Booster b(config_with(std::string(mode == "split_gather" ? "tp_size = 2\n" : "sp_size = 2\n") +
                                      "enable_sequence_parallelism = true\nsequence_parallelism_mode = \"" + mode + "\"\n"));
       torch::manual_seed(7);
-      TinyLM net;
-      auto [model, opt, criterion, loader, scheduler] = b.boost(net, make_lm_optimizer("sgd", net->parameters()), tiny_lm_loss);
+      TinyLM net(b.tensor_parallel_context());
+      auto [model, opt, criterion, loader, scheduler] =
+          b.boost(net, make_lm_optimizer("sgd", net->parameters()), tiny_lm_criterion(b.tensor_parallel_context()));
       const auto data = make_token_batches(1, 2, 11);
       model.forward(data.tokens[0].narrow(1, 0, kSeq - 1));
     });
@@ -102,9 +103,9 @@ int run_errors() {
   {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
     torch::manual_seed(7);
-    TinyLM net;
+    TinyLM net(b.tensor_parallel_context());
     auto [model, opt, criterion, loader, scheduler] =
-        b.boost(net, make_lm_optimizer("sgd", net->parameters()), tiny_lm_loss);
+        b.boost(net, make_lm_optimizer("sgd", net->parameters()), tiny_lm_criterion(b.tensor_parallel_context()));
     const auto data = make_token_batches(1, 4, 11);
     attempt("forward_on_pipelined_model", [&] { model.forward(data.tokens[0]); });
     attempt("backward_on_pipelined_model", [&] {
@@ -148,9 +149,10 @@ int run() {
   auto world = booster::launch_from_config(config, no_args);
   booster::Booster booster(config);
   torch::manual_seed(7);
-  TinyLM net(iarg("blocks", kLayers));  // after the Booster: the TP layers take its tp group
+  TinyLM net(booster.tensor_parallel_context(), iarg("blocks", kLayers));  // the TP layers shard over its tp group
   auto optimizer = make_lm_optimizer(arg("optimizer", "sgd"), net->parameters());
-  auto [model, opt, criterion, loader, scheduler] = booster.boost(net, optimizer, tiny_lm_loss);
+  auto [model, opt, criterion, loader, scheduler] =
+      booster.boost(net, optimizer, tiny_lm_criterion(booster.tensor_parallel_context()));
   if (arg("bad_load", "") != "") {
     std::string message = "no error";
     try {

@@ -23,12 +23,6 @@ namespace booster::testing::hf {
 
 using json = nlohmann::json;
 
-// The models' tensor-parallel layers at tp = 1: these processes build them without a Booster.
-inline const bool kTensorParallelSize1 = [] {
-  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
-  return true;
-}();
-
 // 72 bytes: shorter than the tiny models' 128 positions and the examples' n_ctx 80 in the tests.
 inline const std::string kText = "In the beginning God created the heaven and the earth. And the earth was";
 

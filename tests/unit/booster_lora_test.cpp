@@ -36,7 +36,7 @@ booster::Booster make_ddp_booster() {
       "[booster]\nplugin = \"torch_ddp\"\nmixed_precision = \"fp32\"\n", "test.toml"));
 }
 
-// Built after the Booster (its tensor-parallel context: tp = 1).
+// The layers' default tensor-parallel context: tp = 1 (torch_ddp's).
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(int64_t hidden = 6) {
     q = register_module("q", booster::nn::ColumnParallelLinear(6, hidden));

@@ -34,7 +34,6 @@ struct LoraNetImpl : torch::nn::Module {
 TORCH_MODULE(LoraNet);
 
 LoraNet make_net() {
-  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
   torch::manual_seed(3);
   return LoraNet();
 }
@@ -170,7 +169,6 @@ struct OneLayer : torch::nn::Module {
 };
 
 TEST(Lora, BoosterLinearIsTorchLinearWithAHookPointAndTakesLora) {
-  booster::nn::set_tensor_parallel_context(booster::nn::TensorParallelContext{});
   // Without LoRA: torch::nn::Linear's names, initial values and outputs, bit for bit.
   torch::manual_seed(11);
   torch::nn::Linear plain(torch::nn::LinearOptions(6, 5));

@@ -104,7 +104,6 @@ TEST(SequenceParallel, SplitGatherBlockMatchesTheDenseBlockOn2And4Ranks) {
   const int64_t B = 2, T = 8, C = 8;
   at::Tensor x_full = data({B, T, C}, 21), up = data({B, T, C}, 22);
   torch::Tensor dense_y, dense_gx, dense_w1, dense_w2, dense_b2;
-  set_tensor_parallel_context(TensorParallelContext{});
   {
     torch::manual_seed(3);
     ColumnParallelLinear fc(C, 4 * C);
@@ -117,7 +116,6 @@ TEST(SequenceParallel, SplitGatherBlockMatchesTheDenseBlockOn2And4Ranks) {
     dense_w2 = proj->weight.grad();
     dense_b2 = proj->bias.grad();
   }
-  set_tensor_parallel_context(std::nullopt);
   for (int world : {2, 4}) {
     std::vector<at::Tensor> bias_parts(world);
     auto errors = run_thread_ranks(world, [&, world](const SpTestGroup& g) {
@@ -127,7 +125,10 @@ TEST(SequenceParallel, SplitGatherBlockMatchesTheDenseBlockOn2And4Ranks) {
       {
         std::lock_guard<std::mutex> lock(build_mutex());
         torch::manual_seed(3);
-        fc = ColumnParallelLinear(LinearParallelOptions(C, 4 * C).group(g).sequence_parallel(true));
+        TensorParallelContext split_gather;  // the mode from the context (fc) or from the option (proj)
+        split_gather.group = g;
+        split_gather.sequence_parallel = SequenceParallelMode::kSplitGather;
+        fc = ColumnParallelLinear(LinearParallelOptions(C, 4 * C).context(split_gather));
         proj = RowParallelLinear(LinearParallelOptions(4 * C, C).group(g).sequence_parallel(true));
       }
       EXPECT_TRUE(fc->sequence_parallel && proj->sequence_parallel);
@@ -161,20 +162,18 @@ TEST(SequenceParallel, SplitGatherBlockMatchesTheDenseBlockOn2And4Ranks) {
 }
 
 TEST(SequenceParallel, ShardAndLossFollowTheContext) {
-  set_tensor_parallel_context(std::nullopt);
-  EXPECT_EQ(sequence_shard(7).length, 7);  // no context: the whole sequence
+  EXPECT_EQ(sequence_shard(7, TensorParallelContext{}).length, 7);  // default context: the whole sequence
   auto errors = run_thread_ranks(2, [](const SpTestGroup& g) {
     TensorParallelContext c;
     c.sequence_parallel = SequenceParallelMode::kAllToAll;
     c.sp_group = g;
-    set_tensor_parallel_context(c);
-    const SequenceShard s = sequence_shard(6);
+    const SequenceShard s = sequence_shard(6, c);
     EXPECT_EQ(s.offset, 3 * g->rank());
     EXPECT_EQ(s.length, 3);
     at::Tensor ids = at::arange(12).view({2, 6});
-    EXPECT_TRUE(at::equal(shard_sequence_input(ids), ids.narrow(1, 3 * g->rank(), 3)));
+    EXPECT_TRUE(at::equal(shard_sequence_input(ids, c), ids.narrow(1, 3 * g->rank(), 3)));
     try {
-      sequence_shard(7);
+      sequence_shard(7, c);
       ADD_FAILURE() << "no error for T = 7";
     } catch (const std::invalid_argument& e) {
       EXPECT_THAT(e.what(), ::testing::HasSubstr("sequence length T = 7 is not divisible by sp_size = 2"));
@@ -182,11 +181,10 @@ TEST(SequenceParallel, ShardAndLossFollowTheContext) {
     }
     // The loss is the mean over sp ranks; its gradient reaches the local loss unchanged.
     at::Tensor local = at::full({}, 1.0 + g->rank(), at::kFloat).requires_grad_(true);
-    at::Tensor loss = sequence_parallel_loss(local * 2);
+    at::Tensor loss = sequence_parallel_loss(local * 2, c);
     EXPECT_FLOAT_EQ(loss.item<float>(), 3.0f);  // mean of 2 and 4
     loss.backward();
     EXPECT_FLOAT_EQ(local.grad().item<float>(), 2.0f);
-    set_tensor_parallel_context(std::nullopt);
   });
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
 }

@@ -81,28 +81,26 @@ at::Tensor my_chunk(const at::Tensor& full, const Group& g) {
   return full.chunk(g->size(), -1)[g->rank()].contiguous();
 }
 
-// Runs body on T = 2 and T = 4 thread ranks, each with the tp context set to the world group.
+// Runs body on T = 2 and T = 4 thread ranks, each with g = the world group (the tp group the body
+// passes to its layers, in a TensorParallelContext, and to the functions).
 void on_tp_ranks(const std::function<void(const Group&)>& body) {
   for (int t : {2, 4}) {
-    auto errors = run_thread_ranks(t, [&](const Group& g) {
-      set_tensor_parallel_context(TensorParallelContext{g});
-      body(g);
-      set_tensor_parallel_context(std::nullopt);
-    });
+    auto errors = run_thread_ranks(t, [&](const Group& g) { body(g); });
     EXPECT_THAT(errors, Each(Eq(""))) << "T = " << t;
   }
 }
 
-struct ContextGuard {
-  explicit ContextGuard(std::optional<TensorParallelContext> c) { set_tensor_parallel_context(std::move(c)); }
-  ~ContextGuard() { set_tensor_parallel_context(std::nullopt); }
-};
+// The context of tp group g.
+TensorParallelContext tp_context(const Group& g) {
+  TensorParallelContext c;
+  c.group = g;
+  return c;
+}
 
 // ---------------------------------------------------------------------------------------------
 // T = 1: the dense layers, bit for bit
 
 TEST(TensorParallel, TpOneLinearLayersAreTheDenseLinear) {
-  ContextGuard ctx(TensorParallelContext{});
   std::lock_guard<std::mutex> lock(rng_mutex());
   torch::manual_seed(11);
   torch::nn::Linear dense(6, 10);
@@ -150,7 +148,6 @@ TEST(TensorParallel, TpOneLinearLayersAreTheDenseLinear) {
 }
 
 TEST(TensorParallel, TpOneEmbeddingAndCrossEntropyAreTheDenseOnes) {
-  ContextGuard ctx(TensorParallelContext{});
   std::lock_guard<std::mutex> lock(rng_mutex());
   torch::manual_seed(5);
   torch::nn::Embedding dense(11, 4);
@@ -167,7 +164,7 @@ TEST(TensorParallel, TpOneEmbeddingAndCrossEntropyAreTheDenseOnes) {
   at::Tensor ht = emb->forward(ids);
   expect_equal(ht, hd, "embedding output");
   at::Tensor ld = torch::nn::functional::cross_entropy(at::linear(hd, dense->weight).reshape({-1, 11}), target.reshape({-1}));
-  at::Tensor lt = vocab_parallel_cross_entropy(emb->lm_logits(ht), target, 11);
+  at::Tensor lt = vocab_parallel_cross_entropy(emb->lm_logits(ht), target, 11, emb->group);
   expect_equal(lt, ld, "loss");
   ld.backward();
   lt.backward();
@@ -179,7 +176,7 @@ TEST(TensorParallel, TpOneEmbeddingAndCrossEntropyAreTheDenseOnes) {
   at::Tensor t = randint(7, {6}, 8);
   at::Tensor dl = logits.detach().narrow(1, 0, 7).clone().requires_grad_(true);
   at::Tensor expect = torch::nn::functional::cross_entropy(dl, t);
-  at::Tensor got = vocab_parallel_cross_entropy(logits, t, 7);
+  at::Tensor got = vocab_parallel_cross_entropy(logits, t, 7, nullptr);
   expect_close(got, expect, "padded loss");
   expect.backward();
   got.backward();
@@ -198,7 +195,7 @@ TEST(TensorParallel, ColumnParallelLinearMatchesDense) {
       {
         std::lock_guard<std::mutex> lock(rng_mutex());
         torch::manual_seed(21);
-        col = ColumnParallelLinear(LinearParallelOptions(8, 12).gather_output(gather));
+        col = ColumnParallelLinear(LinearParallelOptions(8, 12).gather_output(gather).context(tp_context(g)));
         torch::manual_seed(21);
         dense = torch::nn::Linear(8, 12);
       }
@@ -235,7 +232,7 @@ TEST(TensorParallel, RowParallelLinearMatchesDense) {
       {
         std::lock_guard<std::mutex> lock(rng_mutex());
         torch::manual_seed(22);
-        row = RowParallelLinear(LinearParallelOptions(12, 5).input_is_parallel(parallel_input));
+        row = RowParallelLinear(LinearParallelOptions(12, 5).input_is_parallel(parallel_input).context(tp_context(g)));
         torch::manual_seed(22);
         dense = torch::nn::Linear(12, 5);
       }
@@ -267,8 +264,8 @@ TEST(TensorParallel, ColumnThenRowMlpMatchesDenseMlp) {
     {
       std::lock_guard<std::mutex> lock(rng_mutex());
       torch::manual_seed(23);
-      fc1 = ColumnParallelLinear(8, 16);
-      fc2 = RowParallelLinear(16, 8);
+      fc1 = ColumnParallelLinear(LinearParallelOptions(8, 16).context(tp_context(g)));
+      fc2 = RowParallelLinear(LinearParallelOptions(16, 8).context(tp_context(g)));
       torch::manual_seed(23);
       d1 = torch::nn::Linear(8, 16);
       d2 = torch::nn::Linear(16, 8);
@@ -298,7 +295,7 @@ TEST(TensorParallel, VocabParallelEmbeddingWithPaddingMatchesDense) {
     {
       std::lock_guard<std::mutex> lock(rng_mutex());
       torch::manual_seed(24);
-      emb = VocabParallelEmbedding(VocabParallelEmbeddingOptions(v, dim).make_vocab_size_divisible_by(2));
+      emb = VocabParallelEmbedding(VocabParallelEmbeddingOptions(v, dim).make_vocab_size_divisible_by(2).context(tp_context(g)));
       torch::manual_seed(24);
       dense = torch::nn::Embedding(v, dim);
     }
@@ -331,7 +328,7 @@ TEST(TensorParallel, VocabParallelEmbeddingWithPaddingMatchesDense) {
     hd.retain_grad();
     ht.retain_grad();
     at::Tensor ld = torch::nn::functional::cross_entropy(logits_d.reshape({-1, v}), target.reshape({-1}));
-    at::Tensor lt = vocab_parallel_cross_entropy(logits_t, target, v);
+    at::Tensor lt = vocab_parallel_cross_entropy(logits_t, target, v, g);
     EXPECT_EQ(lt.scalar_type(), at::kFloat);
     EXPECT_EQ(lt.dim(), 0);
     expect_close(lt, ld, "loss");
@@ -352,7 +349,7 @@ TEST(TensorParallel, VocabParallelCrossEntropyWithoutPaddingMatchesDense) {
     at::Tensor ld = torch::nn::functional::cross_entropy(ld_in, target);
     ld.backward();
     at::Tensor lt_in = my_chunk(logits, g).requires_grad_(true);
-    at::Tensor lt = vocab_parallel_cross_entropy(lt_in, target);  // vocab_size -1: every column real
+    at::Tensor lt = vocab_parallel_cross_entropy(lt_in, target, -1, g);  // vocab_size -1: every column real
     expect_close(lt, ld, "loss");
     lt.backward(at::full({}, 2.0));  // the upstream gradient scales it
     expect_close(lt_in.grad(), my_chunk(ld_in.grad() * 2, g), "logits grad");
@@ -427,15 +424,15 @@ TEST(TensorParallel, Bf16ModulesRunAndStayCloseToFloat) {
     {
       std::lock_guard<std::mutex> lock(rng_mutex());
       torch::manual_seed(25);
-      fc1 = ColumnParallelLinear(8, 16);
-      fc2 = RowParallelLinear(16, 8);
-      emb = VocabParallelEmbedding(VocabParallelEmbeddingOptions(13, 8).make_vocab_size_divisible_by(1));
+      fc1 = ColumnParallelLinear(LinearParallelOptions(8, 16).context(tp_context(g)));
+      fc2 = RowParallelLinear(LinearParallelOptions(16, 8).context(tp_context(g)));
+      emb = VocabParallelEmbedding(VocabParallelEmbeddingOptions(13, 8).make_vocab_size_divisible_by(1).context(tp_context(g)));
     }
     at::Tensor ids = randint(13, {2, 5}, 80), target = randint(13, {2, 5}, 81);
     auto loss_of = [&]() {
       at::Tensor h = emb->forward(ids);
       h = h + fc2->forward(torch::gelu(fc1->forward(h)));
-      return vocab_parallel_cross_entropy(emb->lm_logits(h), target, 13);
+      return vocab_parallel_cross_entropy(emb->lm_logits(h), target, 13, g);
     };
     const at::Tensor loss32 = loss_of().detach();
     for (torch::nn::Module* m : std::vector<torch::nn::Module*>{fc1.get(), fc2.get(), emb.get()}) m->to(at::kBFloat16);
@@ -464,11 +461,11 @@ TEST(TensorParallel, DropoutDiffersAcrossTpRanksAndIsReproducible) {
     const int t = g->size();
     at::Tensor x = at::ones({4000});
     set_tensor_parallel_seed(77);
-    at::Tensor a = tensor_parallel_dropout(x, 0.25, true);
-    at::Tensor b = tensor_parallel_dropout(x, 0.25, true);
+    at::Tensor a = tensor_parallel_dropout(x, 0.25, true, g);
+    at::Tensor b = tensor_parallel_dropout(x, 0.25, true, g);
     EXPECT_FALSE(at::equal(a, b)) << "successive calls draw new masks";
     set_tensor_parallel_seed(77);
-    expect_equal(tensor_parallel_dropout(x, 0.25, true), a, "same seed, same mask");
+    expect_equal(tensor_parallel_dropout(x, 0.25, true, g), a, "same seed, same mask");
     // Kept entries are scaled by 1 / (1 - p), the rest are zero; about 75% are kept.
     EXPECT_TRUE(((a == 0).logical_or(a == 1 / 0.75f)).all().item<bool>());
     const double kept = (a != 0).to(at::kDouble).mean().item<double>();
@@ -481,19 +478,18 @@ TEST(TensorParallel, DropoutDiffersAcrossTpRanksAndIsReproducible) {
     // Gradient flows through the kept entries, scaled.
     at::Tensor xg = torch::ones({100}, torch::requires_grad());
     set_tensor_parallel_seed(5);
-    at::Tensor y = tensor_parallel_dropout(xg, 0.5, true);
+    at::Tensor y = tensor_parallel_dropout(xg, 0.5, true, g);
     y.sum().backward();
     expect_equal(xg.grad(), y.detach(), "gradient = mask / (1 - p)");
   });
-  ContextGuard ctx(TensorParallelContext{});
   at::Tensor x = at::ones({10});
-  EXPECT_TRUE(at::equal(tensor_parallel_dropout(x, 0.5, false), x));
-  EXPECT_TRUE(at::equal(tensor_parallel_dropout(x, 0.0, true), x));
+  EXPECT_TRUE(at::equal(tensor_parallel_dropout(x, 0.5, false, nullptr), x));
+  EXPECT_TRUE(at::equal(tensor_parallel_dropout(x, 0.0, true, nullptr), x));
   set_tensor_parallel_seed(1);
-  at::Tensor bf = tensor_parallel_dropout(at::ones({64}, at::kBFloat16), 0.5, true);
+  at::Tensor bf = tensor_parallel_dropout(at::ones({64}, at::kBFloat16), 0.5, true, nullptr);
   EXPECT_EQ(bf.scalar_type(), at::kBFloat16);
   for (double p : {-0.1, 1.0, 1.5, std::nan("")})
-    EXPECT_THAT([&] { tensor_parallel_dropout(x, p, true); },
+    EXPECT_THAT([&] { tensor_parallel_dropout(x, p, true, nullptr); },
                 ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("p must be in [0, 1)")));
 }
 
@@ -508,8 +504,8 @@ TEST(TensorParallel, SpecRegistryCloneAndReset) {
     {
       std::lock_guard<std::mutex> lock(rng_mutex());
       torch::manual_seed(26);
-      col = ColumnParallelLinear(4, 8);
-      row = RowParallelLinear(8, 4);
+      col = ColumnParallelLinear(LinearParallelOptions(4, 8).context(tp_context(g)));
+      row = RowParallelLinear(LinearParallelOptions(8, 4).context(tp_context(g)));
     }
     auto cw = tensor_parallel_spec(col->weight), cb = tensor_parallel_spec(col->bias);
     auto rw = tensor_parallel_spec(row->weight);
@@ -553,7 +549,6 @@ TEST(TensorParallel, SpecRegistryCloneAndReset) {
   });
 
   // Entries of destroyed tensors never reach new tensors.
-  ContextGuard ctx(TensorParallelContext{});
   for (int i = 0; i < 200; ++i) {
     at::Tensor tmp = at::zeros({4, 2});
     register_tensor_parallel_spec(tmp, TensorParallelSpec{0, 8, 8, 2, 1, nullptr});
@@ -572,17 +567,8 @@ TEST(TensorParallel, SpecRegistryCloneAndReset) {
 // Errors
 
 TEST(TensorParallel, Errors) {
-  set_tensor_parallel_context(std::nullopt);
-  EXPECT_FALSE(has_tensor_parallel_context());
-  EXPECT_THAT([] { ColumnParallelLinear(4, 4); },
-              ::testing::ThrowsMessage<std::logic_error>(HasSubstr("construct booster::Booster first")));
-  EXPECT_THROW(RowParallelLinear(4, 4), std::logic_error);
-  EXPECT_THROW(VocabParallelEmbedding(4, 4), std::logic_error);
-  EXPECT_THROW(tensor_parallel_context(), std::logic_error);
-  EXPECT_THROW(vocab_parallel_cross_entropy(at::zeros({2, 4}), at::zeros({2}, at::kLong)), std::logic_error);
-
   auto errors = run_thread_ranks(4, [](const Group& g) {
-    // An explicit group needs no context.
+    // The group option in place of the context's.
     ColumnParallelLinear ok(LinearParallelOptions(4, 8).group(g));
     EXPECT_EQ(ok->weight.size(0), 2);
     EXPECT_THAT([&] { ColumnParallelLinear(LinearParallelOptions(4, 10).group(g)); },
@@ -592,7 +578,10 @@ TEST(TensorParallel, Errors) {
                 ::testing::ThrowsMessage<std::invalid_argument>(
                     AllOf(HasSubstr("in_features (6)"), HasSubstr("tensor-parallel size 4"))));
     VocabParallelEmbedding emb(VocabParallelEmbeddingOptions(10, 4).group(g));
-    EXPECT_EQ(emb->padded_vocab(), 256);  // no context: the default make_vocab_size_divisible_by 64
+    EXPECT_EQ(emb->padded_vocab(), 256);  // the default context's make_vocab_size_divisible_by 64
+    TensorParallelContext by4 = tp_context(g);
+    by4.make_vocab_size_divisible_by = 4;
+    EXPECT_EQ(VocabParallelEmbedding(VocabParallelEmbeddingOptions(10, 4).context(by4))->padded_vocab(), 16);
     at::Tensor ids = at::tensor({1, 2, 12, -1}, at::kLong);
     EXPECT_THAT([&] { emb->forward(ids); },
                 ::testing::ThrowsMessage<std::out_of_range>(AllOf(HasSubstr("id 12"), HasSubstr("[0, 10)"))));

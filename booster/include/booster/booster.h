@@ -70,9 +70,6 @@ BOOSTER_API std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config&
 
 class BOOSTER_API Booster {
  public:
-  // Also publishes the plugin's tensor-parallel context (nn/tensor_parallel.h) on this thread, so
-  // tensor-parallel layers built after the Booster shard over the plugin's tp group; destroying the
-  // Booster clears it (when it is still this Booster's).
   // Reads [booster] (plugin = "torch_ddp", device = "cpu" | "cuda" (core/device.h: each rank takes
   // cuda:(LOCAL_RANK % visible devices); boost() moves the model there and prepare_dataloader's
   // batches arrive there through pinned memory; a plugin whose supported_devices() lacks it is
@@ -292,6 +289,12 @@ class BOOSTER_API Booster {
   // Before boost() under plugin = "auto", the world; auto then chooses among the data-parallel
   // configurations only (call it after boost() to let auto choose a pipeline mesh).
   std::shared_ptr<dist::ProcessGroup> data_parallel_group();
+  // The plugin's tensor-parallel context (Plugin::tensor_parallel_context; nn/tensor_parallel.h):
+  // hand it to the model's tensor- and sequence-parallel layers (their options' `context`) so they
+  // shard over the plugin's tp group. T = 1 (a default-constructed context) for plugins without
+  // tensor parallelism and for plugin = "auto", which chooses among configurations of tp = 1 only.
+  // Valid while the Booster lives (the reference); copies share the groups. Local, no communication.
+  const nn::TensorParallelContext& tensor_parallel_context() const;
   const Config& config() const;
   dist::ProcessGroup& world();
   // This rank's device ([booster] device): cpu, or cuda:(LOCAL_RANK % visible devices). Models are

@@ -193,9 +193,10 @@ class BOOSTER_API Plugin {
   // DistributedSampler over data_parallel_group(): num_replicas = its size, rank = this rank in it.
   virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                                const data::DataLoaderOptions& options);
-  // The context tensor-parallel layers (nn/tensor_parallel.h) take their group from: the Booster
-  // publishes it when it is constructed, so a model built after the Booster shards over this
-  // plugin's tp group. Default: T = 1 (null group; the layers are the dense ones).
+  // The tensor-parallel context (nn/tensor_parallel.h) of this plugin's layout: its tp group, its
+  // sequence-parallel mode and groups. Booster::tensor_parallel_context() returns it, and the program
+  // hands it to the tensor-parallel layers of the model it builds. Default: T = 1 (null group; the
+  // layers are the dense ones).
   virtual nn::TensorParallelContext tensor_parallel_context() const { return {}; }
   // One iteration of a pipelined model (Booster::execute_pipeline): splits inputs / targets (dim 0)
   // into micro-batches, runs the plugin's schedule (forward and, with an optimizer, backward of

@@ -36,7 +36,7 @@ at::Tensor LoraHook::operator()(torch::nn::Module& layer, const at::Tensor& x, c
   } else {
     // x is split along its last dim: A's partial products are summed over tp (g), B replicated.
     at::Tensor in = input_is_parallel ? x : scatter_to_tensor_parallel_region(x, group);
-    if (lora_dropout > 0) in = tensor_parallel_dropout(in, lora_dropout, layer.is_training());
+    if (lora_dropout > 0) in = tensor_parallel_dropout(in, lora_dropout, layer.is_training(), group);
     lora = b->forward(reduce_from_tensor_parallel_region(a->forward(in.to(dtype)), group));
   }
   return y + lora.to(y.scalar_type()) * scaling();

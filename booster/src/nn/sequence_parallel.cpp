@@ -197,9 +197,7 @@ at::Tensor sequence_all_to_all(const at::Tensor& x, const SpGroup& group, int64_
   return SequenceAllToAll::apply(x, group, scatter_dim, gather_dim);
 }
 
-SequenceShard sequence_shard(int64_t seq_len) {
-  if (!has_tensor_parallel_context()) return {0, seq_len};
-  const auto& c = tensor_parallel_context();
+SequenceShard sequence_shard(int64_t seq_len, const TensorParallelContext& c) {
   const int s = c.sequence_parallel_size();
   if (s <= 1) return {0, seq_len};
   if (seq_len % s != 0)
@@ -212,23 +210,16 @@ SequenceShard sequence_shard(int64_t seq_len) {
   return {c.sequence_parallel_rank() * length, length};
 }
 
-int sequence_parallel_size() {
-  return has_tensor_parallel_context() ? tensor_parallel_context().sequence_parallel_size() : 1;
-}
-
-at::Tensor shard_sequence_input(const at::Tensor& x) {
-  if (!has_tensor_parallel_context() || tensor_parallel_context().sequence_parallel != SequenceParallelMode::kAllToAll)
-    return x;
+at::Tensor shard_sequence_input(const at::Tensor& x, const TensorParallelContext& context) {
+  if (context.sequence_parallel != SequenceParallelMode::kAllToAll) return x;
   if (!x.defined() || x.dim() < 2)
     throw std::invalid_argument("booster::nn::shard_sequence_input: needs a batch-first tensor [B, T, ...]");
-  const SequenceShard s = sequence_shard(x.size(1));
+  const SequenceShard s = sequence_shard(x.size(1), context);
   return x.narrow(1, s.offset, s.length);
 }
 
-at::Tensor sequence_parallel_loss(const at::Tensor& local_loss) {
+at::Tensor sequence_parallel_loss(const at::Tensor& local_loss, const TensorParallelContext& c) {
   detail::check_floating(local_loss, "sequence_parallel_loss");
-  if (!has_tensor_parallel_context()) return local_loss;
-  const auto& c = tensor_parallel_context();
   if (c.sequence_parallel != SequenceParallelMode::kAllToAll || !detail::group_active(c.sp_group)) return local_loss;
   return MeanLossIdentityBackward::apply(local_loss, c.sp_group);
 }

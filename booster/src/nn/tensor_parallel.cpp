@@ -1,5 +1,5 @@
-// tensor_parallel.cpp — the layer half of tensor_parallel.h: the thread-local tensor-parallel
-// context, the registry of parameter specs, and ColumnParallelLinear, RowParallelLinear and
+// tensor_parallel.cpp — the layer half of tensor_parallel.h: the tensor-parallel context's size and
+// rank, the registry of parameter specs, and ColumnParallelLinear, RowParallelLinear and
 // VocabParallelEmbedding. The communication operators, the cross entropy and the dropout are in
 // tensor_parallel_ops.cpp.
 #include "booster/nn/tensor_parallel.h"
@@ -18,7 +18,6 @@ namespace booster::nn {
 
 using Group = std::shared_ptr<dist::ProcessGroup>;
 
-void reset_tensor_parallel_dropout_generator();  // tensor_parallel_ops.cpp
 // sequence_parallel.cpp: gather(x) W^T + b keeping only the shard x for backward.
 at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                            const Group& group);
@@ -26,27 +25,8 @@ at::Tensor sequence_parallel_column_linear(const at::Tensor& x, const at::Tensor
 // ---------------------------------------------------------------------------------------------
 // The context
 
-namespace {
-thread_local std::optional<TensorParallelContext> tls_context;
-}  // namespace
-
 int TensorParallelContext::size() const { return group ? group->size() : 1; }
 int TensorParallelContext::rank() const { return group ? group->rank() : 0; }
-
-const TensorParallelContext& tensor_parallel_context() {
-  if (!tls_context)
-    throw std::logic_error(
-        "booster::nn: a tensor-parallel layer was built before the Booster: construct booster::Booster first, then the "
-        "model, then call boost() (or pass an explicit group in the layer's options)");
-  return *tls_context;
-}
-
-bool has_tensor_parallel_context() { return tls_context.has_value(); }
-
-void set_tensor_parallel_context(std::optional<TensorParallelContext> context) {
-  tls_context = std::move(context);
-  reset_tensor_parallel_dropout_generator();
-}
 
 // ---------------------------------------------------------------------------------------------
 // The spec registry. Keyed by TensorImpl address; each entry holds a weak reference to its
@@ -124,17 +104,24 @@ int64_t padded_vocab_size(int64_t vocab_size, int tp, int64_t divisible_by) {
 namespace {
 
 // options.group, else the context's; a group of one rank becomes null (T = 1: the dense layer).
-Group resolve_group(const Group& explicit_group) {
-  Group g = explicit_group ? explicit_group : tensor_parallel_context().group;
+Group resolve_group(const Group& explicit_group, const TensorParallelContext& context) {
+  Group g = explicit_group ? explicit_group : context.group;
   return g && g->size() > 1 ? g : nullptr;
 }
 
 // Megatron-SP for a layer over `g`: the option, else the context's mode; never at T = 1.
-bool resolve_sequence_parallel(const std::optional<bool>& option, const Group& g) {
+bool resolve_sequence_parallel(const std::optional<bool>& option, const TensorParallelContext& context, const Group& g) {
   if (!g) return false;
   if (option) return *option;
-  return has_tensor_parallel_context() &&
-         tensor_parallel_context().sequence_parallel == SequenceParallelMode::kSplitGather;
+  return context.sequence_parallel == SequenceParallelMode::kSplitGather;
+}
+
+// The context of a split_gather layer over g: sequence_shard's checks and error message.
+TensorParallelContext split_gather_context(const Group& g) {
+  TensorParallelContext c;
+  c.group = g;
+  c.sequence_parallel = SequenceParallelMode::kSplitGather;
+  return c;
 }
 
 void refuse_under_sequence_parallel(const char* layer, const char* what) {
@@ -227,8 +214,8 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(LinearParallelOptions options_)
     : options(std::move(options_)),
-      group(resolve_group(options.group())),
-      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), group)) {
+      group(resolve_group(options.group(), options.context())),
+      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), options.context(), group)) {
   check_positive("ColumnParallelLinear", "in_features", options.in_features());
   check_divisible("ColumnParallelLinear", "out_features", options.out_features(), tp_size(group));
   reset();
@@ -262,8 +249,8 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
 
 RowParallelLinearImpl::RowParallelLinearImpl(LinearParallelOptions options_)
     : options(std::move(options_)),
-      group(resolve_group(options.group())),
-      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), group)) {
+      group(resolve_group(options.group(), options.context())),
+      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), options.context(), group)) {
   check_positive("RowParallelLinear", "out_features", options.out_features());
   check_divisible("RowParallelLinear", "in_features", options.in_features(), tp_size(group));
   reset();
@@ -284,7 +271,7 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   } else if (sequence_parallel) {
     if (!options.input_is_parallel()) refuse_under_sequence_parallel("RowParallelLinear", "input_is_parallel = false");
     if (forward_hook) refuse_under_sequence_parallel("RowParallelLinear", "a forward_hook (LoRA)");
-    sequence_shard(x.size(1));  // the error naming T and sp_size
+    sequence_shard(x.size(1), split_gather_context(group));  // the error naming T and sp_size
     y = reduce_scatter_sequence(at::linear(x, weight), group, 1);
     return bias.defined() ? y + bias : y;
   } else {
@@ -297,15 +284,14 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions options_)
     : options(std::move(options_)),
-      group(resolve_group(options.group())),
-      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), group)) {
+      group(resolve_group(options.group(), options.context())),
+      sequence_parallel(resolve_sequence_parallel(options.sequence_parallel(), options.context(), group)) {
   check_positive("VocabParallelEmbedding", "num_embeddings", options.num_embeddings());
   check_positive("VocabParallelEmbedding", "embedding_dim", options.embedding_dim());
   if (options.make_vocab_size_divisible_by() < 0)
     throw std::invalid_argument("booster::nn::VocabParallelEmbedding: make_vocab_size_divisible_by must be >= 0");
   if (options.make_vocab_size_divisible_by() == 0)
-    options.make_vocab_size_divisible_by(has_tensor_parallel_context() ? tensor_parallel_context().make_vocab_size_divisible_by
-                                                                      : TensorParallelContext{}.make_vocab_size_divisible_by);
+    options.make_vocab_size_divisible_by(options.context().make_vocab_size_divisible_by);
   reset();
 }
 
@@ -350,7 +336,7 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   if (sequence_parallel) {
     if (ids.dim() < 2)
       throw std::invalid_argument("booster::nn::VocabParallelEmbedding: sequence parallelism needs ids [B, T, ...]");
-    sequence_shard(ids.size(1));  // the error naming T and sp_size
+    sequence_shard(ids.size(1), split_gather_context(group));  // the error naming T and sp_size
     return reduce_scatter_sequence(y, group, 1);
   }
   return reduce_from_tensor_parallel_region(y, group);

@@ -194,7 +194,7 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
 }  // namespace
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target, int64_t vocab_size,
-                                        const Group& group_or_null) {
+                                        const Group& group) {
   check_floating(local_logits, "vocab_parallel_cross_entropy");
   if (local_logits.dim() < 1)
     throw std::invalid_argument("booster::nn::vocab_parallel_cross_entropy: logits must have a vocabulary dim");
@@ -204,7 +204,6 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
   if (target.sizes() != batch)
     throw std::invalid_argument("booster::nn::vocab_parallel_cross_entropy: target shape " + c10::str(target.sizes()) +
                                 " must be the logits' shape without the last dim, " + c10::str(batch));
-  Group group = group_or_null ? group_or_null : tensor_parallel_context().group;
   const int64_t t = group_active(group) ? group->size() : 1;
   const int64_t local = local_logits.size(-1);
   const int64_t total = local * t;
@@ -229,14 +228,13 @@ namespace {
 struct DropoutRng {
   uint64_t seed = 1234;
   std::optional<at::Generator> generator;  // created on first use with seed + 2718 + tp rank
+  // The tp rank the generator was seeded for; -1 after set_tensor_parallel_dropout_rng_state (a
+  // checkpoint of this rank's stream): the next call's rank adopts it.
+  int rank = -1;
 };
 thread_local DropoutRng tls_dropout_rng;
 
 }  // namespace
-
-// Called by set_tensor_parallel_context: the tp rank may have changed, so the generator is re-seeded
-// on its next use.
-void reset_tensor_parallel_dropout_generator() { tls_dropout_rng.generator.reset(); }
 
 std::optional<at::Tensor> tensor_parallel_dropout_rng_state() {
   if (!tls_dropout_rng.generator) return std::nullopt;
@@ -250,6 +248,7 @@ void set_tensor_parallel_dropout_rng_state(const std::optional<at::Tensor>& stat
     return;
   }
   if (!tls_dropout_rng.generator) tls_dropout_rng.generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  tls_dropout_rng.rank = -1;
   std::lock_guard<std::mutex> lock(tls_dropout_rng.generator->mutex());
   tls_dropout_rng.generator->set_state(*state);
 }
@@ -259,15 +258,17 @@ void set_tensor_parallel_seed(uint64_t seed) {
   tls_dropout_rng.generator.reset();
 }
 
-at::Tensor tensor_parallel_dropout(const at::Tensor& x, double p, bool training) {
+at::Tensor tensor_parallel_dropout(const at::Tensor& x, double p, bool training, const Group& group) {
   if (!(p >= 0.0 && p < 1.0))
     throw std::invalid_argument("booster::nn::tensor_parallel_dropout: p must be in [0, 1), got " + std::to_string(p));
   check_floating(x, "tensor_parallel_dropout");
   if (!training || p == 0.0) return x;
   auto& rng = tls_dropout_rng;
-  if (!rng.generator) {
-    const int rank = has_tensor_parallel_context() ? tensor_parallel_context().rank() : 0;
+  const int rank = group ? group->rank() : 0;
+  if (rng.generator && rng.rank == -1) rng.rank = rank;
+  if (!rng.generator || rng.rank != rank) {
     rng.generator = at::make_generator<at::CPUGeneratorImpl>(rng.seed + 2718 + static_cast<uint64_t>(rank));
+    rng.rank = rank;
   }
   at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kFloat).requires_grad(false));
   {

@@ -1,8 +1,9 @@
 // sequence_parallel.h — the operators of sequence parallelism and the calls a model makes for it.
 //
 // Two modes, chosen by the hybrid_parallel plugin's enable_sequence_parallelism /
-// sequence_parallelism_mode / sp_size and published in the tensor-parallel context
-// (TensorParallelContext::sequence_parallel, tensor_parallel.h):
+// sequence_parallelism_mode / sp_size and carried by the tensor-parallel context
+// (TensorParallelContext::sequence_parallel, tensor_parallel.h) that the model receives (from
+// Booster::tensor_parallel_context()) and passes to its layers and to the calls below:
 //  - "split_gather": Megatron-SP (Korthikanti et al., "Reducing Activation Recomputation in Large
 //    Transformer Models", 2022) over the tp group. The tensor-parallel layers do the communication
 //    themselves (tensor_parallel.h); the operators below are theirs.
@@ -11,13 +12,15 @@
 //    model cuts its input with shard_sequence_input, exchanges sequence shards for head shards
 //    around attention with sequence_all_to_all, and averages its loss with sequence_parallel_loss.
 //
-// Model-side contract (both modes; activations are batch-first, the sequence is dim 1):
-//   auto shard = booster::nn::sequence_shard(T);   // positions [offset, offset + length) of T
-//   ids = booster::nn::shard_sequence_input(ids);  // all_to_all: this rank's [B, T/sp] slice
+// Model-side contract (both modes; activations are batch-first, the sequence is dim 1; ctx the
+// model's TensorParallelContext):
+//   auto shard = booster::nn::sequence_shard(T, ctx);   // positions [offset, offset + length) of T
+//   ids = booster::nn::shard_sequence_input(ids, ctx);  // all_to_all: this rank's [B, T/sp] slice
 //   x = wte(ids) + wpe(arange(shard.offset, shard.offset + shard.length));   // [B, T/sp, C]
 //   ... attention: all_to_all before (sequence -> heads) and after (heads -> sequence) ...
-//   loss = sequence_parallel_loss(cross_entropy(logits, shard_sequence_input(targets)));
-// Without sequence parallelism every call is the identity (offset 0, length T).
+//   loss = sequence_parallel_loss(cross_entropy(logits, shard_sequence_input(targets, ctx)), ctx);
+// Without sequence parallelism (ctx.sequence_parallel == kNone, e.g. a default-constructed context)
+// every call is the identity (offset 0, length T).
 //
 // Gradients: under split_gather, a parameter without a TensorParallelSpec (LayerNorm weights,
 // RowParallelLinear's bias, position embeddings) receives only its sequence shard's part; under
@@ -65,8 +68,8 @@ BOOSTER_API at::Tensor sequence_all_to_all(const at::Tensor& x, const std::share
                                            int64_t scatter_dim, int64_t gather_dim);
 
 // The positions of a length-T sequence this rank's activations hold: [offset, offset + length) with
-// length = T / S and offset = rank * length, where S and rank are the context's
-// sequence_parallel_size() / sequence_parallel_rank() (S = 1, offset 0 without a context).
+// length = T / S and offset = rank * length, where S and rank are context.sequence_parallel_size() /
+// context.sequence_parallel_rank() (S = 1: offset 0, length T). Local: no communication.
 // std::invalid_argument when S does not divide T: "sequence length T = 30 is not divisible by
 // sp_size = 4 (sequence_parallelism_mode = \"split_gather\", where sp_size is tp_size); use a
 // sequence length that is a multiple of 4".
@@ -74,24 +77,22 @@ struct SequenceShard {
   int64_t offset = 0;
   int64_t length = 0;
 };
-BOOSTER_API SequenceShard sequence_shard(int64_t seq_len);
+BOOSTER_API SequenceShard sequence_shard(int64_t seq_len, const TensorParallelContext& context);
 
-// The context's sequence_parallel_size() (the number of sequence shards; 1 without a context or
-// without sequence parallelism), callable from outside the library (TensorParallelContext's member
-// functions are not exported).
-BOOSTER_API int sequence_parallel_size();
+// context.sequence_parallel == kAllToAll: this rank's slice x.narrow(1, offset, length) of a
+// batch-first input (token ids [B, T], targets, any dtype; a view, differentiable); every other mode:
+// x itself. Errors as sequence_shard (T = x.size(1)); std::invalid_argument for x with fewer than 2
+// dims. Local: no communication.
+BOOSTER_API at::Tensor shard_sequence_input(const at::Tensor& x, const TensorParallelContext& context);
 
-// all_to_all: this rank's slice x.narrow(1, offset, length) of a batch-first input (token ids
-// [B, T], targets, any dtype; a view, differentiable); every other mode: x itself. Errors as
-// sequence_shard (T = x.size(1)); std::invalid_argument for x with fewer than 2 dims.
-BOOSTER_API at::Tensor shard_sequence_input(const at::Tensor& x);
-
-// all_to_all: the mean of every sp rank's `local_loss` (a float scalar: that rank's mean over its
-// shard; equal shards make it the mean over the whole sequence), so every sp rank reports the same
-// value. Backward passes the upstream gradient to the local loss unchanged: each rank's gradients
-// are those of its own shard's mean, and the plugin's average over dp x sp makes them the whole
-// sequence's. Every other mode: local_loss itself. std::invalid_argument for a non-floating loss.
-BOOSTER_API at::Tensor sequence_parallel_loss(const at::Tensor& local_loss);
+// context.sequence_parallel == kAllToAll with an sp_group of more than one rank: the mean of every sp
+// rank's `local_loss` (a float scalar: that rank's mean over its shard; equal shards make it the
+// mean over the whole sequence), so every sp rank reports the same value; collective over
+// context.sp_group (every sp rank calls it). Backward passes the upstream gradient to the local loss
+// unchanged: each rank's gradients are those of its own shard's mean, and the plugin's average over
+// dp x sp makes them the whole sequence's. Every other mode: local_loss itself.
+// std::invalid_argument for a non-floating loss.
+BOOSTER_API at::Tensor sequence_parallel_loss(const at::Tensor& local_loss, const TensorParallelContext& context);
 
 }  // namespace nn
 }  // namespace booster

@@ -4,16 +4,19 @@
 // columns or by input rows, a vocabulary-split embedding, and a cross entropy over vocabulary-split
 // logits that never gathers them.
 //
-// The group. Every layer shards over a tensor-parallel ("tp") group of T ranks. By default it is the
-// one of the tensor-parallel context the Booster publishes when it is constructed (its plugin's
-// Plugin::tensor_parallel_context(): hybrid_parallel's tp group; T = 1 for every other plugin), so a
-// model with these layers is built AFTER the Booster and BEFORE boost():
-//     booster::Booster booster(config);      // sets the context
-//     auto model = std::make_shared<GPT>(...);  // TP layers take the tp group now
+// The group. Every layer shards over a tensor-parallel ("tp") group of T ranks, taken from the
+// TensorParallelContext in its options (`context`; `group` overrides the context's group). The
+// operators and functions of this file and of sequence_parallel.h take their group or context as an
+// argument; none of them finds a group or context in process-wide or thread-local state. A layer
+// built with a default-constructed context (the options' default) is the dense layer (T = 1). A
+// training program takes the context from its Booster (Booster::tensor_parallel_context(): the
+// plugin's Plugin::tensor_parallel_context(), hybrid_parallel's tp group; T = 1 for every other
+// plugin) and hands it to the model it builds before boost():
+//     booster::Booster booster(config);
+//     auto model = std::make_shared<GPT>(cfg, booster.tensor_parallel_context());
 //     auto [m, opt, ...] = booster.boost(model, ...);
-// A layer built while no Booster exists (and without an explicit group in its options) throws
-// std::logic_error saying so. With T = 1 every layer IS the dense layer: same parameter shapes,
-// same initial values, same outputs and gradients as torch::nn::Linear / Embedding / cross_entropy.
+// With T = 1 every layer IS the dense layer: same parameter shapes, same initial values, same
+// outputs and gradients as torch::nn::Linear / Embedding / cross_entropy.
 //
 // Initialisation is independent of T: each layer initialises the FULL weight (and bias) with the
 // global torch RNG (torch::manual_seed on every rank), exactly as the dense layer would, and keeps
@@ -66,8 +69,11 @@ enum class SequenceParallelMode { kNone, kSplitGather, kAllToAll };
 // "none", "split_gather", "all_to_all" (ColossalAI's sequence_parallelism_mode names).
 BOOSTER_API const char* sequence_parallel_mode_name(SequenceParallelMode mode);
 
-struct TensorParallelContext {
-  // The tp group; null means T = 1 (dense layers, no communication).
+// A plain value: the groups and the sequence-parallel mode the tensor- and sequence-parallel layers
+// and functions use. A default-constructed context is T = 1 without sequence parallelism (every
+// layer dense, every function the identity). Copies share the groups.
+struct BOOSTER_API TensorParallelContext {
+  // The tp group; null (or a group of one rank) means T = 1 (dense layers, no communication).
   std::shared_ptr<dist::ProcessGroup> group;
   SequenceParallelMode sequence_parallel = SequenceParallelMode::kNone;
   // kAllToAll: the sequence-parallel group (sp_size ranks); null otherwise (or sp_size = 1).
@@ -81,17 +87,6 @@ struct TensorParallelContext {
   int sequence_parallel_size() const;
   int sequence_parallel_rank() const;  // this rank's shard index in [0, sequence_parallel_size())
 };
-
-// The context TP layers built now on this thread use. Throws std::logic_error when none was set
-// ("a tensor-parallel layer was built before the Booster: construct booster::Booster first, then the
-// model, then call boost()").
-BOOSTER_API const TensorParallelContext& tensor_parallel_context();
-BOOSTER_API bool has_tensor_parallel_context();
-// Set by the Booster's constructor (thread-local: each thread that builds models sees the context of
-// the last Booster constructed on it); std::nullopt clears it. Tests may set it directly. Setting it
-// also re-seeds this thread's tensor_parallel_dropout generator on its next use (the tp rank may
-// have changed).
-BOOSTER_API void set_tensor_parallel_context(std::optional<TensorParallelContext> context);
 
 // How a sharded parameter relates to its full (dense) tensor: the full tensor, padded along `dim` to
 // `padded_size`, is split into T equal contiguous chunks along `dim`; tp rank r holds chunk r. The
@@ -136,11 +131,13 @@ BOOSTER_API at::Tensor gather_from_tensor_parallel_region(const at::Tensor& x, c
 BOOSTER_API at::Tensor scatter_to_tensor_parallel_region(const at::Tensor& x, const std::shared_ptr<dist::ProcessGroup>& group);
 
 // ---------------------------------------------------------------------------------------------
-// Layers. Options: `group` overrides the context's group (tests; null = take the context);
-// `init_method` (optional) initialises the FULL weight in place instead of the dense layer's default
-// (e.g. normal std 0.02); with init_method the bias starts at zero (Megatron) unless
-// bias_init_method initialises the full bias. A group of one rank counts as T = 1: the layer's
-// `group` member is then null and it is exactly the dense layer (no communication).
+// Layers. Options: `context` (TensorParallelContext; default: T = 1, the dense layer) gives the tp
+// group, the sequence-parallel mode and the vocabulary padding; `group` overrides the context's
+// group (null: the context's); `init_method` (optional) initialises the FULL weight in place
+// instead of the dense layer's default (e.g. normal std 0.02); with init_method the bias starts at
+// zero (Megatron) unless bias_init_method initialises the full bias. A group of one rank counts as
+// T = 1: the layer's `group` member is then null and it is exactly the dense layer (no
+// communication).
 // reset() (Cloneable) re-creates the parameters: it draws the full tensors from the global RNG again
 // and re-registers "weight"/"bias" with their specs. Unlike LibTorch's layers it may also be called
 // directly on a built layer (their second reset() throws "already defined"); parameters handed to an
@@ -168,9 +165,12 @@ struct LinearParallelOptions {
   TORCH_ARG(bool, input_is_parallel) = true;
   TORCH_ARG(InitMethod, init_method) = nullptr;
   TORCH_ARG(InitMethod, bias_init_method) = nullptr;
+  // The tensor-parallel context (its group, its sequence_parallel mode); default: T = 1.
+  TORCH_ARG(TensorParallelContext, context) = TensorParallelContext{};
+  // The tp group when non-null, in place of context.group.
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
   // Megatron-SP (SequenceParallelMode::kSplitGather) over the layer's group: nullopt takes it from
-  // the context (its sequence_parallel == kSplitGather; false without a context). Ignored at T = 1.
+  // the context (context.sequence_parallel == kSplitGather). Ignored at T = 1.
   TORCH_ARG(std::optional<bool>, sequence_parallel) = std::nullopt;
 };
 
@@ -247,9 +247,11 @@ struct VocabParallelEmbeddingOptions {
   TORCH_ARG(int64_t, num_embeddings);
   TORCH_ARG(int64_t, embedding_dim);
   TORCH_ARG(InitMethod, init_method) = nullptr;  // default: normal(0, 1) as torch::nn::Embedding
+  // As LinearParallelOptions::context / group.
+  TORCH_ARG(TensorParallelContext, context) = TensorParallelContext{};
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
-  // 0: the context's make_vocab_size_divisible_by (64 when the layer is built with an explicit group
-  // and no context). The constructor writes the value it used here.
+  // 0: context.make_vocab_size_divisible_by (64 in a default-constructed context). The constructor
+  // writes the value it used here.
   TORCH_ARG(int64_t, make_vocab_size_divisible_by) = 0;
   // Megatron-SP over the layer's group, as LinearParallelOptions::sequence_parallel.
   TORCH_ARG(std::optional<bool>, sequence_parallel) = std::nullopt;
@@ -296,25 +298,30 @@ TORCH_MODULE(VocabParallelEmbedding);
 // no padding) are excluded. With T = 1 it equals torch::nn::functional::cross_entropy (mean
 // reduction; without padding it IS that function, applied to the logits cast to float32). Gradient:
 // (softmax - one_hot) * upstream / N on the local columns (zero on padding columns), in the logits'
-// dtype. Collective over `group` (null: the
-// context's; std::logic_error when there is none). Errors, thrown before any communication (so every
-// rank throws alike): std::out_of_range naming the first target outside [0, vocab_size) (or outside
-// the whole vocabulary when vocab_size <= 0); std::invalid_argument for a target that is not int64 or
-// not shaped like the logits without their last dim, or vocab_size > Vp.
+// dtype. Collective over `group` (every tp rank calls it; null or a group of one rank: T = 1, no
+// communication; pass the tp group of the layer that made the logits, e.g. VocabParallelEmbedding's
+// `group` member). Errors, thrown before any communication (so every rank throws alike):
+// std::out_of_range naming the first target outside [0, vocab_size) (or outside the whole vocabulary
+// when vocab_size <= 0); std::invalid_argument for a target that is not int64 or not shaped like the
+// logits without their last dim, or vocab_size > Vp.
 BOOSTER_API at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,
-                                                    int64_t vocab_size = -1,
-                                                    const std::shared_ptr<dist::ProcessGroup>& group = nullptr);
+                                                    int64_t vocab_size,
+                                                    const std::shared_ptr<dist::ProcessGroup>& group);
 
 // ---------------------------------------------------------------------------------------------
 // Dropout inside the tensor-parallel region (on column-split activations, e.g. attention
 // probabilities) must differ per tp rank, dropout elsewhere must be the same on every tp rank
 // (Megatron's model-parallel RNG tracker: seed + 2718 + tp_rank inside). tensor_parallel_dropout
-// draws from a generator seeded with seed + 2718 + tp rank (set_tensor_parallel_seed, default seed
-// 1234; thread-local like the context); plain torch dropout uses the global RNG, which every rank
-// seeds alike. x any floating tensor; p in [0, 1) (std::invalid_argument otherwise); identity when
-// !training or p == 0.
+// draws from this thread's generator, seeded with seed + 2718 + r where r is this rank in `group`
+// (0 for a null group): set_tensor_parallel_seed sets the seed (default 1234) for this thread and
+// re-seeds its generator on its next use; a call with a group of another rank than the generator was
+// seeded for re-seeds it too. Plain torch dropout uses the global RNG, which every rank seeds alike.
+// x any floating tensor (std::invalid_argument otherwise), the output has its dtype and shape; p in
+// [0, 1) (std::invalid_argument otherwise); identity when !training or p == 0. Local: no
+// communication.
 BOOSTER_API void set_tensor_parallel_seed(uint64_t seed);
-BOOSTER_API at::Tensor tensor_parallel_dropout(const at::Tensor& x, double p, bool training);
+BOOSTER_API at::Tensor tensor_parallel_dropout(const at::Tensor& x, double p, bool training,
+                                               const std::shared_ptr<dist::ProcessGroup>& group);
 
 }  // namespace nn
 }  // namespace booster
