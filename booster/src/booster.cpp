@@ -37,33 +37,47 @@ static std::string configured_device(const Config& config) {
   return b.has("device") ? b.get_choice("device", "cpu", {"cpu", "cuda"}) : "cpu";
 }
 
-std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std::vector<std::string>& args) {
-  const std::string device = configured_device(config);
+namespace {
+struct DistributedSettings {
+  dist::LaunchOptions launch;
+  std::string device, backend, host;
+  int port = 29500;
+};
+
+// [distributed] read and checked (unknown keys, nccl without cuda), whether or not it launches.
+DistributedSettings read_distributed(const Config& config) {
+  DistributedSettings s;
+  s.device = configured_device(config);
   Options d = config.section("distributed");
-  dist::LaunchOptions lo;
-  lo.timeout_s = d.get_double("timeout_s", 1800.0, 1e-3, 1e9);
-  lo.threads_per_rank = static_cast<int>(d.get_int("threads_per_rank", 0, 0, 1024));
+  s.launch.timeout_s = d.get_double("timeout_s", 1800.0, 1e-3, 1e9);
+  s.launch.threads_per_rank = static_cast<int>(d.get_int("threads_per_rank", 0, 0, 1024));
   // NCCL is the default on CUDA, as torch.distributed's "cuda:nccl".
-  std::string backend = d.get_choice("backend", device == "cuda" ? "nccl" : "gloo", {"gloo", "nccl"});
-  std::string host = d.get_string("host", "127.0.0.1");
-  int port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
+  s.backend = d.get_choice("backend", s.device == "cuda" ? "nccl" : "gloo", {"gloo", "nccl"});
+  s.host = d.get_string("host", "127.0.0.1");
+  s.port = static_cast<int>(d.get_int("port", 29500, 1, 65535));
   d.check_unknown();  // validated even when already launched: a typo is never silently accepted
-  if (backend == "nccl" && device != "cuda")
+  if (s.backend == "nccl" && s.device != "cuda")
     throw ConfigError(d.where("backend") + ": distributed.backend = \"nccl\" reduces CUDA tensors only, and "
-                      "booster.device is \"" + device + "\"; set booster.device = \"cuda\" or backend = \"gloo\"");
+                      "booster.device is \"" + s.device + "\"; set booster.device = \"cuda\" or backend = \"gloo\"");
+  return s;
+}
+}  // namespace
+
+std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config& config, std::vector<std::string>& args) {
+  const DistributedSettings s = read_distributed(config);
   if (auto w = dist::world()) return w;
   // A missing GPU or CUDA library is reported before any rendezvous (no rank waits for this one).
-  if (device == "cuda" && cuda_device_count() == 0) {
+  if (s.device == "cuda" && cuda_device_count() == 0) {
     try {
-      (void)select_device("cuda", 0, 1, backend);
+      (void)select_device("cuda", 0, 1, s.backend);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(e.what());
     }
   }
   // Config host/port/backend are the defaults the flags and launchers start from.
-  std::vector<std::string> with_defaults{"--host", host, "--port", std::to_string(port), "--backend", backend};
+  std::vector<std::string> with_defaults{"--host", s.host, "--port", std::to_string(s.port), "--backend", s.backend};
   with_defaults.insert(with_defaults.end(), args.begin(), args.end());
-  auto world = dist::launch_auto(with_defaults, lo);
+  auto world = dist::launch_auto(with_defaults, s.launch);
   args = with_defaults;
   return world;
 }
@@ -94,7 +108,9 @@ static void check_shadowed_settings(const Config& config, const Plugin& plugin,
   }
 }
 
-Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
+Booster::Booster(const Config& config) : Booster(config, nullptr) {}
+
+Booster::Booster(const Config& config, std::shared_ptr<dist::ProcessGroup> world) : impl_(std::make_unique<Impl>()) {
   impl_->config = config;
   config.check_sections(kSections);
   Options b = config.section("booster");
@@ -127,8 +143,12 @@ Booster::Booster(const Config& config) : impl_(std::make_unique<Impl>()) {
                       "save_optimizer (shard, size_per_shard_mb, use_safetensors); remove its keys");
   }
 
-  std::vector<std::string> no_args;
-  auto world = launch_from_config(config, no_args);
+  if (world) {
+    (void)read_distributed(config);  // the launch happened elsewhere; [distributed] is still checked
+  } else {
+    std::vector<std::string> no_args;
+    world = launch_from_config(config, no_args);
+  }
   impl_->world = world;
   try {
     const dist::DistEnv& env = dist::current_env();

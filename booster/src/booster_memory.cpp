@@ -34,7 +34,28 @@ std::string toml_float(double v) {
 }
 }  // namespace
 
+Config Booster::resolve_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+  if (!impl_->auto_pending)
+    throw ConfigError("booster: resolve_auto() chooses a configuration for booster.plugin = \"auto\", and this "
+                      "Booster's plugin is \"" + (impl_->plugin ? impl_->plugin->name() : std::string("(none)")) +
+                      "\" (or auto already chose at boost()); set booster.plugin = \"auto\"");
+  if (optimizer) drop_frozen_parameters(*optimizer);  // as boost() does before it chooses
+  Config config = impl_->config.clone();  // the user's Config (and this Booster's) stay as they are
+  config.remove_section("auto");          // [auto] applies to plugin = "auto" only
+  std::shared_ptr<Plugin> plugin;
+  auto_config(model, optimizer, config, plugin);
+  return config;
+}
+
 void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+  std::shared_ptr<Plugin> plugin;
+  auto_config(model, optimizer, impl_->config, plugin);
+  impl_->auto_pending = false;
+  attach_plugin(std::move(plugin));
+}
+
+void Booster::auto_config(torch::nn::Module& model, torch::optim::Optimizer* optimizer, Config& config,
+                          std::shared_ptr<Plugin>& plugin) {
   dist::ProcessGroup& w = *impl_->world;
   constexpr double kMiB = 1024.0 * 1024.0;
   EstimateRequest request = describe_model(model, optimizer);
@@ -85,14 +106,13 @@ void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* opt
                                  "booster.execute_pipeline"
                                : "): the least communication per step among the configurations that fit"));
   }
-  Config config = impl_->config;
   config.apply_override("booster.plugin=\"" + chosen.plugin + "\"");
   for (const auto& o : chosen.options) config.apply_override("plugin." + o);
   PluginContext ctx;
   ctx.name = chosen.plugin;
   ctx.options = config.section("plugin");
   ctx.world = impl_->world;
-  std::shared_ptr<Plugin> plugin = load_plugin(ctx);
+  plugin = load_plugin(ctx);
   // Booster settings the chosen plugin replaces (max_norm, norm_type) move to its own options.
   Options b = config.section("booster");
   std::vector<std::string> moved;
@@ -107,9 +127,6 @@ void Booster::choose_auto(torch::nn::Module& model, torch::optim::Optimizer* opt
     ctx.options = config.section("plugin");
     plugin = load_plugin(ctx);
   }
-  impl_->config = config;
-  impl_->auto_pending = false;
-  attach_plugin(std::move(plugin));
 }
 
 void Booster::refuse_boost_under_estimate() const {

@@ -157,6 +157,23 @@ void Config::apply_overrides(const std::vector<std::string>& assignments) {
   for (const auto& a : assignments) apply_override(a);
 }
 
+Config Config::clone() const {
+  Config copy;
+  copy.impl_->root = impl_->root;
+  copy.impl_->source = impl_->source;
+  copy.impl_->overridden = impl_->overridden;
+  return copy;
+}
+
+void Config::remove_section(const std::string& name) {
+  const toml::node* node = impl_->root.get(name);
+  if (!node) return;
+  if (!node->is_table())
+    throw ConfigError(impl_->where({name}, node->source()) + ": " + name + " is a value, not a table; remove_section "
+                      "removes tables");
+  impl_->root.erase(name);
+}
+
 // ---- Config: sections
 
 Options Config::section(const std::string& name) const {

@@ -275,3 +275,20 @@ TEST(Config, SaveWritesAFileReadableByFromFile) {
   EXPECT_THAT(error_of([&] { c.save(dir.file("blocker/config.toml")); }),
               StartsWith("cannot write config file " + dir.file("blocker/config.toml") + ": "));
 }
+
+TEST(Config, CloneIsDeepAndRemoveSectionDropsATable) {
+  Config base = Config::from_string("[booster]\nplugin = \"auto\"\n[auto]\nmemory_budget_mb = 64\n", "c.toml");
+  Config shared = base;  // the copy constructor shares the table
+  Config deep = base.clone();
+  deep.apply_override("booster.plugin=\"torch_ddp\"");
+  deep.remove_section("auto");
+  EXPECT_EQ(base.section("booster").get_string("plugin", ""), "auto");
+  EXPECT_EQ(deep.section("booster").get_string("plugin", ""), "torch_ddp");
+  EXPECT_TRUE(base.section("auto").has("memory_budget_mb"));
+  EXPECT_FALSE(deep.section("auto").has("memory_budget_mb"));
+  EXPECT_EQ(deep.to_toml().find("[auto]"), std::string::npos);
+  deep.remove_section("absent");  // nothing to remove
+  shared.apply_override("booster.plugin=\"gemini\"");
+  EXPECT_EQ(base.section("booster").get_string("plugin", ""), "gemini");
+  EXPECT_THROW(Config::from_string("x = 1\n").remove_section("x"), ConfigError);
+}

@@ -426,3 +426,42 @@ TEST(AutoSelect, CommunicationDtypeKeepsThePluginsThatCanSendIt) {
   EXPECT_EQ(booster::rows_for_communication_dtype(rows, "").size(), rows.size());
   EXPECT_THROW(booster::rows_for_communication_dtype(rows, "fp16"), std::invalid_argument);
 }
+
+// resolve_auto: the configuration auto chooses, before a training Booster exists, as a printable
+// Config; a Booster built from it (over the same explicitly launched world) runs that plugin, the
+// same one boost() under auto attaches; a named plugin refuses resolve_auto.
+TEST(AutoSelect, ResolveAutoGivesThePrintableConfigThatBoostChooses) {
+  bt::ScopedEnv env;
+  env.set("BOOSTER_PLUGIN_PATH", BOOSTER_PLUGIN_DIR);
+  env.unset("RANK");
+  env.unset("WORLD_SIZE");
+  const booster::Config config = booster::Config::from_string(
+      "[booster]\nplugin = \"auto\"\n[auto]\nmemory_budget_mb = 4096\nruntime_mb = 0\n", "auto.toml");
+  std::vector<std::string> no_args;
+  auto world = booster::launch_from_config(config, no_args);
+  torch::manual_seed(1);
+  Net net;
+  auto optimizer = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  booster::Booster probe(config, world);
+  EXPECT_EQ(&probe.world(), world.get()) << "the Booster takes the world it is given";
+  const booster::Config chosen = probe.resolve_auto(*net, optimizer.get());
+  const std::string plugin = chosen.section("booster").get_string("plugin", "");
+  EXPECT_NE(plugin, "auto");
+  EXPECT_FALSE(plugin.empty());
+  EXPECT_THAT(chosen.to_toml(), HasSubstr("plugin = '" + plugin + "'"));
+  EXPECT_THAT(chosen.to_toml(), ::testing::Not(HasSubstr("[auto]")));
+  EXPECT_EQ(config.section("booster").get_string("plugin", ""), "auto") << "the Config given stays as it was";
+
+  booster::Booster trained(chosen, world);
+  EXPECT_EQ(trained.plugin().name(), plugin);
+  booster::Booster automatic(config, world);
+  torch::manual_seed(1);
+  Net net2;
+  auto optimizer2 = std::make_shared<torch::optim::AdamW>(net2->parameters(), torch::optim::AdamWOptions(1e-3));
+  automatic.boost(net2.ptr(), optimizer2);
+  EXPECT_EQ(automatic.plugin().name(), plugin) << "boost() under auto chooses the same";
+
+  booster::Booster named(booster::Config::from_string("[booster]\nplugin = \"torch_ddp\"\n", "ddp.toml"), world);
+  EXPECT_THAT([&] { named.resolve_auto(*net, optimizer.get()); },
+              ::testing::ThrowsMessage<booster::ConfigError>(HasSubstr("booster.plugin = \"auto\"")));
+}

@@ -87,6 +87,11 @@ class BOOSTER_API Booster {
   // launched yet (launch_from_config with no args). Throws ConfigError for bad or unknown keys and
   // sections, PluginError when the plugin cannot be loaded or does not support the precision.
   explicit Booster(const Config& config);
+  // As Booster(config), over a world the program launched itself (launch_from_config, or any
+  // dist::launch*): the rendezvous is then an explicit step before the Booster, which starts no
+  // process group of its own. [distributed] is still checked (unknown keys, nccl without cuda).
+  // A null world launches as Booster(config) does.
+  Booster(const Config& config, std::shared_ptr<dist::ProcessGroup> world);
   // Config::from_file(path) plus dotted overrides ("plugin.bucket_cap_mb=4").
   static Booster from_file(const std::string& path, const std::vector<std::string>& overrides = {});
   ~Booster();
@@ -289,6 +294,13 @@ class BOOSTER_API Booster {
   // Before boost() under plugin = "auto", the world; auto then chooses among the data-parallel
   // configurations only (call it after boost() to let auto choose a pipeline mesh).
   std::shared_ptr<dist::ProcessGroup> data_parallel_group();
+  // Under plugin = "auto": the concrete configuration auto would choose for this model and
+  // optimizer (auto_select.h), as a Config with booster.plugin and the [plugin] options set (print it
+  // with to_toml()); a Booster built from it over the same world trains as this one would after
+  // boost(). Collective over the world (every rank chooses the same); logs the reasons on rank 0.
+  // Throws ConfigError when booster.plugin is not "auto", and as boost() under auto (no configuration
+  // fits, auto.communication_dtype that no plugin can send).
+  Config resolve_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer = nullptr);
   // The plugin's tensor-parallel context (Plugin::tensor_parallel_context; nn/tensor_parallel.h):
   // hand it to the model's tensor- and sequence-parallel layers (their options' `context`) so they
   // shard over the plugin's tp group. T = 1 (a default-constructed context) for plugins without
@@ -352,6 +364,9 @@ class BOOSTER_API Booster {
   void attach_plugin(std::shared_ptr<Plugin> plugin);
   // plugin = "auto": picks and loads the configuration for this model (auto_select.h).
   void choose_auto(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
+  // Chooses (see choose_auto), writes the choice into `config` and loads the chosen plugin.
+  void auto_config(torch::nn::Module& model, torch::optim::Optimizer* optimizer, Config& config,
+                   std::shared_ptr<Plugin>& plugin);
   std::string auto_not_chosen(const std::string& what) const;
   // estimate()'s work for this model, optimizer and measured micro-batch (loss may be empty:
   // activations not measured; source names where its micro-batch came from).

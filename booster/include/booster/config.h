@@ -95,6 +95,12 @@ class BOOSTER_API Config {
   // or walks through a non-table value.
   void apply_override(const std::string& assignment);
   void apply_overrides(const std::vector<std::string>& assignments);
+  // A deep copy: its own table, overrides record and a fresh read-key record (copies made with the
+  // copy constructor share all three).
+  Config clone() const;
+  // Removes the top-level table `name` (nothing when absent). Throws ConfigError when `name` is a
+  // value, not a table.
+  void remove_section(const std::string& name);
 
   // The view of one top-level table ("plugin"); empty view if absent. Views of the same section
   // share their read-key record, so check_unknown() sees reads done through any of them. Throws
