@@ -197,6 +197,14 @@ class GeminiPlugin : public Plugin {
             {"booster.norm_type", "plugin.norm_type", shadowed_value(options_.norm_type)}};
   }
 
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
+    return std::make_shared<parallel::ShardedCheckpointIO>(world(), state_, "gemini");
+  }
+
+  Criterion wrap_criterion(Criterion criterion) const override {
+    return options_.mixed ? options_.mixed->wrap_criterion(std::move(criterion)) : criterion;
+  }
+
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
     for (const auto& p : model->parameters())
@@ -257,18 +265,7 @@ class GeminiPlugin : public Plugin {
               (options_.offload_dir.empty() ? std::string("host memory") : options_.offload_dir) + "), placement " +
               options_.placement_policy);
 
-    Configured c;
-    c.hooks = sharded.hooks;
-    c.optimizer = sharded.optimizer;
-    return c;
-  }
-
-  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
-    return std::make_shared<parallel::ShardedCheckpointIO>(world(), state_, "gemini");
-  }
-
-  Criterion wrap_criterion(Criterion criterion) const override {
-    return options_.mixed ? options_.mixed->wrap_criterion(std::move(criterion)) : criterion;
+    return {sharded.hooks, sharded.optimizer};
   }
 
  private:

@@ -245,10 +245,7 @@ class TorchFSDPPlugin : public Plugin {
       throw PluginError(what.find("torch_fsdp") == std::string::npos ? "torch_fsdp: " + what : what);
     }
     state_ = sharded.runtime;
-    Configured c;
-    c.hooks = sharded.hooks;
-    c.optimizer = sharded.optimizer;
-    return c;
+    return {sharded.hooks, sharded.optimizer};
   }
 
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
