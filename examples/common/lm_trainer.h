@@ -257,6 +257,15 @@ int train(Run& run, const TrainOptions& opt, const booster::Config& config, cons
 // Reads (or makes) the corpus and splits it: {train, val}; logs nothing.
 std::pair<torch::Tensor, torch::Tensor> load_corpus(const TrainOptions& opt, bool rank0);
 
+// Mean next-byte cross entropy in nats, float32 scalar, of the GPT and Llama examples. logits
+// [B, T, Vp / tp] (this rank's vocabulary columns, any floating dtype), targets int64 [B, T];
+// vocab_size: the real vocabulary (padding columns excluded); tp: the context the model was built
+// with. Collective over tp's group. Under sequence_parallelism_mode = "all_to_all" the logits are this
+// rank's shard [B, T/sp, Vp / tp]: the loss is taken on the same shard of the targets and averaged
+// over the sp group (sequence_parallel_loss).
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
+                      const booster::nn::TensorParallelContext& tp);
+
 // ---- The model-specific part of an example.
 template <class Config>
 struct ModelSpec {

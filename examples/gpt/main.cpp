@@ -45,7 +45,7 @@ examples::lm::ModelSpec<gpt::GPTConfig> spec() {
   };
   s.to_hf = gpt::to_hf_config;
   s.describe = gpt::describe;
-  s.loss = gpt::lm_loss;
+  s.loss = examples::lm::lm_loss;
   s.vocab_size = [](const gpt::GPTConfig& c) { return c.vocab_size; };
   s.n_ctx = [](const gpt::GPTConfig& c) { return c.n_ctx; };
   return s;

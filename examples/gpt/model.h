@@ -28,7 +28,7 @@
 // Parallelism: the same model runs under every plugin.
 //  - Tensor parallelism (hybrid_parallel tp_size > 1): c_attn and c_fc are ColumnParallelLinear,
 //    both c_proj RowParallelLinear, wte a VocabParallelEmbedding whose lm_logits is the tied head,
-//    and lm_loss the vocab-parallel cross entropy; at tp = 1 (every other plugin) they are the dense
+//    and lm::lm_loss (common/lm_trainer.h) the vocab-parallel cross entropy; at tp = 1 (every other plugin) they are the dense
 //    layers. c_attn's [head, q|k|v, head_dim] row order (Megatron-LM's) makes the column split give
 //    each rank n_head / tp whole heads. The layers shard over the group of the TensorParallelContext
 //    the model is built with (GPTImpl's `tp`: the Booster's tensor_parallel_context()); a
@@ -79,15 +79,6 @@ booster::nn::RowParallelLinear row_parallel_linear(int64_t in_features, int64_t 
 // The token embedding [vocab, C], split by vocabulary rows.
 booster::nn::VocabParallelEmbedding vocab_embedding(int64_t vocab_size, int64_t n_embd, double init_std,
                                                     const booster::nn::TensorParallelContext& tp);
-
-// Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, V / tp] (this rank's
-// vocabulary columns, any floating dtype), targets int64 [B, T]; vocab_size: the real vocabulary
-// (padding columns excluded); tp: the context the model was built with. Collective over tp's group.
-// Under sequence_parallelism_mode = "all_to_all" the logits are this rank's shard [B, T/sp, V / tp]:
-// the loss is taken on the same shard of the targets and averaged over the sp group
-// (sequence_parallel_loss).
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
-                      const booster::nn::TensorParallelContext& tp);
 
 // ---- Modules.
 

@@ -41,7 +41,7 @@ examples::lm::ModelSpec<llama::LlamaConfig> spec() {
   s.from_hf = [](const nlohmann::json& hf, const llama::LlamaConfig&) { return llama::from_hf_config(hf); };
   s.to_hf = llama::to_hf_config;
   s.describe = llama::describe;
-  s.loss = llama::lm_loss;
+  s.loss = examples::lm::lm_loss;
   s.vocab_size = [](const llama::LlamaConfig& c) { return c.vocab_size; };
   s.n_ctx = [](const llama::LlamaConfig& c) { return c.n_ctx; };
   return s;

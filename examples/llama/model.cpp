@@ -91,15 +91,6 @@ void validate(const LlamaConfig& c) {
     throw std::invalid_argument("llama: rope_theta (" + std::to_string(c.rope_theta) + ") must be > 0");
 }
 
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
-                      const booster::nn::TensorParallelContext& tp) {
-  // all_to_all: the logits are this rank's sequence shard; its targets, and the mean over sp ranks.
-  const torch::Tensor local_targets = targets.dim() >= 2 ? booster::nn::shard_sequence_input(targets, tp) : targets;
-  return booster::nn::sequence_parallel_loss(
-      booster::nn::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), local_targets.reshape({-1}),
-                                                vocab_size, tp.group),
-      tp);
-}
 
 // ---------------------------------------------------------------------------------------------
 

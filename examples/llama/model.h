@@ -56,7 +56,7 @@
 //    an untied second vocabulary-split table used only through lm_logits (never looked up), giving
 //    this rank's vocabulary columns of the logits [B, T, Vp / tp] (Vp: the vocabulary padded as
 //    VocabParallelEmbedding pads it when tp does not divide V; Vp = V otherwise), exactly what
-//    lm_loss (vocab_parallel_cross_entropy) takes. The RMSNorm weights are replicated. The layers
+//    lm::lm_loss (common/lm_trainer.h; vocab_parallel_cross_entropy) takes. The RMSNorm weights are replicated. The layers
 //    shard over the group of the TensorParallelContext the model is built with (LlamaImpl's `tp`:
 //    the Booster's tensor_parallel_context()); a default-constructed context is tp = 1.
 //  - Sequence parallelism (hybrid_parallel enable_sequence_parallelism; booster/nn/sequence_parallel.h):
@@ -106,13 +106,6 @@ int64_t intermediate_size(const LlamaConfig& config);
 // n_kv_head, n_embd >= 1; n_head a multiple of n_kv_head; n_embd a multiple of n_head with an even
 // quotient; intermediate_size >= 0; rms_norm_eps and rope_theta > 0. The model's constructors call it.
 void validate(const LlamaConfig& config);
-
-// Mean next-byte cross entropy in nats, float32 scalar. logits [B, T, Vp / tp] (this rank's
-// vocabulary columns, any floating dtype), targets int64 [B, T]; vocab_size: the real vocabulary
-// (padding columns excluded); tp: the context the model was built with. Collective over tp's group
-// (and, under sequence_parallelism_mode = "all_to_all", averaged over its sp group).
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab_size,
-                      const booster::nn::TensorParallelContext& tp);
 
 // ---- Modules.
 

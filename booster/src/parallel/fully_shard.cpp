@@ -155,7 +155,6 @@ ShardedModel fully_shard(std::shared_ptr<torch::nn::Module> model, std::shared_p
                          FullyShardOptions options, OptimizerWrapperOptions optimizer_options, const HooksDecorator& decorate,
                          const std::string& owner) {
   if (!model) throw std::invalid_argument("booster: " + owner + ": the model is null");
-  if (!options.shard_group) throw std::invalid_argument("booster: " + owner + ": FSDP needs a shard group");
   if (!options.world) options.world = options.shard_group;
   auto state = std::make_shared<FullyShardState>(*model, optimizer.get(), options, owner);
   ShardOptimizerFactory make_optimizer;

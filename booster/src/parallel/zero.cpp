@@ -43,7 +43,7 @@ class ZeroModelHooks : public ModelHooks {
 
 ZeroModel apply_zero(int stage, std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
                      std::shared_ptr<dist::ProcessGroup> group, ZeroOptions zero_options,
-                     OptimizerWrapperOptions optimizer_options, const ZeroHooksDecorator& decorate) {
+                     OptimizerWrapperOptions optimizer_options, const HooksDecorator& decorate) {
   zero_options.stage = stage;
   if (!model) throw std::invalid_argument("booster: ZeRO: the model is null");
   if (!group) throw std::invalid_argument("booster: ZeRO: the process group is null");
@@ -64,13 +64,13 @@ ZeroModel apply_zero(int stage, std::shared_ptr<torch::nn::Module> model, std::s
 
 ZeroModel shard_optimizer_states(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
                                  std::shared_ptr<dist::ProcessGroup> group, ZeroOptions zero_options,
-                                 OptimizerWrapperOptions optimizer_options, const ZeroHooksDecorator& decorate) {
+                                 OptimizerWrapperOptions optimizer_options, const HooksDecorator& decorate) {
   return apply_zero(1, std::move(model), std::move(optimizer), std::move(group), zero_options, optimizer_options, decorate);
 }
 
 ZeroModel shard_gradients(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
                           std::shared_ptr<dist::ProcessGroup> group, ZeroOptions zero_options,
-                          OptimizerWrapperOptions optimizer_options, const ZeroHooksDecorator& decorate) {
+                          OptimizerWrapperOptions optimizer_options, const HooksDecorator& decorate) {
   return apply_zero(2, std::move(model), std::move(optimizer), std::move(group), zero_options, optimizer_options, decorate);
 }
 

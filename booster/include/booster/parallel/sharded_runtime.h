@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <set>
 #include <string>
@@ -45,6 +46,7 @@
 #include "booster/core/flat_param.h"
 #include "booster/export.h"
 #include "booster/nn/unit.h"
+#include "booster/parallel/hooks_decorator.h"
 #include "booster/wrappers/model_hooks.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 
@@ -186,7 +188,7 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   std::map<const void*, int> group_of_;
   std::set<const void*> full_precision_;
   std::map<const nn::UnitBase*, size_t> unit_index_;
-  std::map<const void*, Location> where_;
+  std::unordered_map<const void*, Location> where_;  // looked up for every gradient
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 };
@@ -232,8 +234,6 @@ struct ShardedModel {
   std::shared_ptr<OptimizerWrapper> optimizer;  // null when no optimizer was given
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io;
 };
-// Decorates the model hooks before the optimizer wrapper takes them (mixed precision's wrap_hooks).
-using HooksDecorator = std::function<std::shared_ptr<ModelHooks>(std::shared_ptr<ModelHooks>)>;
 // Makes the layout's optimizer wrapper over the (decorated) model hooks.
 using ShardOptimizerFactory =
     std::function<std::shared_ptr<OptimizerWrapper>(std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options)>;

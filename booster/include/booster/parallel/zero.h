@@ -21,6 +21,7 @@
 
 #include "booster/dist/process_group.h"
 #include "booster/export.h"
+#include "booster/parallel/hooks_decorator.h"
 #include "booster/wrappers/model_hooks.h"
 #include "booster/wrappers/zero_optimizer.h"
 
@@ -30,8 +31,6 @@ struct ZeroModel {
   std::shared_ptr<ModelHooks> hooks;          // no_sync (stage 1) and the reducer's stats
   std::shared_ptr<ZeroOptimizer> optimizer;   // null when no optimizer was given
 };
-// Decorates the model hooks before the optimizer wrapper takes them (mixed precision's wrap_hooks).
-using ZeroHooksDecorator = std::function<std::shared_ptr<ModelHooks>(std::shared_ptr<ModelHooks>)>;
 
 // ZeRO-1 over `group`: `zero_options.stage` is set to 1. optimizer_options: loss scaling, clipping
 // and master weights as OptimizerWrapper's; its group is set to `group`. Collective over `group`.
@@ -42,12 +41,12 @@ BOOSTER_API ZeroModel shard_optimizer_states(std::shared_ptr<torch::nn::Module> 
                                              std::shared_ptr<torch::optim::Optimizer> optimizer,
                                              std::shared_ptr<dist::ProcessGroup> group, ZeroOptions zero_options = {},
                                              OptimizerWrapperOptions optimizer_options = {},
-                                             const ZeroHooksDecorator& decorate = {});
+                                             const HooksDecorator& decorate = {});
 // ZeRO-2: as shard_optimizer_states with zero_options.stage = 2.
 BOOSTER_API ZeroModel shard_gradients(std::shared_ptr<torch::nn::Module> model,
                                       std::shared_ptr<torch::optim::Optimizer> optimizer,
                                       std::shared_ptr<dist::ProcessGroup> group, ZeroOptions zero_options = {},
                                       OptimizerWrapperOptions optimizer_options = {},
-                                      const ZeroHooksDecorator& decorate = {});
+                                      const HooksDecorator& decorate = {});
 
 }  // namespace booster::parallel
