@@ -363,7 +363,9 @@ void ProcessGroup::barrier() {
   if (!impl_->pg) return;
   if (impl_->health && impl_->world) impl_->health->note_collective();
   try {
-    impl_->pg->barrier()->wait();
+    // The CPU backend's barrier, not c10d::ProcessGroup::barrier: that one assigns a function-static
+    // tensor, a data race (double free) when ranks run as threads of one process.
+    impl_->pg->getBackend(c10::DeviceType::CPU)->barrier(c10d::BarrierOptions())->wait();
   } catch (const std::exception& e) {
     throw DistError(std::string("booster: barrier failed: ") + e.what() +
                     (impl_->health ? impl_->health->diagnose(impl_->world) : std::string()));
