@@ -26,10 +26,10 @@
 set -euo pipefail
 
 # Every target the GPU check needs; a target the build does not know fails the script.
-# (dist_worker: booster_gpu_tests starts it from its own directory; the plugins without CUDA support
+# (dist_worker, hybrid_worker: booster_gpu_tests starts them from its own directory; the plugins without CUDA support
 # are there for the test that they refuse device = "cuda" by name.)
 TARGETS=(
-  booster_cuda_kernel_tests bench_cuda_kernels booster_gpu_tests dist_worker booster_cuda booster_cli
+  booster_cuda_kernel_tests bench_cuda_kernels booster_gpu_tests dist_worker hybrid_worker booster_cuda booster_cli
   fashion_mnist gpt booster_plugin_torch_ddp booster_plugin_low_level_zero booster_plugin_torch_fsdp
   booster_plugin_gemini booster_plugin_hybrid_parallel
 )

@@ -305,6 +305,9 @@ class HybridParallelPlugin : public Plugin {
   }
 
   std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
+  // CUDA: tensor-parallel collectives and the dp reduction on NCCL, or over Gloo staged through host
+  // memory (ranks sharing a GPU); pipeline messages by send/recv of device tensors.
+  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
 
   // hybrid_estimate.h's rows, with this plugin's default zero_bucket_size_in_m.
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {

@@ -173,6 +173,10 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     dist::Work work;
   };
   std::map<std::pair<int, bool>, Pending> ahead;  // (sending vs, backward) -> the posted receive
+  // Received activations and gradients go to this stage's device. Point-to-point of device tensors
+  // runs on the device backend (NCCL) or is staged through host memory (Gloo); the shared-memory
+  // rings and the shape headers carry host copies.
+  const c10::Device device = chunk_params[0].empty() ? inputs.device() : chunk_params[0].front().device();
   const std::string key = run_key(inputs, targets, m, o.train);
   const bool cached = metadata_cache_ && completed_keys_.count(key) > 0;
   std::map<std::pair<int, bool>, StreamMeta> learned;
@@ -182,7 +186,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   if (cached)
     for (const auto& [stream, meta] : stream_meta_[key]) {
       if (recv_rings.count(stream)) continue;
-      Pending first{0, at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)), {}};
+      Pending first{0, at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype).device(device)), {}};
       first.work = pp_group_->irecv(first.tensor, rank_of(stream.first), message_tag(0, stream.first, stages, stream.second));
       ahead[stream] = std::move(first);
     }
@@ -206,7 +210,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
         t = at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype));
         ring->second.ring.recv(t, pp_group_->timeout_s(), ring->second.peer_pid, ring->second.what);
         ++shm_messages_;
-        return t;
+        return device.is_cpu() ? t : t.to(device);
       }
     }
     auto it = ahead.find(stream);
@@ -215,6 +219,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
       t = it->second.tensor;
     } else {
       t = pp_group_->recv_tensor(peer, message_tag(microbatch, from_vs, stages, backward));
+      if (t.device() != device) t = t.to(device);
     }
     if (microbatch == 0) learned[stream] = StreamMeta{t.sizes().vec(), t.scalar_type()};
     if (microbatch + 1 < m) {
@@ -237,14 +242,20 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
     if (cached) {
       auto ring = send_rings.find({from_vs, backward});
       if (ring != send_rings.end()) {
-        ring->second.ring.send(t, pp_group_->timeout_s(), ring->second.peer_pid, ring->second.what);
+        ring->second.ring.send(t.device().is_cpu() ? t : t.to(at::kCPU), pp_group_->timeout_s(), ring->second.peer_pid,
+                               ring->second.what);
         ++shm_messages_;
         return;
       }
     } else if (microbatch == 0) {
       sent_bytes[{from_vs, backward}] = static_cast<int64_t>(t.nbytes());
     }
-    sends.emplace_back(header ? pp_group_->isend_tensor(t, rank_of(to_vs), tag) : pp_group_->isend(t, rank_of(to_vs), tag), t);
+    if (header) {
+      at::Tensor host = t.device().is_cpu() ? t : t.to(at::kCPU);
+      sends.emplace_back(pp_group_->isend_tensor(host, rank_of(to_vs), tag), host);
+    } else {
+      sends.emplace_back(pp_group_->isend(t, rank_of(to_vs), tag), t);
+    }
   };
   std::optional<at::NoGradGuard> no_grad;
   if (!o.train) no_grad.emplace();
@@ -334,7 +345,9 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   if (metadata_cache_ && !cached) {
     stream_meta_[key] = std::move(learned);
     completed_keys_.insert(key);
-    setup_shared_memory(key, m, stream_meta_[key], sent_bytes);
+    // Device tensors between ranks on a device backend (NCCL) stay there: a ring would stage them
+    // through host memory.
+    if (device.is_cpu() || pp_group_->backend() == "gloo") setup_shared_memory(key, m, stream_meta_[key], sent_bytes);
   }
   wall_s_ = std::chrono::duration<double>(Clock::now() - start).count();
 

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <optional>
 
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
@@ -27,7 +28,7 @@ struct FsdpOptions {
   bool forward_prefetch = false;
   bool limit_all_gathers = true;
   bool sync_module_states = false;
-  bool cpu_offload = false;  // no-op on CPU builds: the shards already live in host memory
+  bool cpu_offload = false;  // CPU: a no-op (the shards live in host memory); CUDA: refused (not built)
   std::string param_dtype, reduce_dtype, buffer_dtype;  // [plugin.mixed_precision]; "" = unchanged
   double max_norm = 0.0;
   double norm_type = 2.0;
@@ -65,8 +66,9 @@ static FsdpOptions parse_options(const Options& o) {
     mp.check_unknown();
     for (const std::string* d : {&t.param_dtype, &t.reduce_dtype, &t.buffer_dtype})
       if (*d == "fp16")
-        throw ConfigError(mp.where("param_dtype") + ": fp16 needs a CUDA device (LibTorch has no fp16 kernels for "
-                          "most CPU ops); use \"bf16\" or \"fp32\" in [plugin.mixed_precision]");
+        throw ConfigError(mp.where("param_dtype") + ": fp16 is not supported by torch_fsdp yet (on the CPU LibTorch "
+                          "has no fp16 kernels for most ops; on CUDA the loss scaler over the shards is not built); "
+                          "use \"bf16\" or \"fp32\" in [plugin.mixed_precision]");
   }
   return t;
 }
@@ -85,6 +87,7 @@ static int64_t digest_of(const torch::nn::Module& model) {
   uint64_t h = 1469598103934665603ULL;
   auto mix = [&](const at::Tensor& t) {
     at::Tensor c = t.detach().contiguous();
+    if (!c.device().is_cpu()) c = c.to(at::kCPU);
     const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
     const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
     for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
@@ -139,6 +142,9 @@ class TorchFSDPPlugin : public Plugin {
   }
 
   std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16"}; }
+  // CUDA: the FlatParameters, their gathered storage and the optimizer step live on the model's
+  // device; collectives run on NCCL, or over Gloo staged through host memory (ranks sharing a GPU).
+  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
 
   // ZeRO-3 (Rajbhandari et al.; PyTorch FSDP, Zhao et al., VLDB 2023): fp32 shards of the
   // parameters, gradients and optimizer states over the shard group S, plus while an iteration runs
@@ -166,8 +172,11 @@ class TorchFSDPPlugin : public Plugin {
       e.states.gradients = 4 * shard;
       e.states.optimizer_states =
           static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * static_cast<double>(shard) + 0.5);
-      const int64_t gathered =
-          row.strategy == "SHARD_GRAD_OP" ? r.parameters * gathered_bytes : std::min(2 * U, r.parameters) * gathered_bytes;
+      // A shard group of one rank in fp32 computes on the shard itself (FlatParameter aliases it).
+      const bool aliased = S == 1 && r.precision == "fp32";
+      const int64_t gathered = aliased                           ? 0
+                               : row.strategy == "SHARD_GRAD_OP" ? r.parameters * gathered_bytes
+                                                                 : std::min(2 * U, r.parameters) * gathered_bytes;
       const int64_t backward = gathered + 2 * 4 * U + (row.strategy == "HYBRID_SHARD" ? 4 * ((U + S - 1) / S) : 0);
       const int64_t step = optimizer_step_temporaries(r.optimizer_state_bytes_per_parameter, (U + S - 1) / S);
       e.transient = std::max(backward, step);
@@ -185,6 +194,7 @@ class TorchFSDPPlugin : public Plugin {
         e.options.push_back("mixed_precision.param_dtype=\"bf16\"");
       }
       if (r.units == 0) e.note = "the model has no nn::Unit: it is one unit, gathered whole";
+      place_on_device(r, e);  // on cuda everything above lives in device memory
       out.push_back(std::move(e));
     }
     return out;
@@ -204,9 +214,18 @@ class TorchFSDPPlugin : public Plugin {
 
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
-    for (const auto& p : model->parameters())
-      if (!p.device().is_cpu())
-        throw PluginError("torch_fsdp: parameter on " + p.device().str() + "; this build runs FSDP on CPU tensors only");
+    std::optional<c10::Device> device;
+    for (const auto& p : model->parameters()) {
+      if (!device) device = p.device();
+      if (p.device() != *device)
+        throw PluginError("torch_fsdp: parameters on " + device->str() + " and on " + p.device().str() +
+                          "; FSDP flattens each unit into one buffer, so every parameter must be on one device "
+                          "(the Booster moves the model to booster.device: leave it there)");
+    }
+    if (device && !device->is_cpu() && options_.cpu_offload)
+      throw PluginError("torch_fsdp: cpu_offload = true on " + device->str() +
+                        " is not supported yet (the shards and the optimizer step stay on the device); remove "
+                        "it, or use plugin = \"gemini\" (offload_optim_frac) or \"low_level_zero\" (cpu_offload)");
     make_replicas_identical(*world(), *model, options_.sync_module_states);
     if (!options_.buffer_dtype.empty()) {
       const at::ScalarType dtype = mixed_precision::dtype_from_name(options_.buffer_dtype);

@@ -22,6 +22,8 @@
 
 #include "booster/booster.h"
 #include "booster/checkpoint/state_dict_io.h"
+#include "booster/core/device.h"
+#include "booster/estimate.h"
 #include "booster/core/replica.h"
 #include "booster/mixed_precision/grad_scaler.h"
 #include "booster/nn/unit.h"
@@ -233,7 +235,8 @@ int run() {
     auto batches = make_batches(stop, global, 23);
     int64_t rows = global / ws;
     for (int64_t s = start; s < stop; ++s) {
-      auto x = batches.inputs[s].narrow(0, rank * rows, rows), y = batches.targets[s].narrow(0, rank * rows, rows);
+      auto x = batches.inputs[s].narrow(0, rank * rows, rows).to(booster.device());
+      auto y = batches.targets[s].narrow(0, rank * rows, rows).to(booster.device());
       booster.backward(torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y), *boosted.optimizer);
       boosted.optimizer->step();
       boosted.optimizer->zero_grad();
@@ -250,8 +253,19 @@ int run() {
     save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
   } else if (scenario == "memory") {
     // The booster's memory report for a wide MLP (width=W) with AdamW, after boost() (planned) and
-    // after one step (actual tensors).
+    // after `steps` steps (actual tensors). On a CUDA device also the allocator's peak over boost()
+    // and the steps above what was allocated before the model was built (device_peak_bytes), and
+    // the estimate's device bytes of this plugin's row number estimate_row=K (its rows in order;
+    // activations counted as 0: the batch's are under 0.1% of the model states).
     int64_t width = iarg("width", 512);
+    const c10::Device device = booster.device();
+    int64_t device_start = 0;
+    if (device.is_cuda()) {  // cuBLAS's workspace comes from the allocator at the first matmul
+      auto w = torch::randn({8, 8}, torch::TensorOptions().device(device).requires_grad(true));
+      w.matmul(w).sum().backward();
+      booster::reset_device_peak(device);
+      device_start = booster::device_memory(device).allocated;
+    }
     torch::manual_seed(7);
     // The layers are shard units (booster::nn::Unit): pass-through under DDP and ZeRO, same sizes.
     using booster::nn::Unit;
@@ -259,15 +273,31 @@ int run() {
                                      Unit<torch::nn::Linear>(width, width), torch::nn::Tanh(),
                                      Unit<torch::nn::Linear>(width, kOut));
     auto opt = make_optimizer("adamw", net->parameters());
+    booster::EstimateRequest request = booster::describe_model(*net, opt.get());
+    request.world_size = ws;
+    request.device = device.is_cuda() ? "cuda" : "cpu";
     auto boosted = booster.boost(net, opt);
     auto planned = booster.memory_report(boosted.model, boosted.optimizer.get());
-    auto batches = make_batches(1, b * ws, 29);
-    auto x = batches.inputs[0].narrow(0, rank * b, b), y = batches.targets[0].narrow(0, rank * b, b);
-    booster.backward(torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y), *boosted.optimizer);
-    boosted.optimizer->step();
+    const int64_t memory_steps = iarg("steps", 1);
+    auto batches = make_batches(memory_steps, b * ws, 29);
+    for (int64_t s = 0; s < memory_steps; ++s) {
+      auto x = batches.inputs[s].narrow(0, rank * b, b).to(device), y = batches.targets[s].narrow(0, rank * b, b).to(device);
+      booster.backward(torch::mse_loss(boosted.model.forward(x).to(torch::kFloat), y), *boosted.optimizer);
+      boosted.optimizer->step();
+      if (s + 1 < memory_steps) boosted.optimizer->zero_grad();
+    }
     auto actual = booster.memory_report(boosted.model, boosted.optimizer.get());
     int64_t numel = 0;
     for (auto& p : net->parameters()) numel += p.numel();
+    if (device.is_cuda()) {
+      const std::string plugin = config.section("booster").get_string("plugin", "torch_ddp");
+      const auto table = booster::estimate_installed_plugins(request, world);
+      int64_t row = iarg("estimate_row", 0), estimate = -1;
+      for (const auto& e : table.rows)
+        if (e.plugin == plugin && row-- == 0) estimate = e.device_bytes;
+      write_stats(prefix + "_device.txt", {{"device_peak_bytes", booster::device_memory(device).peak_allocated - device_start},
+                                           {"estimate_device_bytes", estimate}});
+    }
     write_stats(prefix + ".txt", {{"numel", numel},
                                   {"planned_parameters", planned.parameters},
                                   {"planned_gradients", planned.gradients},

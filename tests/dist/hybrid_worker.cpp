@@ -176,8 +176,8 @@ int run() {
   log << std::setprecision(17);
   for (int64_t s = first; s < first + steps; ++s) {
     const int64_t seq = s == short_step ? kSeq / 2 : kSeq;
-    auto x = data.tokens[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq);
-    auto y = data.targets[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq);
+    auto x = data.tokens[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq).to(booster.device());
+    auto y = data.targets[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq).to(booster.device());
     torch::Tensor loss;
     if (pipelined) {
       loss = booster.execute_pipeline(x, y, model, criterion, opt.get()).loss;

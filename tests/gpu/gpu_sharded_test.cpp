@@ -1,0 +1,211 @@
+// gpu_sharded_test.cpp — booster_gpu_tests: torch_fsdp and hybrid_parallel on one GPU. Every test
+// skips, with the reason, where this process sees no CUDA device (as gpu_test.cpp's).
+//
+//   - torch_fsdp, every sharding strategy, on cuda:0: 1 rank on NCCL and 2 or 4 ranks sharing the GPU
+//     over Gloo (collectives staged through host memory), against single-process LibTorch trained
+//     on the same GPU (dist_test_util.h's check_train: 1e-5 absolute + 1e-4 relative per element
+//     after 4 steps, fp32; the differences are the order of the gradient sums);
+//   - torch_fsdp with bf16 compute (param_dtype) against LibTorch under CUDA bf16 autocast: SGD, the
+//     bf16 tolerance of gpu_test.cpp's TorchDdpBf16AutocastOneAndTwoRanks (2e-2 relative + 1e-3);
+//   - a torch_fsdp checkpoint saved on the GPU continues on the CPU under torch_ddp, and one saved on
+//     the CPU continues on the GPU under torch_fsdp: equal to the uninterrupted CPU run within the
+//     fp32 tolerance above (GPU and CPU float32 kernels differ in the last bits);
+//   - the peak device memory of torch_fsdp FULL_SHARD and low_level_zero stage 2 per rank
+//     (the caching allocator's peak over boost() and 3 AdamW steps) against the estimate's device
+//     bytes for the same model and configuration: within 10%;
+//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B) and pp2 x tp2 over Gloo, against the dense TinyLM
+//     trained on the CPU (hybrid_test_util.h, the tolerances of hybrid_test.cpp).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "dist/dist_common.h"
+#include "dist/dist_test_util.h"
+#include "dist/hybrid_test_util.h"
+
+namespace booster::testing {
+// hybrid_worker beside this executable (the bundle keeps them together). BOOSTER_HYBRID_WORKER_PATH
+// names this function for hybrid_test_util.h.
+std::string hybrid_worker_beside_exe() {
+  return (std::filesystem::canonical("/proc/self/exe").parent_path() / "hybrid_worker").string();
+}
+}  // namespace booster::testing
+
+using namespace booster::testing;
+
+namespace {
+
+const c10::Device kGpu(c10::kCUDA, 0);
+const std::string kOnGpu = "booster.device=\"cuda\"";
+const std::string kOverGloo = "distributed.backend=\"gloo\"";
+
+// torch_fsdp on the GPU; the train scenario initialises ranks > 0 differently: sync_module_states.
+std::vector<std::string> fsdp_on_gpu(const std::string& strategy, std::vector<std::string> more = {}) {
+  std::vector<std::string> s{kOnGpu, "booster.plugin=\"torch_fsdp\"", "plugin.sharding_strategy=\"" + strategy + "\"",
+                             "plugin.sync_module_states=true"};
+  s.insert(s.end(), more.begin(), more.end());
+  return s;
+}
+
+// A check_train case whose reference trains on the GPU.
+TrainCase reference_on_gpu(TrainCase c) {
+  c.device = kGpu;
+  return c;
+}
+
+std::map<std::string, int64_t> read_stats(const std::string& path) {
+  std::map<std::string, int64_t> out;
+  std::istringstream in(read_file(path));
+  std::string k;
+  int64_t v;
+  while (in >> k >> v) out[k] = v;
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// torch_fsdp
+
+TEST(GpuFsdp, EveryShardingStrategyEqualsSingleProcessOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  TrainCase one = reference_on_gpu({1, "adamw", fsdp_on_gpu("FULL_SHARD"), 1});
+  one.rank0_output_has = "device cuda:0, world size 1 (nccl)";
+  check_train(one);
+  TrainCase two = reference_on_gpu({2, "sgd", fsdp_on_gpu("FULL_SHARD", {kOverGloo}), 1});
+  two.rank0_output_has = "device cuda:0, world size 2 (gloo)";
+  auto stats = check_train(two);
+  EXPECT_EQ(stats["flat_parameters"], 4);
+  EXPECT_EQ(stats["all_gathers"], 4 * 4 * 2);  // every unit gathered for forward and for backward
+  EXPECT_EQ(stats["reduce_scatters"], 4 * 4);
+  EXPECT_EQ(stats["max_gathered_units"], 2);  // BACKWARD_PRE: the unit and the one prefetched
+  auto grad_op = check_train(reference_on_gpu({2, "adamw", fsdp_on_gpu("SHARD_GRAD_OP", {kOverGloo}), 1}));
+  EXPECT_EQ(grad_op["all_gathers"], 4 * 4);
+  check_train(reference_on_gpu({2, "sgd", fsdp_on_gpu("NO_SHARD", {kOverGloo}), 1}));
+  check_train(reference_on_gpu({4, "adamw", fsdp_on_gpu("HYBRID_SHARD", {kOverGloo, "plugin.shard_group_size=2"}), 1}));
+}
+
+TEST(GpuFsdp, ClippingAndNoSyncAccumulationOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  TrainCase c = reference_on_gpu({2, "sgd", fsdp_on_gpu("FULL_SHARD", {kOverGloo, "plugin.max_norm=0.05"}), 2});
+  c.max_norm = 0.05;
+  check_train(c);
+}
+
+TEST(GpuFsdp, Bf16ComputeEqualsLibTorchAutocastOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::string> bf16{"plugin.mixed_precision.param_dtype=\"bf16\"",
+                                      "plugin.mixed_precision.reduce_dtype=\"fp32\""};
+  for (int world : {1, 2}) {
+    auto sets = fsdp_on_gpu("FULL_SHARD", bf16);
+    if (world == 2) sets.push_back(kOverGloo);
+    TrainCase c = reference_on_gpu({world, "sgd", sets, 1});
+    c.autocast_bf16 = true;
+    c.rtol = 2e-2;
+    c.atol = 1e-3;
+    check_train(c);
+  }
+}
+
+namespace {
+// dist_worker's "resume" scenario (AdamW on the MLP, global batches of 8 rows, steps [start, stop)).
+void resume_run(int world, const std::string& out, int64_t start, int64_t stop, const std::string& io_arg,
+                const std::vector<std::string>& sets) {
+  std::filesystem::create_directories(out);
+  std::vector<std::string> args{"scenario=resume", "steps=6", "global=8", "optimizer=adamw", "out=" + out,
+                                "start=" + std::to_string(start), "stop=" + std::to_string(stop), io_arg};
+  for (const auto& s : sets) args.push_back("set=" + s);
+  expect_all_ok(run_workers(world, args));
+}
+
+// The same 6 steps in this process on the CPU.
+std::vector<torch::Tensor> uninterrupted_on_cpu() {
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("adamw", net->parameters());
+  auto batches = make_batches(6, 8, 23);
+  for (int64_t s = 0; s < 6; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+}  // namespace
+
+TEST(GpuFsdp, CheckpointsMoveBetweenTheGpuAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const auto want = uninterrupted_on_cpu();
+  const std::vector<std::string> fsdp_cpu{"booster.plugin=\"torch_fsdp\"", "plugin.sync_module_states=true"};
+  // Saved by 2 ranks on the GPU (sharded optimizer), continued on 1 CPU rank under torch_ddp.
+  resume_run(2, dir.file("gpu_a"), 0, 3, "save=" + dir.file("from_gpu"), fsdp_on_gpu("FULL_SHARD", {kOverGloo}));
+  resume_run(1, dir.file("cpu_b"), 3, 6, "load=" + dir.file("from_gpu"), {});
+  expect_close(load_tensors(dir.file("cpu_b/rank0.pt")), want, "GPU torch_fsdp save -> CPU torch_ddp");
+  // Saved by 2 CPU ranks under torch_fsdp, continued on the GPU: 1 rank on NCCL and 2 over Gloo.
+  resume_run(2, dir.file("cpu_a"), 0, 3, "save=" + dir.file("from_cpu"), fsdp_cpu);
+  resume_run(1, dir.file("gpu_b1"), 3, 6, "load=" + dir.file("from_cpu"), fsdp_on_gpu("FULL_SHARD"));
+  expect_close(load_tensors(dir.file("gpu_b1/rank0.pt")), want, "CPU torch_fsdp save -> GPU torch_fsdp, 1 rank");
+  resume_run(2, dir.file("gpu_b2"), 3, 6, "load=" + dir.file("from_cpu"), fsdp_on_gpu("FULL_SHARD", {kOverGloo}));
+  for (int r = 0; r < 2; ++r)
+    expect_close(load_tensors(dir.file("gpu_b2/rank" + std::to_string(r) + ".pt")), want,
+                 "CPU torch_fsdp save -> GPU torch_fsdp, rank " + std::to_string(r) + " of 2");
+}
+
+// The peak device memory of a rank against the estimate of the same configuration (dist_worker's
+// "memory" scenario: a 3-layer MLP of width 2048, 4.3M parameters, AdamW, 3 steps).
+TEST(GpuMemory, ShardedPluginsPeakDeviceMemoryIsWithinTenPercentOfTheEstimate) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    std::string what;
+    int world;
+    std::vector<std::string> sets;
+    int estimate_row;
+  };
+  const std::vector<Case> cases{
+      {"torch_fsdp FULL_SHARD, 1 rank", 1, fsdp_on_gpu("FULL_SHARD"), 0},
+      {"torch_fsdp FULL_SHARD, 2 ranks", 2, fsdp_on_gpu("FULL_SHARD", {kOverGloo}), 0},
+      {"low_level_zero stage 2, 2 ranks", 2,
+       {kOnGpu, kOverGloo, "booster.plugin=\"low_level_zero\"", "plugin.precision=\"fp32\"", "plugin.stage=2"}, 1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    TempDir dir;
+    std::vector<std::string> args{"scenario=memory", "out=" + dir.path(), "width=2048", "steps=3", "batch=4",
+                                  "estimate_row=" + std::to_string(c.estimate_row)};
+    for (const auto& s : c.sets) args.push_back("set=" + s);
+    expect_all_ok(run_workers(c.world, args));
+    for (int r = 0; r < c.world; ++r) {
+      auto stats = read_stats(dir.file("rank" + std::to_string(r) + "_device.txt"));
+      const double peak = static_cast<double>(stats["device_peak_bytes"]);
+      const double estimate = static_cast<double>(stats["estimate_device_bytes"]);
+      std::cout << "[ memory   ] " << c.what << ", rank " << r << ": device peak " << peak / (1 << 20)
+                << " MiB, estimate " << estimate / (1 << 20) << " MiB (" << peak / estimate << "x)" << std::endl;
+      ASSERT_GT(estimate, 0) << "no estimate row for this configuration";
+      EXPECT_NEAR(peak, estimate, 0.10 * estimate);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// hybrid_parallel
+
+TEST(GpuHybrid, TensorAndPipelineParallelEqualSingleProcess) {
+  SKIP_WITHOUT_GPU();
+  check_hybrid({2, {kOnGpu, kOverGloo, "plugin.tp_size=2"}, "adamw"});
+  check_hybrid({2, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.num_microbatches=4"}, "sgd"});
+  check_hybrid({4, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.tp_size=2", "plugin.num_microbatches=4"}, "sgd", 0.05});
+}
+
+TEST(GpuHybrid, OneRankOnNccl) {
+  SKIP_WITHOUT_GPU();
+  check_hybrid({1, {kOnGpu, "plugin.zero_stage=1"}, "adamw"});
+}
