@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/tensor_test_util.h"
 #include "common/test_util.h"
 
 using booster::Booster;
@@ -369,6 +370,26 @@ TEST(Booster, DeviceSettingIsCheckedBeforeAnyRendezvous) {
   EXPECT_THAT([] { make_booster(kDdpToml + "device = \"cuda\"\n[distributed]\nport = 1\n"); },
               ThrowsMessage<ConfigError>(AllOf(HasSubstr("booster.device = \"cuda\""),
                                                HasSubstr("set booster.device = \"cpu\""))));
+}
+
+// Booster(config, world): the given group is the Booster's world (no launch, no rendezvous), and
+// [distributed] is still read and checked.
+TEST(Booster, GivenWorldIsUsedAndTheDistributedSectionIsStillChecked) {
+  ScopedEnv env;
+  env.set("BOOSTER_PLUGIN_PATH", BOOSTER_PLUGIN_DIR);
+  const auto group = booster::testing::world_of_one();
+  Booster b(Config::from_string(kDdpToml, "given.toml"), group);
+  EXPECT_EQ(&b.world(), group.get());
+  EXPECT_EQ(b.data_parallel_group(), group);
+  torch::nn::Linear net(3, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto boosted = b.boost(net, sgd);
+  b.backward(boosted.model.forward(at::ones({4, 3})).sum(), *boosted.optimizer);
+  boosted.optimizer->step();  // a step over the given group
+  EXPECT_THAT([&] { Booster(Config::from_string(kDdpToml + "[distributed]\nbackend = \"nccl\"\n", "given.toml"), group); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("given.toml:4:11"), HasSubstr("reduces CUDA tensors only"))));
+  EXPECT_THAT([&] { Booster(Config::from_string(kDdpToml + "[distributed]\nbackend_typo = 1\n", "given.toml"), group); },
+              ThrowsMessage<ConfigError>(HasSubstr("backend_typo")));
 }
 
 TEST(Booster, LowLevelZeroStage2OnOneRankEqualsPlainLibTorch) {
