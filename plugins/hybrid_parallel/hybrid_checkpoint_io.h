@@ -30,7 +30,7 @@
 //  - save_optimizer: every element of every state tensor is written exactly once, translated from
 //    this rank's tp shard to the full tensor's flattened coordinates (a shard split along dim > 0
 //    maps to one range per contiguous block; padding is never written): zero_stage 0 by dp rank 0,
-//    zero_stage 1 by every dp rank for its ZeRO slice; a tp-replicated parameter (no spec) by tp
+//    zero_stage 1 and 2 by every dp rank for its ZeRO slice; a tp-replicated parameter (no spec) by tp
 //    rank 0 only, a shared parameter by its owner stage only. optimizer_groups.json lists the FULL
 //    model's parameter names per group (the stages' lists all-gathered and merged in the model's
 //    registration order) and every parameter's scalars ("step"). OptimizerFormat::kGathered (and
@@ -38,7 +38,7 @@
 //    CheckpointError pointing to `booster ckpt consolidate`. Collective over the world.
 //  - load_optimizer reads either format (sharded from any plugin and shape, gathered from DDP) and
 //    loads, for each of this rank's parameters, only the full-coordinate ranges it keeps (its tp
-//    shard, and for zero_stage 1 its slice pieces), converted to the optimizer's dtype. Everything is
+//    shard, and for zero_stage 1 and 2 its slice pieces), converted to the optimizer's dtype. Everything is
 //    validated first (optimizer type, group count, each of this rank's parameters in the right
 //    group, every named parameter one of the model's, full shapes, dtypes, coverage); then the
 //    state, group options and loss-scaler state are replaced. Errors: CheckpointError naming the

@@ -89,6 +89,7 @@ std::vector<MemoryEstimate> hybrid_estimate_memory(const EstimateRequest& r, int
                          ? "plus activation traffic (tp all-gathers and reduce-scatters); the model must be built for the "
                            "mesh (sequence a multiple of tp_size)"
                          : "plus activation traffic (tp allreduces, pp sends); the model must be built for the mesh";
+            place_on_device(r, e);  // again: the activations changed above (cuda: all in device memory)
             out.push_back(std::move(e));
           }
         }

@@ -33,7 +33,9 @@ HybridZeroOptimizer::HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer
     : ZeroOptimizer(std::move(optimizer), std::move(hooks), std::move(options), zero, named_model_parameters),
       world_(std::move(world)),
       counts_(std::move(counts)) {
-  set_require_grad_sync(false);  // the plugin averages the gradients over dp after backward
+  // Stage 1: the plugin averages the gradients over dp after backward (the reducer stays paused).
+  // Stage 2: the reducer reduce-scatters them over dp during backward.
+  if (zero.stage == 1) set_require_grad_sync(false);
 }
 
 std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {

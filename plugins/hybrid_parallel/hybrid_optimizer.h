@@ -9,6 +9,8 @@
 //   zero_stage 1: ZeroOptimizer over the dp group (optimizer states sharded across dp, ZeRO-1); its
 //                 gradient synchronisation is the plugin's (the reducer stays paused); each dp rank
 //                 counts its slice.
+//   zero_stage 2 (pp_size = 1): the same, and the ZeroOptimizer's reducer reduce-scatters the
+//                 gradients over dp during backward (ZeRO-2); each dp rank counts its slice.
 #pragma once
 
 #include <functional>

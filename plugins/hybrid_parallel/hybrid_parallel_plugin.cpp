@@ -1,8 +1,10 @@
 // hybrid_parallel_plugin.cpp — ColossalAI's HybridParallelPlugin in C++: Megatron-style tensor
 // parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
 // (a PipelineModule's layers split into stages, 1F1B / interleaved / ZB-V schedules, execute_pipeline) and
-// data parallelism over dp (gradients averaged after backward; zero_stage = 1 shards the optimizer
-// states across dp with the core's ZeroOptimizer) and sequence parallelism (split_gather over tp,
+// data parallelism over dp (zero_stage 0 and 1: gradients averaged after backward, and zero_stage = 1
+// shards the optimizer states across dp with the core's ZeroOptimizer; zero_stage = 2 at pp_size = 1:
+// the core's ZeRO-2 reduce-scatters the gradients over dp during backward, as
+// booster::parallel::shard_gradients does for low_level_zero) and sequence parallelism (split_gather over tp,
 // all_to_all over sp; booster/nn/sequence_parallel.h), on a (dp, pp, sp, tp) mesh with tp fastest.
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -30,7 +32,7 @@ namespace booster::hybrid {
 
 struct HybridOptions {
   int tp_size = 1, pp_size = 1;
-  int zero_stage = 0;                     // 0 | 1
+  int zero_stage = 0;                     // 0 | 1 | 2 (pp_size = 1 only)
   std::string precision = "fp16";         // "fp16" (CUDA only) | "bf16" | "fp32"
   std::string pp_style = "1f1b";          // "1f1b" | "interleaved" | "zbv" (| "gpipe", the reference order)
   int num_model_chunks = 1;
@@ -123,10 +125,14 @@ static HybridOptions parse_options(const Options& o, int world_size) {
     throw PluginError(where + "precision = \"fp16\" (ColossalAI's default) needs a CUDA device, and this machine "
                       "has none: LibTorch has no fp16 kernels for most CPU ops. Set plugin.precision = \"bf16\" "
                       "(bf16 weights, fp32 master weights) or \"fp32\".");
-  if (t.zero_stage == 2)
-    throw PluginError(where + "zero_stage = 2 is not supported (ColossalAI's HybridParallelPlugin allows it only "
-                      "without pipelines; here the gradients are synchronised after backward, which stage 2 cannot "
-                      "shard). Use zero_stage = 1 (optimizer states sharded over dp) or the low_level_zero plugin.");
+  if (t.zero_stage == 2 && t.pp_size > 1)
+    throw PluginError(where + "zero_stage = 2 needs pp_size = 1 (ColossalAI's rule: sharded gradients would be "
+                      "reduce-scattered once per micro-batch of the pipeline), and pp_size = " +
+                      std::to_string(t.pp_size) + ". Use zero_stage = 1 with pipelines, or set pp_size = 1");
+  if (t.zero_stage == 2 && t.sequence_parallelism_mode == "split_gather")
+    throw PluginError(where + "zero_stage = 2 with sequence_parallelism_mode = \"split_gather\" is not supported yet "
+                      "(the tp-replicated parameters' partial gradients must be summed over tp before ZeRO-2 shards "
+                      "them). Use zero_stage = 1, or sequence_parallelism_mode = \"all_to_all\"");
   if (world_size % (t.tp_size * t.pp_size) != 0)
     throw PluginError(where + "tp_size * pp_size = " + std::to_string(t.tp_size) + " * " + std::to_string(t.pp_size) +
                       " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
@@ -203,8 +209,10 @@ static void allreduce_coalesced(dist::ProcessGroup& group, const std::vector<at:
 
 class HybridHooks : public ModelHooks {
  public:
-  HybridHooks(std::shared_ptr<ModelState> state, Topology topo, int64_t bucket_bytes)
-      : state_(std::move(state)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes) {}
+  // dp_reduced_by_zero: zero_stage = 2's ZeroOptimizer reduce-scatters the gradients over dp during
+  // backward, so sync_gradients leaves dp alone.
+  HybridHooks(std::shared_ptr<ModelState> state, Topology topo, int64_t bucket_bytes, bool dp_reduced_by_zero)
+      : state_(std::move(state)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes), dp_reduced_by_zero_(dp_reduced_by_zero) {}
   torch::nn::Module& module() override { return *state_->module; }
   void pre_forward() override {
     if (topo_.pp > 1)
@@ -234,7 +242,7 @@ class HybridHooks : public ModelHooks {
     std::vector<at::Tensor> grads;
     for (const auto& [name, p] : state_->named_parameters)
       if (state_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
-    allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
+    if (!dp_reduced_by_zero_) allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
     for (const auto& s : state_->shared) {
       if (!s.param.grad().defined()) s.param.mutable_grad() = at::zeros_like(s.param);
       std::vector<at::Tensor> one{s.param.grad()};
@@ -266,6 +274,7 @@ class HybridHooks : public ModelHooks {
   std::shared_ptr<ModelState> state_;
   Topology topo_;
   int64_t bucket_bytes_;
+  bool dp_reduced_by_zero_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -473,7 +482,8 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
   // dp replicas identical at start (tp shards and stages differ, so over the dp group only).
   sync_replicas(*topo_.dp_group, *model);
 
-  auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb));
+  auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb),
+                                             options_.zero_stage == 2 && optimizer != nullptr);
   registry_->states[model.get()] = state;
   hooks_[model.get()] = hooks;
   Configured c;
@@ -499,7 +509,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
   } else {
     wo.group = topo_.dp_group;
     ZeroOptions zo;
-    zo.stage = 1;
+    zo.stage = options_.zero_stage;
     zo.reduce_bucket_elements = std::max<int64_t>(1, static_cast<int64_t>(options_.zero_bucket_size_in_m * (1 << 20)));
     std::vector<std::pair<std::string, torch::Tensor>> stage_params;
     for (const auto& [name, p] : state->named_parameters)

@@ -207,11 +207,11 @@ TEST(MemoryReportOnCpu, EstimateTableOfACudaRequestHasDeviceColumnsAndOnlyCudaPl
     ++rows[e.plugin];
     EXPECT_EQ(e.device_bytes, e.total()) << e.plugin << ": " << e.configuration;
   }
-  EXPECT_GT(rows["torch_ddp"], 0);
-  EXPECT_GT(rows["low_level_zero"], 0);
+  for (const std::string plugin : {"torch_ddp", "low_level_zero", "torch_fsdp", "hybrid_parallel"})
+    EXPECT_GT(rows[plugin], 0) << plugin;
   std::string failed;
   for (const auto& f : table.failed) failed += f + "\n";
-  for (const std::string plugin : {"gemini", "torch_fsdp", "hybrid_parallel"}) {
+  for (const std::string plugin : {"gemini"}) {
     EXPECT_EQ(rows.count(plugin), 0u) << plugin;
     EXPECT_THAT(failed, HasSubstr(plugin + ": does not support booster.device = \"cuda\""));
   }
