@@ -15,6 +15,8 @@
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/checkpoint/async_save.h"
+#include "booster/checkpoint/flat_checkpoint_io.h"
+#include "booster/core/flat_layout.h"
 #include "booster/io/atomic_write.h"
 #include "hybrid_checkpoint_io_detail.h"
 
@@ -161,6 +163,45 @@ at::Tensor gather_full(const at::Tensor& local, const Geometry& g) {
   return full.size(s.dim) == s.full_size ? full : full.narrow(s.dim, 0, s.full_size).contiguous();
 }
 
+// zero_stage 3: every parameter's value on this rank (its tp shard), all-gathered over dp from the
+// FlatParameters in full precision, keyed by the parameter's TensorImpl (its own tensor is a view of
+// storage that is gathered only around forward and backward). Collective over the dp group. Holds
+// this rank's whole (tp-shard) model while the save runs. Empty for the other stages.
+std::map<const void*, at::Tensor> gathered_parameters(ModelState& state) {
+  std::map<const void*, at::Tensor> out;
+  if (!state.sharded) return out;
+  state.sharded->release_all();
+  for (const checkpoint::FlatSource& src : state.sharded->checkpoint_sources()) {
+    const at::Tensor full = src.gather_full();
+    const FlatLayout& layout = src.flat->layout();
+    const auto& params = src.flat->params();
+    for (size_t j = 0; j < params.size(); ++j)
+      out[params[j].second.unsafeGetTensorImpl()] =
+          full.narrow(0, layout.offsets[j], layout.numels[j]).view(params[j].second.sizes());
+  }
+  return out;
+}
+
+// zero_stage 3: copies each parameter's loaded value (`loaded`, keyed by TensorImpl) into this
+// rank's pieces of the FlatParameter shards, then lets the runtime refresh what it derives from them.
+void scatter_into_shards(ModelState& state, const std::map<const void*, at::Tensor>& loaded) {
+  at::NoGradGuard no_grad;
+  state.sharded->release_all();
+  for (const checkpoint::FlatSource& src : state.sharded->checkpoint_sources()) {
+    at::Tensor shard = src.shard();
+    const FlatLayout& layout = src.flat->layout();
+    const int rank = src.flat->group().rank();
+    const auto& params = src.flat->params();
+    for (size_t j = 0; j < params.size(); ++j) {
+      const FlatLayout::Piece piece = layout.piece(j, rank);
+      if (piece.length == 0) continue;
+      const at::Tensor& value = loaded.at(params[j].second.unsafeGetTensorImpl());
+      shard.narrow(0, piece.shard_offset, piece.length).copy_(value.reshape({-1}).narrow(0, piece.tensor_offset, piece.length));
+    }
+  }
+  state.sharded->after_checkpoint_load();
+}
+
 std::string failure_message(const std::string& dir, const std::vector<std::pair<int, std::string>>& failures) {
   std::string msg = "booster: cannot save the model to '" + dir + "' (it is unchanged):";
   for (const auto& [r, e] : failures) msg += " rank " + std::to_string(r) + ": " + e + ";";
@@ -185,12 +226,14 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
   std::vector<Item> items;
   std::vector<std::vector<size_t>> of_stage(topo_.pp);
   std::set<const void*> seen;
+  const std::map<const void*, at::Tensor> gathered = gathered_parameters(*state);
   for (auto* list : {&state->named_parameters, &state->named_buffers})
     for (const auto& [name, t] : *list) {
       if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
       const int owner = state->owner_stage.count(name) ? state->owner_stage.at(name) : 0;
       of_stage.at(std::max(owner, 0)).push_back(items.size());
-      items.push_back({name, t.detach(), geometry_of(*state, name, t)});
+      auto g = gathered.find(t.unsafeGetTensorImpl());
+      items.push_back({name, g != gathered.end() ? g->second : t.detach(), geometry_of(*state, name, t)});
     }
   // What is written: each item's tensor, or through an adapter the HuggingFace tensors it becomes.
   std::vector<checkpoint::TensorSpec> model_specs;
@@ -388,12 +431,18 @@ void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string&
   std::shared_ptr<ModelState> state = state_of(model);
   std::vector<LoadTarget> targets;
   std::set<const void*> seen;
+  // zero_stage 3: the parameters load into host buffers, then into the shards (scatter_into_shards).
+  std::map<const void*, at::Tensor> staged;
+  if (state->sharded)
+    for (const auto& [name, p] : state->named_parameters)
+      staged[p.unsafeGetTensorImpl()] = at::zeros(p.sizes(), at::TensorOptions().dtype(p.scalar_type()));
   for (auto* list : {&state->named_parameters, &state->named_buffers})
     for (const auto& [name, tensor] : *list) {
       if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
       const Geometry g = geometry_of(*state, name, tensor);
-      at::Tensor t = tensor;
-      LoadTarget target{name, g.full, t.scalar_type(), t.unsafeGetTensorImpl(), nullptr};
+      auto buffer = staged.find(tensor.unsafeGetTensorImpl());
+      at::Tensor t = buffer != staged.end() ? buffer->second : tensor;
+      LoadTarget target{name, g.full, t.scalar_type(), tensor.unsafeGetTensorImpl(), nullptr};
       const bool held = !state->held.count(name) || state->held.at(name);
       if (!held) {
         target.copy = [](const at::Tensor&) {};  // another stage's: checked, not kept
@@ -409,6 +458,7 @@ void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string&
       targets.push_back(std::move(target));
     }
   load_targets(path, targets, options);
+  if (state->sharded) scatter_into_shards(*state, staged);
 }
 
 }  // namespace booster::hybrid

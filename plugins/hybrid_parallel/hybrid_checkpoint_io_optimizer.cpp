@@ -104,14 +104,16 @@ void HybridCheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::st
     if (!any) pieces.push_back({name, g.full, 0, values.narrow(0, 0, 0)});  // lists the tensor
   };
   std::vector<std::map<std::string, int64_t>> scalars;
-  if (auto* zero = dynamic_cast<ZeroOptimizer*>(&wrapper)) {
-    for (checkpoint::StatePiece& p : zero->local_state_pieces()) {
+  // State sharded over dp (zero_stage 1 and 2's slices, zero_stage 3's FlatParameter shards): every
+  // dp rank writes its pieces.
+  if (dynamic_cast<ZeroOptimizer*>(&wrapper) || wrapper.state_is_sharded()) {
+    for (checkpoint::StatePiece& p : wrapper.local_state_pieces()) {
       auto it = index_of.find(split_state_name(p.name).first);
       if (it == index_of.end())
         throw CheckpointError("booster: hybrid_parallel: optimizer state " + p.name + " matches no parameter");
       if (writes(it->second)) translate(it->second, p.name, p.offset, p.values.reshape({-1}));
     }
-    if (topo_.dp_rank == 0) scalars = zero->local_state_scalars();
+    if (topo_.dp_rank == 0) scalars = wrapper.local_state_scalars();
   } else if (topo_.dp_rank == 0) {  // replicated over dp: dp rank 0 writes
     std::vector<ParamOptimState> states = wrapper.gather_param_states();  // local (this rank's shards)
     for (size_t i = 0; i < states.size(); ++i) {
@@ -272,7 +274,9 @@ void HybridCheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::st
     for (size_t g = 0; g < zero->num_groups(); ++g)
       for (size_t idx : zero->layout_parameters(g)) state_dtype[idx] = zero->master_slice(g).scalar_type();
   } else {
-    for (size_t i = 0; i < params.size(); ++i) state_dtype[i] = wrapper.master_parameters()[i].scalar_type();
+    const auto& masters = wrapper.master_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      state_dtype[i] = i < masters.size() ? masters[i].scalar_type() : params[i].scalar_type();
   }
   std::vector<Geometry> geometry;
   for (size_t i = 0; i < params.size(); ++i) geometry.push_back(geometry_of(*state, names[i], params[i]));

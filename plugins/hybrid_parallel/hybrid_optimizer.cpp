@@ -58,4 +58,33 @@ std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {
   return grads;
 }
 
+HybridFsdpOptimizer::HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                         std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
+                                         std::shared_ptr<parallel::FullyShardState> state,
+                                         std::shared_ptr<dist::ProcessGroup> world, NormFilter counts)
+    : FullyShardOptimizer(std::move(optimizer), std::move(hooks), std::move(options), std::move(state)),
+      world_(std::move(world)),
+      counts_(std::move(counts)) {}
+
+dist::ProcessGroup* HybridFsdpOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
+
+std::vector<torch::Tensor> HybridFsdpOptimizer::norm_gradients() const {
+  // Each shard's reduced gradient, cut into its parameters' pieces so that tp-replicated ones are
+  // counted on tp rank 0 only (the padding after the last piece is left out).
+  std::vector<torch::Tensor> grads;
+  const auto params = parameters();
+  for (const Shard& s : shards()) {
+    const at::Tensor& grad = s.flat->local_grad();
+    if (!grad.defined()) continue;
+    const FlatLayout& layout = s.flat->layout();
+    const int rank = s.flat->group().rank();
+    for (size_t j = 0; j < s.param_index.size(); ++j) {
+      const FlatLayout::Piece piece = layout.piece(j, rank);
+      if (piece.length == 0 || !counts_(params[s.param_index[j]])) continue;
+      grads.push_back(grad.narrow(0, piece.shard_offset, piece.length));
+    }
+  }
+  return grads;
+}
+
 }  // namespace booster::hybrid

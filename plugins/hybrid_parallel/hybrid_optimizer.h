@@ -11,12 +11,15 @@
 //                 counts its slice.
 //   zero_stage 2 (pp_size = 1): the same, and the ZeroOptimizer's reducer reduce-scatters the
 //                 gradients over dp during backward (ZeRO-2); each dp rank counts its slice.
+//   zero_stage 3 (pp_size = 1): parallel::FullyShardOptimizer on the FlatParameter shards over dp
+//                 (fully_shard.h); each dp rank counts its shard's pieces (FlatLayout::piece).
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "booster/parallel/fully_shard_optimizer.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "booster/wrappers/zero_optimizer.h"
 
@@ -47,6 +50,21 @@ class HybridZeroOptimizer : public ZeroOptimizer {
   HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                       OptimizerWrapperOptions options, ZeroOptions zero,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
+                      std::shared_ptr<dist::ProcessGroup> world, NormFilter counts);
+
+ protected:
+  std::vector<torch::Tensor> norm_gradients() const override;
+  dist::ProcessGroup* norm_group() const override;
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> world_;
+  NormFilter counts_;
+};
+
+class HybridFsdpOptimizer : public parallel::FullyShardOptimizer {
+ public:
+  HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                      OptimizerWrapperOptions options, std::shared_ptr<parallel::FullyShardState> state,
                       std::shared_ptr<dist::ProcessGroup> world, NormFilter counts);
 
  protected:

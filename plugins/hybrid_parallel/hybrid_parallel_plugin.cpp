@@ -4,7 +4,8 @@
 // data parallelism over dp (zero_stage 0 and 1: gradients averaged after backward, and zero_stage = 1
 // shards the optimizer states across dp with the core's ZeroOptimizer; zero_stage = 2 at pp_size = 1:
 // the core's ZeRO-2 reduce-scatters the gradients over dp during backward, as
-// booster::parallel::shard_gradients does for low_level_zero) and sequence parallelism (split_gather over tp,
+// booster::parallel::shard_gradients does for low_level_zero; zero_stage = 3 at pp_size = 1:
+// booster::parallel::fully_shard's runtime over dp, FSDP x TP) and sequence parallelism (split_gather over tp,
 // all_to_all over sp; booster/nn/sequence_parallel.h), on a (dp, pp, sp, tp) mesh with tp fastest.
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -19,6 +20,7 @@
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/nn/pipeline.h"
+#include "booster/parallel/fully_shard.h"
 #include "booster/plugin.h"
 #include "hybrid_checkpoint_io.h"
 #include "hybrid_estimate.h"
@@ -32,7 +34,7 @@ namespace booster::hybrid {
 
 struct HybridOptions {
   int tp_size = 1, pp_size = 1;
-  int zero_stage = 0;                     // 0 | 1 | 2 (pp_size = 1 only)
+  int zero_stage = 0;                     // 0 | 1 | 2 | 3 (2 and 3: pp_size = 1 only)
   std::string precision = "fp16";         // "fp16" (CUDA only) | "bf16" | "fp32"
   std::string pp_style = "1f1b";          // "1f1b" | "interleaved" | "zbv" (| "gpipe", the reference order)
   int num_model_chunks = 1;
@@ -93,7 +95,7 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   HybridOptions t;
   t.tp_size = static_cast<int>(o.get_int("tp_size", 1, 1, 1 << 20));
   t.pp_size = static_cast<int>(o.get_int("pp_size", 1, 1, 1 << 20));
-  t.zero_stage = static_cast<int>(o.get_int("zero_stage", 0, 0, 2));
+  t.zero_stage = static_cast<int>(o.get_int("zero_stage", 0, 0, 3));
   t.precision = o.get_choice("precision", t.precision, {"fp16", "bf16", "fp32"});
   t.pp_style = o.get_choice("pp_style", t.pp_style, {"1f1b", "interleaved", "zbv", "gpipe"});
   t.num_model_chunks = static_cast<int>(o.get_int("num_model_chunks", 1, 1, 1024));
@@ -129,10 +131,19 @@ static HybridOptions parse_options(const Options& o, int world_size) {
     throw PluginError(where + "zero_stage = 2 needs pp_size = 1 (ColossalAI's rule: sharded gradients would be "
                       "reduce-scattered once per micro-batch of the pipeline), and pp_size = " +
                       std::to_string(t.pp_size) + ". Use zero_stage = 1 with pipelines, or set pp_size = 1");
-  if (t.zero_stage == 2 && t.sequence_parallelism_mode == "split_gather")
-    throw PluginError(where + "zero_stage = 2 with sequence_parallelism_mode = \"split_gather\" is not supported yet "
-                      "(the tp-replicated parameters' partial gradients must be summed over tp before ZeRO-2 shards "
-                      "them). Use zero_stage = 1, or sequence_parallelism_mode = \"all_to_all\"");
+  if (t.zero_stage == 3 && t.pp_size > 1)
+    throw PluginError(where + "zero_stage = 3 with pp_size = " + std::to_string(t.pp_size) + " is not supported yet "
+                      "(fully_shard composes with tp and dp here; with pipelines each micro-batch's backward would "
+                      "need the stage's gathered parameters kept until the last one). Use zero_stage = 1 with "
+                      "pipelines, or set pp_size = 1");
+  if (t.zero_stage == 3 && t.precision == "fp16")
+    throw PluginError(where + "zero_stage = 3 with precision = \"fp16\" is not supported yet (the loss scaler over "
+                      "the shards is not built); set plugin.precision = \"bf16\" or \"fp32\"");
+  if (t.zero_stage >= 2 && t.sequence_parallelism_mode == "split_gather")
+    throw PluginError(where + "zero_stage = " + std::to_string(t.zero_stage) + " with sequence_parallelism_mode = "
+                      "\"split_gather\" is not supported yet (the tp-replicated parameters' partial gradients must be "
+                      "summed over tp before the gradients are sharded). Use zero_stage = 1, or "
+                      "sequence_parallelism_mode = \"all_to_all\"");
   if (world_size % (t.tp_size * t.pp_size) != 0)
     throw PluginError(where + "tp_size * pp_size = " + std::to_string(t.tp_size) + " * " + std::to_string(t.pp_size) +
                       " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
@@ -358,12 +369,18 @@ class HybridParallelPlugin : public Plugin {
 
  private:
   void split_into_stages(ModelState& state);
+  // zero_stage = 3: parallel::fully_shard's runtime over the dp group of this rank's (tp-shard)
+  // parameters, with the hybrid norm accounting (HybridFsdpOptimizer).
+  Configured configure_fully_sharded(const std::shared_ptr<torch::nn::Module>& model,
+                                     const std::shared_ptr<torch::optim::Optimizer>& optimizer,
+                                     const std::shared_ptr<ModelState>& state);
   NormFilter norm_filter(const std::shared_ptr<ModelState>& state) const;
 
   HybridOptions options_;
   Topology topo_;
   std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
   std::map<const torch::nn::Module*, std::weak_ptr<HybridHooks>> hooks_;
+  std::map<const torch::nn::Module*, std::shared_ptr<ModelState>> sharded_states_;  // zero_stage 3
 };
 
 // The parameters and buffers (by TensorImpl) a module list uses.
@@ -478,9 +495,11 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
       state->local_shape[name] = t.sizes().vec();
     }
   if (topo_.pp > 1) split_into_stages(*state);
-  if (options_.precision == "bf16") mixed_precision::cast_floating_point(*model, at::kBFloat16);
+  // zero_stage 3 keeps fp32 shards and gathers them in bf16 (fully_shard's param_dtype).
+  if (options_.precision == "bf16" && options_.zero_stage != 3) mixed_precision::cast_floating_point(*model, at::kBFloat16);
   // dp replicas identical at start (tp shards and stages differ, so over the dp group only).
   sync_replicas(*topo_.dp_group, *model);
+  if (options_.zero_stage == 3) return configure_fully_sharded(model, optimizer, state);
 
   auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb),
                                              options_.zero_stage == 2 && optimizer != nullptr);
@@ -523,15 +542,57 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
   return c;
 }
 
+Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<torch::nn::Module>& model,
+                                                         const std::shared_ptr<torch::optim::Optimizer>& optimizer,
+                                                         const std::shared_ptr<ModelState>& state) {
+  parallel::FullyShardOptions fo;
+  fo.shard_group = topo_.dp_group;
+  fo.world = world();
+  if (options_.precision == "bf16") {
+    fo.param_dtype = at::kBFloat16;
+    fo.reduce_dtype = at::kFloat;
+  }
+  std::shared_ptr<parallel::FullyShardState> runtime;
+  try {
+    runtime = std::make_shared<parallel::FullyShardState>(*model, optimizer.get(), fo, "hybrid_parallel");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    throw PluginError(what.find("hybrid_parallel") == std::string::npos ? "hybrid_parallel: " + what : what);
+  }
+  state->sharded = runtime;
+  registry_->states[model.get()] = state;
+  sharded_states_[model.get()] = state;  // the registry holds it weakly; no HybridHooks owns it here
+  OptimizerWrapperOptions wo;
+  wo.max_norm = options_.max_norm;
+  wo.norm_type = options_.norm_type;
+  parallel::ShardOptimizerFactory make_optimizer;
+  if (optimizer) {
+    NormFilter counts = norm_filter(state);
+    make_optimizer = [optimizer, runtime, world = world(), counts](std::shared_ptr<ModelHooks> hooks,
+                                                                    OptimizerWrapperOptions o) {
+      return std::make_shared<HybridFsdpOptimizer>(optimizer, std::move(hooks), std::move(o), runtime, world, counts);
+    };
+  }
+  const auto mixed = options_.mixed;
+  parallel::HooksDecorator decorate = [mixed](std::shared_ptr<ModelHooks> h) { return mixed->wrap_hooks(std::move(h)); };
+  parallel::ShardedModel sharded =
+      parallel::make_sharded_model(model, runtime, world(), "hybrid_parallel", decorate, make_optimizer, wo);
+  Configured c;
+  c.hooks = sharded.hooks;
+  c.optimizer = sharded.optimizer;
+  return c;
+}
+
 PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const torch::Tensor& inputs,
                                                       const torch::Tensor& targets, const Criterion& criterion,
                                                       OptimizerWrapper* optimizer, bool return_loss,
                                                       bool return_outputs) {
+  std::shared_ptr<ModelState> found = registry_->find(hooks.module());
+  if (!found) throw PluginError("hybrid_parallel: execute_pipeline got a model this plugin did not boost");
+  ModelState& state = *found;
   auto it = hooks_.find(&hooks.module());
   auto mine = it == hooks_.end() ? nullptr : it->second.lock();
-  if (!mine) throw PluginError("hybrid_parallel: execute_pipeline got a model this plugin did not boost");
-  ModelState& state = *mine->state();
-  if (!state.runner)
+  if (!state.runner || !mine)
     throw PluginError("hybrid_parallel: execute_pipeline needs pp_size > 1 (this model is not pipelined: pp_size = 1); "
                       "train it with model.forward + booster.backward");
   PipelineRunner::Options o;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "booster/dist/process_mesh.h"
+#include "booster/parallel/sharded_runtime.h"
 #include "pipeline_stage.h"
 
 namespace booster::hybrid {
@@ -50,6 +51,9 @@ struct ModelState {
   std::map<std::string, std::vector<int64_t>> local_shape;
   std::vector<SharedParameter> shared;
   std::unique_ptr<PipelineRunner> runner;  // pp > 1
+  // zero_stage = 3: the runtime whose FlatParameters hold the parameters (their tensors are views of
+  // gathered storage, valid only while gathered); null otherwise.
+  std::shared_ptr<parallel::ShardedRuntime> sharded;
 };
 
 // The models a plugin boosted (the checkpoint IO finds a model's or an optimizer's state here).

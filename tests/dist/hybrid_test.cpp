@@ -1,6 +1,6 @@
 // hybrid_test.cpp — the hybrid_parallel plugin on 2 and 4 ranks (hybrid_worker processes) against
 // single-process LibTorch: every mesh shape that fits (tp, pp, dp·tp, dp·pp, pp·tp, tp4, pp4), the
-// 1F1B, interleaved, ZB-V and GPipe schedules, zero_stage 0, 1 and 2, SGD and AdamW, clipping, bf16; and
+// 1F1B, interleaved, ZB-V and GPipe schedules, zero_stage 0 to 3, SGD and AdamW, clipping, bf16; and
 // checkpoints moving between mesh shapes and plugins.
 // Tolerances: float32 runs within kAtol = 1e-5 + kRtol = 1e-4 * |reference| (sums in another order:
 // tp splits the matmuls, dp and micro-batches split the batch); bf16 runs within 3e-2 absolute
@@ -49,6 +49,7 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
       {"split_gather_sp_size", {"sp_size = 1 with sequence_parallelism_mode = \"split_gather\"", "remove sp_size"}},
       {"sp_size_not_dividing_world", {"tp_size * pp_size * sp_size = 4 does not divide the world size 2"}},
       {"zero2_with_pipeline", {"zero_stage = 2 needs pp_size = 1", "pp_size = 2", "Use zero_stage = 1"}},
+      {"zero3_with_pipeline", {"zero_stage = 3 with pp_size = 2 is not supported yet", "set pp_size = 1"}},
       {"zero2_with_split_gather", {"zero_stage = 2 with sequence_parallelism_mode = \"split_gather\" is not supported",
                                    "Use zero_stage = 1"}},
       {"sequence_not_divisible_split_gather", {"sequence length T = 7 is not divisible by sp_size = 2", "tp_size"}},
@@ -141,6 +142,20 @@ TEST(HybridParallel, ZeroStage2DataSequence2x2AllToAllMatchesSingleProcess) {
 }
 TEST(HybridParallel, ZeroStage2Bf16Data2TracksSingleProcess) {
   check_hybrid({2, {"plugin.zero_stage=2"}, "sgd", 0, true});
+}
+// zero_stage 3 (pp_size = 1): fully_shard over dp composed with tp (FSDP x TP: each tp rank's shard
+// of the model flattened and sharded over its dp group), with clipping (each element counted once
+// over dp x tp); over dp x sp under all_to_all; bf16 gathered parameters with fp32 shards on dp2.
+TEST(HybridParallel, ZeroStage3DataTensor2x2MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.tp_size=2", "plugin.zero_stage=3"}, "adamw", 0.05});
+  check_hybrid({2, {"plugin.tp_size=2", "plugin.zero_stage=3"}, "adamw", 0.05});  // dp = 1: unsharded FlatParameters
+}
+TEST(HybridParallel, ZeroStage3DataSequence2x2AllToAllMatchesSingleProcess) {
+  check_hybrid({4, {"plugin.sp_size=2", "plugin.enable_sequence_parallelism=true", "plugin.zero_stage=3",
+                    "plugin.sequence_parallelism_mode=all_to_all"}, "adamw", 0.05});
+}
+TEST(HybridParallel, ZeroStage3Bf16Data2TracksSingleProcess) {
+  check_hybrid({2, {"plugin.zero_stage=3"}, "sgd", 0, true});
 }
 TEST(HybridParallel, ZeroStage1DataPipeline2x2MatchesSingleProcess) {
   check_hybrid({4, {"plugin.pp_size=2", "plugin.zero_stage=1", "plugin.num_microbatches=2"}, "sgd"});
@@ -270,6 +285,19 @@ TEST(HybridParallel, CheckpointZeroStage2DataTensor2x2MovesToAndFromOtherPlugins
   check_resume({1, {"plugin=torch_ddp"}}, {4, zero2}, "torch_ddp 1 rank -> dp2·tp2 zero_stage 2");
   check_resume({2, {"plugin=low_level_zero", "plugin.stage=2", "plugin.precision=\"fp32\""}}, {4, zero2},
                "low_level_zero stage 2, 2 ranks -> dp2·tp2 zero_stage 2");
+}
+
+// zero_stage 3's checkpoint (model gathered over dp, optimizer state from each dp rank's
+// FlatParameter shards) continues at another mesh shape and in torch_fsdp and low_level_zero; DDP's
+// and ZeRO-2's continue in it.
+TEST(HybridParallel, CheckpointZeroStage3DataTensor2x2MovesToAndFromOtherPlugins) {
+  const std::vector<std::string> zero3{"plugin.tp_size=2", "plugin.zero_stage=3"};
+  check_resume({4, zero3}, {2, {"plugin.pp_size=2", "plugin.num_microbatches=2"}}, "dp2·tp2 zero_stage 3 -> pp2");
+  check_resume({4, zero3}, {2, {"plugin=torch_fsdp"}}, "dp2·tp2 zero_stage 3 -> torch_fsdp 2 ranks");
+  check_resume({4, zero3}, {2, {"plugin=low_level_zero", "plugin.stage=2", "plugin.precision=\"fp32\""}},
+               "dp2·tp2 zero_stage 3 -> low_level_zero stage 2, 2 ranks");
+  check_resume({1, {"plugin=torch_ddp"}}, {4, zero3}, "torch_ddp 1 rank -> dp2·tp2 zero_stage 3");
+  check_resume({4, {"plugin.tp_size=2", "plugin.zero_stage=2"}}, {4, zero3}, "dp2·tp2 zero_stage 2 -> zero_stage 3");
 }
 
 // A tp2 model's safetensors file, read by Python's torch (the header parsed by hand: the image has

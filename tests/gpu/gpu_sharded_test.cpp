@@ -13,7 +13,8 @@
 //   - the peak device memory of torch_fsdp FULL_SHARD and low_level_zero stage 2 per rank
 //     (the caching allocator's peak over boost() and 3 AdamW steps) against the estimate's device
 //     bytes for the same model and configuration: within 10%;
-//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B) and pp2 x tp2 over Gloo, against the dense TinyLM
+//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B), pp2 x tp2 and dp2 x tp2 with zero_stage 2 and 3
+//     over Gloo, against the dense TinyLM
 //     trained on the CPU (hybrid_test_util.h, the tolerances of hybrid_test.cpp).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -203,6 +204,9 @@ TEST(GpuHybrid, TensorAndPipelineParallelEqualSingleProcess) {
   check_hybrid({2, {kOnGpu, kOverGloo, "plugin.tp_size=2"}, "adamw"});
   check_hybrid({2, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.num_microbatches=4"}, "sgd"});
   check_hybrid({4, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.tp_size=2", "plugin.num_microbatches=4"}, "sgd", 0.05});
+  // zero_stage 2 and 3 composed with tp on the GPU (dp2·tp2).
+  check_hybrid({4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=2"}, "adamw", 0.05});
+  check_hybrid({4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=3"}, "adamw", 0.05});
 }
 
 TEST(GpuHybrid, OneRankOnNccl) {
