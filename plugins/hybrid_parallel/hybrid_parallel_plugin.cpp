@@ -131,11 +131,6 @@ static HybridOptions parse_options(const Options& o, int world_size) {
     throw PluginError(where + "zero_stage = 2 needs pp_size = 1 (ColossalAI's rule: sharded gradients would be "
                       "reduce-scattered once per micro-batch of the pipeline), and pp_size = " +
                       std::to_string(t.pp_size) + ". Use zero_stage = 1 with pipelines, or set pp_size = 1");
-  if (t.zero_stage == 3 && t.pp_size > 1)
-    throw PluginError(where + "zero_stage = 3 with pp_size = " + std::to_string(t.pp_size) + " is not supported yet "
-                      "(fully_shard composes with tp and dp here; with pipelines each micro-batch's backward would "
-                      "need the stage's gathered parameters kept until the last one). Use zero_stage = 1 with "
-                      "pipelines, or set pp_size = 1");
   if (t.zero_stage == 3 && t.precision == "fp16")
     throw PluginError(where + "zero_stage = 3 with precision = \"fp16\" is not supported yet (the loss scaler over "
                       "the shards is not built); set plugin.precision = \"bf16\" or \"fp32\"");
@@ -552,34 +547,53 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
     fo.param_dtype = at::kBFloat16;
     fo.reduce_dtype = at::kFloat;
   }
+  // Another stage's parameters (released to 0 elements) are neither stepped nor sharded here.
+  std::set<const void*> released;
+  for (const auto& [name, p] : state->named_parameters)
+    if (!state->held.at(name)) {
+      released.insert(p.unsafeGetTensorImpl());
+      const_cast<at::Tensor&>(p).set_requires_grad(false);
+    }
+  if (optimizer)
+    for (auto& group : optimizer->param_groups()) {
+      auto& params = group.params();
+      params.erase(std::remove_if(params.begin(), params.end(),
+                                  [&](const at::Tensor& p) { return released.count(p.unsafeGetTensorImpl()) > 0; }),
+                   params.end());
+    }
   std::shared_ptr<parallel::FullyShardState> runtime;
   try {
     runtime = std::make_shared<parallel::FullyShardState>(*model, optimizer.get(), fo, "hybrid_parallel");
+    runtime->install();
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     throw PluginError(what.find("hybrid_parallel") == std::string::npos ? "hybrid_parallel: " + what : what);
   }
   state->sharded = runtime;
   registry_->states[model.get()] = state;
-  sharded_states_[model.get()] = state;  // the registry holds it weakly; no HybridHooks owns it here
+  Configured c;
+  if (topo_.pp > 1) {
+    // Pipelined: execute_pipeline drives the runtime (parameters gathered for the whole schedule,
+    // gradients accumulated over the micro-batches, summed over the stages sharing a parameter,
+    // then reduce-scattered over dp once); the hooks refuse a whole-model forward.
+    auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb), true);
+    hooks_[model.get()] = hooks;
+    c.hooks = options_.mixed->wrap_hooks(hooks);
+  } else {
+    sharded_states_[model.get()] = state;  // the registry holds it weakly; no HybridHooks owns it here
+    c.hooks = options_.mixed->wrap_hooks(std::make_shared<parallel::ShardedModelHooks>(model, runtime));
+  }
+  if (!optimizer) return c;
   OptimizerWrapperOptions wo;
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
-  parallel::ShardOptimizerFactory make_optimizer;
-  if (optimizer) {
-    NormFilter counts = norm_filter(state);
-    make_optimizer = [optimizer, runtime, world = world(), counts](std::shared_ptr<ModelHooks> hooks,
-                                                                    OptimizerWrapperOptions o) {
-      return std::make_shared<HybridFsdpOptimizer>(optimizer, std::move(hooks), std::move(o), runtime, world, counts);
-    };
-  }
-  const auto mixed = options_.mixed;
-  parallel::HooksDecorator decorate = [mixed](std::shared_ptr<ModelHooks> h) { return mixed->wrap_hooks(std::move(h)); };
-  parallel::ShardedModel sharded =
-      parallel::make_sharded_model(model, runtime, world(), "hybrid_parallel", decorate, make_optimizer, wo);
-  Configured c;
-  c.hooks = sharded.hooks;
-  c.optimizer = sharded.optimizer;
+  wo.group = world();
+  c.optimizer = std::make_shared<HybridFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(), norm_filter(state));
+  std::map<const void*, std::string> names;
+  for (const auto& [name, p] : state->named_parameters) names[p.unsafeGetTensorImpl()] = name;
+  std::vector<std::string> ordered;
+  for (const auto& p : c.optimizer->parameters()) ordered.push_back(names.at(p.unsafeGetTensorImpl()));
+  c.optimizer->set_parameter_names(std::move(ordered));
   return c;
 }
 
@@ -608,8 +622,39 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
   o.train = optimizer != nullptr;
   o.return_loss = return_loss;
   o.return_outputs = return_outputs;
-  PipelineOutput out = state.runner->run(inputs, targets, criterion, o);
-  if (o.train) mine->sync_gradients();
+  if (!state.sharded) {
+    PipelineOutput out = state.runner->run(inputs, targets, criterion, o);
+    if (o.train) mine->sync_gradients();
+    return out;
+  }
+  // zero_stage 3: the stage's FlatParameters stay gathered for the whole schedule and the
+  // micro-batches' gradients accumulate unreduced; after the schedule the shared parameters are
+  // summed over their stages and everything is reduce-scattered over dp once.
+  parallel::ShardedRuntime& runtime = *state.sharded;
+  const bool sync = runtime.require_grad_sync();
+  runtime.set_require_grad_sync(false);
+  runtime.hold_gathered(true);
+  PipelineOutput out;
+  try {
+    runtime.begin_forward();
+    out = state.runner->run(inputs, targets, criterion, o);
+    if (!o.train) {
+      at::NoGradGuard no_grad;
+      runtime.end_forward();  // no backward follows: frees what is gathered
+    }
+  } catch (...) {
+    runtime.hold_gathered(false);
+    runtime.abort_forward();
+    runtime.set_require_grad_sync(sync);
+    throw;
+  }
+  runtime.set_require_grad_sync(sync);
+  if (o.train && sync) {
+    mine->sync_gradients();
+    runtime.reduce_accumulated();
+  }
+  runtime.hold_gathered(false);
+  if (o.train) runtime.release_all();
   return out;
 }
 

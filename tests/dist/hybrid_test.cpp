@@ -49,7 +49,6 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
       {"split_gather_sp_size", {"sp_size = 1 with sequence_parallelism_mode = \"split_gather\"", "remove sp_size"}},
       {"sp_size_not_dividing_world", {"tp_size * pp_size * sp_size = 4 does not divide the world size 2"}},
       {"zero2_with_pipeline", {"zero_stage = 2 needs pp_size = 1", "pp_size = 2", "Use zero_stage = 1"}},
-      {"zero3_with_pipeline", {"zero_stage = 3 with pp_size = 2 is not supported yet", "set pp_size = 1"}},
       {"zero2_with_split_gather", {"zero_stage = 2 with sequence_parallelism_mode = \"split_gather\" is not supported",
                                    "Use zero_stage = 1"}},
       {"sequence_not_divisible_split_gather", {"sequence length T = 7 is not divisible by sp_size = 2", "tp_size"}},
@@ -153,6 +152,24 @@ TEST(HybridParallel, ZeroStage3DataTensor2x2MatchesSingleProcess) {
 TEST(HybridParallel, ZeroStage3DataSequence2x2AllToAllMatchesSingleProcess) {
   check_hybrid({4, {"plugin.sp_size=2", "plugin.enable_sequence_parallelism=true", "plugin.zero_stage=3",
                     "plugin.sequence_parallelism_mode=all_to_all"}, "adamw", 0.05});
+}
+// zero_stage 3 with pipelines (FSDP x PP; dp2·pp2 and dp2·pp2 under zbv with its tied embedding on one
+// rank, and 1F1B with the tied embedding split over the first and last stage): each stage's
+// FlatParameters stay gathered through the schedule, the micro-batches' gradients accumulate, the
+// tied embedding's are summed over its stages, then reduce-scattered over dp once.
+TEST(HybridParallel, ZeroStage3DataPipeline2x2MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.pp_size=2", "plugin.zero_stage=3", "plugin.num_microbatches=2"}, "adamw", 0.05});
+  check_hybrid({4, {"plugin.pp_size=2", "plugin.zero_stage=3", "plugin.num_microbatches=4", "plugin.pp_style=zbv",
+                    "plugin.num_model_chunks=2"}, "sgd"});
+}
+TEST(HybridParallel, ZeroStage3PipelineTensor2x2MatchesSingleProcess) {
+  check_hybrid({4, {"plugin.pp_size=2", "plugin.tp_size=2", "plugin.zero_stage=3", "plugin.num_microbatches=4"}, "sgd",
+                0.05});
+}
+// FSDP x TP x PP: 8 ranks, dp2·pp2·tp2.
+TEST(HybridParallel, ZeroStage3DataPipelineTensor2x2x2MatchesSingleProcess) {
+  check_hybrid({8, {"plugin.pp_size=2", "plugin.tp_size=2", "plugin.zero_stage=3", "plugin.num_microbatches=2"}, "adamw",
+                0.05});
 }
 TEST(HybridParallel, ZeroStage3Bf16Data2TracksSingleProcess) {
   check_hybrid({2, {"plugin.zero_stage=3"}, "sgd", 0, true});
@@ -298,6 +315,9 @@ TEST(HybridParallel, CheckpointZeroStage3DataTensor2x2MovesToAndFromOtherPlugins
                "dp2·tp2 zero_stage 3 -> low_level_zero stage 2, 2 ranks");
   check_resume({1, {"plugin=torch_ddp"}}, {4, zero3}, "torch_ddp 1 rank -> dp2·tp2 zero_stage 3");
   check_resume({4, {"plugin.tp_size=2", "plugin.zero_stage=2"}}, {4, zero3}, "dp2·tp2 zero_stage 2 -> zero_stage 3");
+  const std::vector<std::string> zero3_pp{"plugin.pp_size=2", "plugin.zero_stage=3", "plugin.num_microbatches=2"};
+  check_resume({4, zero3_pp}, {4, zero3}, "dp2·pp2 zero_stage 3 -> dp2·tp2 zero_stage 3");
+  check_resume({1, {"plugin=torch_ddp"}}, {4, zero3_pp}, "torch_ddp 1 rank -> dp2·pp2 zero_stage 3");
 }
 
 // A tp2 model's safetensors file, read by Python's torch (the header parsed by hand: the image has

@@ -92,8 +92,6 @@ int run_errors() {
     booster::Booster b(config_with("tp_size = 2\nenable_sequence_parallelism = true\n"
                                    "sequence_parallelism_mode = \"split_gather\"\nzero_stage = 2\n"));
   });
-  attempt("zero3_with_pipeline",
-          [&] { booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\nzero_stage = 3\n")); });
   attempt("sp_size_not_dividing_world",
           [&] { booster::Booster b(config_with("enable_sequence_parallelism = true\nsp_size = 4\n")); });
   for (const std::string mode : {"split_gather", "all_to_all"}) {

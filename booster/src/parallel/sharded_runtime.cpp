@@ -276,7 +276,32 @@ void ShardedRuntime::finish_backward() {
     s.reduced = false;
   }
   std::fill(forward_calls_.begin(), forward_calls_.end(), 0);
+  if (hold_) {
+    finish_deferred_ = true;
+    return;
+  }
   on_finish_backward();
+}
+
+void ShardedRuntime::hold_gathered(bool hold) {
+  hold_ = hold;
+  if (hold || !finish_deferred_) return;
+  finish_deferred_ = false;
+  on_finish_backward();
+}
+
+void ShardedRuntime::reduce_accumulated() {
+  const bool required = require_sync_;
+  require_sync_ = true;
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    ShardedFlat& s = flats_[f];
+    if (s.group < 0) continue;
+    bool any = false;
+    for (const auto& [name, p] : s.flat->params()) any = any || p.grad().defined();
+    if (any) reduce(f);
+    s.reduced = false;
+  }
+  require_sync_ = required;
 }
 
 std::map<std::string, int64_t> ShardedRuntime::stats() const {

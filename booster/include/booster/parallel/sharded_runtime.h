@@ -101,6 +101,19 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   void set_require_grad_sync(bool required) { require_sync_ = required; }
   bool require_grad_sync() const { return require_sync_; }
 
+  // For schedules that interleave the forwards and backwards of several micro-batches (a pipeline
+  // stage: torchtitan keeps FSDP's parameters gathered across them, reshard_after_forward = False):
+  // while held, the end of a backward pass does its bookkeeping but not the policy's
+  // on_finish_backward (which frees what is gathered); hold_gathered(false) runs it once if a pass
+  // ended meanwhile. Not re-entrant.
+  void hold_gathered(bool hold);
+  // Reduces now, outside a backward pass, every trainable FlatParameter whose parameters hold
+  // gradients accumulated under no_sync (FlatParameter::reduce_gradients, whatever
+  // require_grad_sync says; counted as reduce-scatters): a pipeline stage accumulates its
+  // micro-batches' gradients unreduced and reduces their sum once. Collective over every
+  // FlatParameter's group, in flats() order.
+  void reduce_accumulated();
+
   torch::nn::Module& module() { return *model_; }
   std::vector<ShardedFlat>& flats() { return flats_; }
   const std::vector<ShardedFlat>& flats() const { return flats_; }
@@ -174,6 +187,7 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   std::vector<int> forward_calls_;               // per unit, in this iteration
   std::vector<size_t> forward_order_, previous_forward_order_;  // units by first forward call
   bool require_sync_ = true, in_backward_ = false, pending_backward_ = false;
+  bool hold_ = false, finish_deferred_ = false;
   int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, max_gathered_bytes_ = 0;
 
  private:
