@@ -272,16 +272,7 @@ TEST(Checkpoint, DdpFp32CheckpointContinuesUnderZero2Bf16) {
   // bits, so one rounding is up to 2^-8 = 0.4% relative; the tolerance, |bf16 - fp32| <= 2e-3 +
   // 1/64 |fp32| per element, allows the rounding at load and at each step plus bf16 forward and
   // gradients (measured: max |diff| 1.5e-3).
-  torch::manual_seed(7);
-  MLP net;
-  auto opt = make_optimizer("adamw", net->parameters());
-  auto batches = make_batches(6, 8, 23);
-  for (int64_t s = 0; s < 6; ++s) {
-    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
-    opt->step();
-    opt->zero_grad();
-  }
-  auto want = parameters_of(net);
+  auto want = uninterrupted_resume_run(6);
   auto r0 = load_tensors(dir.file("b/rank0.pt")), r1 = load_tensors(dir.file("b/rank1.pt"));
   auto loaded = load_tensors(dir.file("b/rank0_loaded.pt"));
   ASSERT_EQ(r0.size(), want.size());
@@ -326,18 +317,7 @@ std::vector<std::string> fsdp(const std::string& strategy = "FULL_SHARD", std::v
 }
 
 // The MLP with AdamW on the resume scenario's global batches of 8 rows, `steps` steps in one process.
-std::vector<torch::Tensor> uninterrupted(int64_t steps) {
-  torch::manual_seed(7);
-  MLP net;
-  auto opt = make_optimizer("adamw", net->parameters());
-  auto batches = make_batches(steps, 8, 23);
-  for (int64_t s = 0; s < steps; ++s) {
-    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
-    opt->step();
-    opt->zero_grad();
-  }
-  return parameters_of(net);
-}
+std::vector<torch::Tensor> uninterrupted(int64_t steps) { return uninterrupted_resume_run(steps); }
 
 // Resumes `ckpt` on `world` ranks with `sets` for steps 3..5; every rank equals the uninterrupted run.
 void expect_resumes(const std::string& ckpt, int world, const std::vector<std::string>& sets, const std::string& what) {

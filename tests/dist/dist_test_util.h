@@ -126,6 +126,23 @@ struct TrainCase {
   double rtol = kRtol, atol = kAtol;  // per element, against the reference
 };
 
+// dist_worker's "resume" scenario run uninterrupted in this process on the CPU: the MLP (seed 7) with
+// AdamW on global batches of 8 rows (make_batches seed 23) for `steps` steps; its parameters.
+inline std::vector<torch::Tensor> uninterrupted_resume_run(int64_t steps) {
+  torch::manual_seed(7);
+  MLP net;
+  auto opt = make_optimizer("adamw", net->parameters());
+  auto batches = make_batches(steps, 8, 23);
+  for (int64_t s = 0; s < steps; ++s) {
+    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
 // Runs the "train" scenario and checks every rank against the reference; returns rank 0's stats.
 inline std::map<std::string, int64_t> check_train(const TrainCase& c) {
   TempDir dir;

@@ -125,27 +125,12 @@ void resume_run(int world, const std::string& out, int64_t start, int64_t stop, 
   expect_all_ok(run_workers(world, args));
 }
 
-// The same 6 steps in this process on the CPU.
-std::vector<torch::Tensor> uninterrupted_on_cpu() {
-  torch::manual_seed(7);
-  MLP net;
-  auto opt = make_optimizer("adamw", net->parameters());
-  auto batches = make_batches(6, 8, 23);
-  for (int64_t s = 0; s < 6; ++s) {
-    torch::mse_loss(net->forward(batches.inputs[s]), batches.targets[s]).backward();
-    opt->step();
-    opt->zero_grad();
-  }
-  std::vector<torch::Tensor> out;
-  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
-  return out;
-}
 }  // namespace
 
 TEST(GpuFsdp, CheckpointsMoveBetweenTheGpuAndTheCpu) {
   SKIP_WITHOUT_GPU();
   TempDir dir;
-  const auto want = uninterrupted_on_cpu();
+  const auto want = uninterrupted_resume_run(6);  // on the CPU
   const std::vector<std::string> fsdp_cpu{"booster.plugin=\"torch_fsdp\"", "plugin.sync_module_states=true"};
   // Saved by 2 ranks on the GPU (sharded optimizer), continued on 1 CPU rank under torch_ddp.
   resume_run(2, dir.file("gpu_a"), 0, 3, "save=" + dir.file("from_gpu"), fsdp_on_gpu("FULL_SHARD", {kOverGloo}));
