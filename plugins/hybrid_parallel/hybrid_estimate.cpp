@@ -7,10 +7,13 @@
 #include <cmath>
 #include <string>
 
-#include "pipeline_schedule.h"
-#include "pipeline_stage.h"
+#include "booster/parallel/pipeline_schedule.h"
 
 namespace booster::hybrid {
+
+using parallel::partition_layers;
+using parallel::ScheduleKind;
+using parallel::stage_rank;
 
 std::vector<MemoryEstimate> hybrid_estimate_memory(const EstimateRequest& r, int64_t zero_bucket_bytes) {
   if (r.precision == "fp16" && !torch::cuda::is_available()) return {};

@@ -378,93 +378,24 @@ class HybridParallelPlugin : public Plugin {
   std::map<const torch::nn::Module*, std::shared_ptr<ModelState>> sharded_states_;  // zero_stage 3
 };
 
-// The parameters and buffers (by TensorImpl) a module list uses.
-static std::set<const void*> tensors_of(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
-  std::set<const void*> out;
-  for (const auto& m : modules) {
-    if (!m) continue;
-    for (const auto& p : m->parameters(true)) out.insert(p.unsafeGetTensorImpl());
-    for (const auto& b : m->buffers(true)) out.insert(b.unsafeGetTensorImpl());
-  }
-  return out;
-}
-
 void HybridParallelPlugin::split_into_stages(ModelState& state) {
-  auto* pm = dynamic_cast<nn::PipelineModule*>(state.module.get());
-  if (!pm)
+  parallel::PipelineOptions po;
+  po.pp_style = options_.pp_style;
+  po.num_model_chunks = options_.num_model_chunks;
+  po.pp_partition = options_.pp_partition;
+  po.enable_metadata_cache = options_.enable_metadata_cache;
+  if (!dynamic_cast<nn::PipelineModule*>(state.module.get()))
     throw PluginError("hybrid_parallel: pp_size = " + std::to_string(topo_.pp) + " needs a model that derives from "
                       "booster::nn::PipelineModule (booster/nn/pipeline.h) and lists its layers in "
                       "pipeline_layers(); this model does not. Set pp_size = 1 or implement pipeline_layers()");
-  std::vector<nn::PipelineLayer> layers = pm->pipeline_layers();
-  const int stages = topo_.pp * options_.num_model_chunks;
-  std::vector<std::set<const void*>> layer_tensors;
-  std::vector<int64_t> weights;
-  for (const auto& l : layers) {
-    if (!l.forward) throw PluginError("hybrid_parallel: pipeline layer \"" + l.name + "\" has no forward function");
-    layer_tensors.push_back(tensors_of(l.modules));
-    weights.push_back(std::max<int64_t>(nn::layer_parameter_count(l), 1));
-  }
-  std::vector<std::pair<int, int>> ranges;
   try {
-    ranges = partition_layers(static_cast<int>(layers.size()), stages, options_.pp_partition == "parameters", weights);
+    state.runner = parallel::pipeline(*state.module, *topo_.mesh, "pp", po);
   } catch (const std::invalid_argument& e) {
     throw PluginError(std::string("hybrid_parallel: ") + e.what());
   }
-  // Virtual stage v runs on pp rank stage_rank(kind, pp, v) (v % pp; zbv: the V); a tensor's stages
-  // are the pp ranks of the layers using it.
-  const ScheduleKind kind = schedule_kind_from_name(options_.pp_style, options_.num_model_chunks);
-  std::map<const void*, std::set<int>> stages_of;
-  for (int v = 0; v < stages; ++v)
-    for (int i = ranges[v].first; i < ranges[v].second; ++i)
-      for (const void* t : layer_tensors[i]) stages_of[t].insert(stage_rank(kind, topo_.pp, v));
-  std::vector<std::string> orphans;
-  for (auto* list : {&state.named_parameters, &state.named_buffers})
-    for (const auto& [name, t] : *list)
-      if (!stages_of.count(t.unsafeGetTensorImpl())) orphans.push_back(name);
-  if (!orphans.empty()) {
-    std::string names;
-    for (size_t i = 0; i < orphans.size() && i < 5; ++i) names += (i ? ", " : "") + orphans[i];
-    throw PluginError("hybrid_parallel: " + std::to_string(orphans.size()) + " tensor(s) of the model belong to no "
-                      "pipeline layer (" + names + "); list the module that holds them in a PipelineLayer's modules");
-  }
-  // Parameters on several stages: one group per distinct stage set, made by one split each, in an
-  // order every rank agrees on (first appearance in registration order).
-  std::vector<std::set<int>> stage_sets;
-  for (const auto& [name, p] : state.named_parameters) {
-    const auto& s = stages_of.at(p.unsafeGetTensorImpl());
-    if (s.size() > 1 && std::find(stage_sets.begin(), stage_sets.end(), s) == stage_sets.end()) stage_sets.push_back(s);
-  }
-  std::vector<std::shared_ptr<dist::ProcessGroup>> set_groups;
-  for (const auto& s : stage_sets) {
-    const bool member = s.count(topo_.pp_rank) > 0;
-    const int color = member ? topo_.dp_rank * topo_.tp + topo_.tp_rank : -1;
-    set_groups.push_back(world()->split(color, topo_.pp_rank));
-  }
-  at::NoGradGuard no_grad;
-  for (auto* list : {&state.named_parameters, &state.named_buffers}) {
-    for (auto& [name, t] : *list) {
-      const auto& s = stages_of.at(t.unsafeGetTensorImpl());
-      state.owner_stage[name] = *s.begin();
-      const bool held = s.count(topo_.pp_rank) > 0;
-      state.held[name] = held;
-      if (list == &state.named_parameters && s.size() > 1 && held) {
-        const size_t k = std::find(stage_sets.begin(), stage_sets.end(), s) - stage_sets.begin();
-        state.shared.push_back({name, t, std::vector<int>(s.begin(), s.end()), set_groups[k]});
-      }
-      if (!held) t.set_data(at::empty({0}, t.options()));  // another stage's: released
-    }
-  }
-  std::vector<std::pair<int, int>> mine;
-  for (int c = 0; c < options_.num_model_chunks; ++c) mine.push_back(ranges[chunk_stage(kind, topo_.pp, topo_.pp_rank, c)]);
-  state.runner = std::make_unique<PipelineRunner>(std::move(layers), mine, topo_.pp_group, kind,
-                                                  options_.enable_metadata_cache);
-  if (world()->rank() == 0) {
-    std::string listing;
-    for (int v = 0; v < stages; ++v)
-      listing += (v ? ", " : "") + std::to_string(v) + ": layers " + std::to_string(ranges[v].first) + "-" +
-                 std::to_string(ranges[v].second - 1) + " on pp rank " + std::to_string(stage_rank(kind, topo_.pp, v));
-    log::info("hybrid_parallel: " + std::to_string(state.runner ? ranges.size() : 0) + " pipeline stages (" + listing + ")");
-  }
+  state.owner_stage = state.runner->owner_stage();
+  state.held = state.runner->held();
+  state.shared = state.runner->shared();
 }
 
 NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<ModelState>& state) const {
@@ -597,6 +528,14 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
   return c;
 }
 
+static PipelineOutput to_output(parallel::PipelineResult r) {
+  PipelineOutput out;
+  out.loss = std::move(r.loss);
+  out.outputs = std::move(r.outputs);
+  out.is_last_stage = r.is_last_stage;
+  return out;
+}
+
 PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const torch::Tensor& inputs,
                                                       const torch::Tensor& targets, const Criterion& criterion,
                                                       OptimizerWrapper* optimizer, bool return_loss,
@@ -609,7 +548,7 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
   if (!state.runner || !mine)
     throw PluginError("hybrid_parallel: execute_pipeline needs pp_size > 1 (this model is not pipelined: pp_size = 1); "
                       "train it with model.forward + booster.backward");
-  PipelineRunner::Options o;
+  parallel::PipelineRunOptions o;
   const int64_t batch = inputs.defined() && inputs.dim() > 0 ? inputs.size(0) : 0;
   if (options_.num_microbatches > 0) {
     o.microbatches = static_cast<int>(options_.num_microbatches);
@@ -623,7 +562,7 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
   o.return_loss = return_loss;
   o.return_outputs = return_outputs;
   if (!state.sharded) {
-    PipelineOutput out = state.runner->run(inputs, targets, criterion, o);
+    PipelineOutput out = to_output(state.runner->run(inputs, targets, criterion, o));
     if (o.train) mine->sync_gradients();
     return out;
   }
@@ -637,7 +576,7 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
   PipelineOutput out;
   try {
     runtime.begin_forward();
-    out = state.runner->run(inputs, targets, criterion, o);
+    out = to_output(state.runner->run(inputs, targets, criterion, o));
     if (!o.train) {
       at::NoGradGuard no_grad;
       runtime.end_forward();  // no backward follows: frees what is gathered

@@ -1,6 +1,6 @@
 // hybrid_state.h — what the hybrid_parallel plugin knows about one boosted model: the (dp, pp, tp)
 // mesh, which parameters and buffers this rank's pipeline stage holds, the parameters shared by
-// several stages (a tied embedding), and the pipeline runner. Shared by the plugin, its optimizer
+// several stages (a tied embedding), and the pipeline stage. Shared by the plugin, its optimizer
 // wrappers and its checkpoint IO.
 #pragma once
 
@@ -14,7 +14,7 @@
 
 #include "booster/dist/process_mesh.h"
 #include "booster/parallel/sharded_runtime.h"
-#include "pipeline_stage.h"
+#include "booster/parallel/pipeline.h"
 
 namespace booster::hybrid {
 
@@ -31,12 +31,7 @@ struct Topology {
 };
 
 // A parameter held by more than one pipeline stage (its gradients are summed across them).
-struct SharedParameter {
-  std::string name;
-  at::Tensor param;
-  std::vector<int> stages;                     // the pp stages holding it, ascending
-  std::shared_ptr<dist::ProcessGroup> group;   // this rank's peers on those stages (same dp, tp)
-};
+using SharedParameter = parallel::SharedParameter;
 
 struct ModelState {
   std::shared_ptr<torch::nn::Module> module;
@@ -50,7 +45,7 @@ struct ModelState {
   // name -> shape and dtype on a holding rank (tp shard shape), as before the release.
   std::map<std::string, std::vector<int64_t>> local_shape;
   std::vector<SharedParameter> shared;
-  std::unique_ptr<PipelineRunner> runner;  // pp > 1
+  std::unique_ptr<parallel::PipelineStage> runner;  // pp > 1: this rank's stage (booster/parallel/pipeline.h)
   // zero_stage = 3: the runtime whose FlatParameters hold the parameters (their tensors are views of
   // gathered storage, valid only while gathered); null otherwise.
   std::shared_ptr<parallel::ShardedRuntime> sharded;

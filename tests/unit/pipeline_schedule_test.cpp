@@ -1,5 +1,5 @@
-// pipeline_schedule_test.cpp — the hybrid_parallel plugin's pipeline schedules and layer
-// partitioning (plugins/hybrid_parallel/pipeline_schedule.cpp and partition_layers, compiled in):
+// pipeline_schedule_test.cpp — the pipeline schedules and layer
+// partitioning (booster/parallel/pipeline_schedule.h; the executor, booster/src/parallel/pipeline, compiled in):
 // exact orders for small cases, every schedule runs to completion for many (pp, microbatches,
 // chunks) in the simulation (no deadlock, every action once), and the simulated makespans equal the
 // bubble formulas. ZB-V: the V placement, PyTorch's ScheduleZBVZeroBubble order (rank lists below
@@ -8,16 +8,16 @@
 
 #include <string>
 
-#include "pipeline_schedule.h"
+#include "booster/parallel/pipeline_schedule.h"
 #include "pipeline_stage.h"
 
-using booster::hybrid::make_schedule;
-using booster::hybrid::partition_layers;
-using booster::hybrid::PipelineAction;
-using booster::hybrid::ScheduleKind;
-using booster::hybrid::simulate;
-using booster::hybrid::stage_rank;
-using booster::hybrid::chunk_stage;
+using booster::parallel::make_schedule;
+using booster::parallel::partition_layers;
+using booster::parallel::PipelineAction;
+using booster::parallel::ScheduleKind;
+using booster::parallel::simulate;
+using booster::parallel::stage_rank;
+using booster::parallel::chunk_stage;
 
 namespace {
 
@@ -194,9 +194,9 @@ TEST(PipelineSchedule, ZbvBadArgumentsNameTheOption) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("needs pp_size > 1"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(booster::hybrid::schedule_kind_from_name("zbv", 2), kZbv);
+  EXPECT_EQ(booster::parallel::schedule_kind_from_name("zbv", 2), kZbv);
   try {
-    booster::hybrid::schedule_kind_from_name("zb-v", 2);
+    booster::parallel::schedule_kind_from_name("zb-v", 2);
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("\"zbv\""), std::string::npos) << e.what();

@@ -1,4 +1,4 @@
-// shm_ring_test.cpp — the pipeline's shared-memory ring (plugins/hybrid_parallel/shm_ring.cpp,
+// shm_ring_test.cpp — the pipeline's shared-memory ring (booster/src/parallel/pipeline/shm_ring.cpp,
 // compiled in): messages arrive whole and in order across the ring's wrap-around, a full ring makes
 // the sender wait for the receiver (and fail after the timeout), a peer that exited and a message of
 // the wrong size are clear errors, and a name is gone from /dev/shm once unlinked.
@@ -14,7 +14,7 @@
 
 #include "shm_ring.h"
 
-using booster::hybrid::ShmRing;
+using booster::parallel::ShmRing;
 
 namespace {
 
@@ -134,6 +134,6 @@ TEST(ShmRing, WrongSizesAndMissingNamesAreClearErrors) {
 }
 
 TEST(ShmRing, HostIdIsStable) {
-  EXPECT_EQ(booster::hybrid::shm_host_id(), booster::hybrid::shm_host_id());
-  EXPECT_GT(booster::hybrid::shm_host_id(), 0);
+  EXPECT_EQ(booster::parallel::shm_host_id(), booster::parallel::shm_host_id());
+  EXPECT_GT(booster::parallel::shm_host_id(), 0);
 }

@@ -1,4 +1,4 @@
-// split_backward_test.cpp — the zero-bubble backward split (plugins/hybrid_parallel/split_backward.cpp,
+// split_backward_test.cpp — the zero-bubble backward split (booster/src/parallel/pipeline/split_backward.cpp,
 // compiled in): B (input gradient) then W (weight gradients) give the gradients of one whole
 // backward, B leaves the weights alone and W the input, the graph is freed after W, and the cases
 // that fall back to a whole-backward W (output independent of the input; a parameter reached from
@@ -12,7 +12,7 @@
 namespace split_backward_test {
 namespace {
 
-using booster::hybrid::SplitBackward;
+using booster::parallel::SplitBackward;
 
 struct MlpImpl : torch::nn::Module {
   MlpImpl() {

@@ -1,5 +1,6 @@
 // pipeline_schedule.h — the order in which one pipeline rank runs the forward and backward passes
-// of its micro-batches (pure: no tensors, no communication; the executor is pipeline_stage.h).
+// of its micro-batches (pure: no tensors, no communication; the executor is parallel/pipeline.h),
+// and the split of a model's layers into stages.
 //
 // A model of V = pp * num_model_chunks "virtual stages" (contiguous runs of layers) is spread over
 // pp ranks by stage_rank() / chunk_stage(): virtual stage v lives on rank v % pp as its model chunk
@@ -31,9 +32,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
-namespace booster::hybrid {
+#include "booster/export.h"
+
+namespace booster::parallel {
 
 struct PipelineAction {
   // kBackward: the whole backward of the chunk (input and weight gradients); kBackwardInput (B):
@@ -55,8 +59,8 @@ enum class ScheduleKind { kGPipe, k1F1B, kInterleaved, kZeroBubbleV };
 // pp * chunks), and the virtual stage of model chunk `chunk` on `rank`. kZeroBubbleV: stage v < pp
 // on rank v, stage v >= pp on rank 2*pp-1-v (chunk 0 = stage rank, chunk 1 = stage 2*pp-1-rank);
 // every other kind: rank v % pp, chunk v / pp. No checks (the callers validated pp, rank, chunks).
-int stage_rank(ScheduleKind kind, int pp, int virtual_stage);
-int chunk_stage(ScheduleKind kind, int pp, int rank, int chunk);
+BOOSTER_API int stage_rank(ScheduleKind kind, int pp, int virtual_stage);
+BOOSTER_API int chunk_stage(ScheduleKind kind, int pp, int rank, int chunk);
 
 // The actions of pipeline rank `rank` (0 <= rank < pp) for `microbatches` micro-batches; forward_only
 // keeps just the forwards (evaluation). Throws std::invalid_argument for pp < 1, rank outside
@@ -64,8 +68,8 @@ int chunk_stage(ScheduleKind kind, int pp, int rank, int chunk);
 // 1f1b / interleaved with microbatches < pp (the message names both and the fix: raise
 // num_microbatches or lower pp_size), interleaved with microbatches % pp != 0, and zbv with
 // chunks != 2 ("num_model_chunks = 2") or pp < 2 ("pp_size > 1").
-std::vector<PipelineAction> make_schedule(ScheduleKind kind, int pp, int rank, int microbatches, int chunks,
-                                          bool forward_only = false);
+BOOSTER_API std::vector<PipelineAction> make_schedule(ScheduleKind kind, int pp, int rank, int microbatches, int chunks,
+                                                      bool forward_only = false);
 
 // Runs every rank's schedule in a discrete-event simulation in which an action starts when its rank
 // is free and its input exists (forward: t_forward, backward: t_backward, B: t_backward, W: t_weight
@@ -74,12 +78,21 @@ std::vector<PipelineAction> make_schedule(ScheduleKind kind, int pp, int rank, i
 // placed by stage_rank(placement, ...). Returns the makespan; throws std::logic_error naming the
 // stuck ranks and actions when the schedules deadlock or an action is missing, repeated, or a W
 // has no B. For tests and for the bubble benchmark's ideal numbers.
-double simulate(const std::vector<std::vector<PipelineAction>>& schedules, int pp, int microbatches, int chunks,
-                double t_forward = 1.0, double t_backward = 2.0, double t_weight = 1.0,
-                ScheduleKind placement = ScheduleKind::k1F1B);
+BOOSTER_API double simulate(const std::vector<std::vector<PipelineAction>>& schedules, int pp, int microbatches,
+                            int chunks, double t_forward = 1.0, double t_backward = 2.0, double t_weight = 1.0,
+                            ScheduleKind placement = ScheduleKind::k1F1B);
 
 // pp_style -> kind: "1f1b" (with chunks > 1: interleaved), "interleaved", "gpipe", "zbv". Throws
 // std::invalid_argument naming the accepted values for any other name.
-ScheduleKind schedule_kind_from_name(const std::string& pp_style, int chunks);
+BOOSTER_API ScheduleKind schedule_kind_from_name(const std::string& pp_style, int chunks);
 
-}  // namespace booster::hybrid
+// Splits n layers into `stages` contiguous runs [begin, end), stage 0 first, every run non-empty.
+// uniform: by layer count (sizes differ by at most one; the larger runs come first);
+// balanced ("parameters"): minimises the largest sum of `weights` (a layer's parameter count) over a
+// stage (exact linear partition by binary search on the bound). Throws std::invalid_argument when
+// n < stages ("the model has 3 pipeline layers, fewer than pp_size * num_model_chunks = 4 stages"),
+// weights.size() != n for balanced, or stages < 1.
+BOOSTER_API std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanced,
+                                                              const std::vector<int64_t>& weights);
+
+}  // namespace booster::parallel

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 using torch::autograd::Edge;
 using torch::autograd::edge_list;
@@ -164,4 +164,4 @@ void SplitBackward::weight_gradients() {
   params_.clear();
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

@@ -17,7 +17,7 @@
 #include "booster/logging.h"
 #include "split_backward.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanced, const std::vector<int64_t>& weights) {
   if (stages < 1) throw std::invalid_argument("booster: pipeline partition: the number of stages must be >= 1");
@@ -127,7 +127,7 @@ struct Slot {
 
 }  // namespace
 
-PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
+PipelineResult PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& targets, const PipelineCriterion& criterion,
                                    const Options& o) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -351,7 +351,7 @@ PipelineOutput PipelineRunner::run(const at::Tensor& inputs, const at::Tensor& t
   }
   wall_s_ = std::chrono::duration<double>(Clock::now() - start).count();
 
-  PipelineOutput result;
+  PipelineResult result;
   result.is_last_stage = is_last_stage();
   if (result.is_last_stage) {
     if (o.return_loss && loss_sum.defined()) result.loss = loss_sum / m;
@@ -431,4 +431,4 @@ void PipelineRunner::setup_shared_memory(const std::string& key, int microbatche
                        "); those activations and gradients keep going through Gloo");
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

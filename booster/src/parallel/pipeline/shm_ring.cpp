@@ -18,7 +18,7 @@
 #include <fstream>
 #include <stdexcept>
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 namespace {
 
@@ -205,4 +205,4 @@ int64_t shm_host_id() {
   return static_cast<int64_t>(h >> 1);
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

@@ -20,7 +20,7 @@
 #include <functional>
 #include <string>
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 class ShmRing {
  public:
@@ -75,4 +75,4 @@ class ShmRing {
 // /dev/shm's device), equal for two processes exactly when they can share a ShmRing. Hashed to 63 bits.
 int64_t shm_host_id();
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

@@ -1,5 +1,6 @@
-// pipeline_stage.h — partitioning a PipelineModule's layers into stages, and the executor that runs a
-// schedule (pipeline_schedule.h) on this rank's stage with point-to-point activations and gradients.
+// pipeline_stage.h — private to libbooster: the executor behind parallel::PipelineStage
+// (booster/parallel/pipeline.h) that runs a schedule (pipeline_schedule.h) on this rank's chunks
+// with point-to-point activations and gradients.
 #pragma once
 
 #include <torch/types.h>
@@ -13,8 +14,8 @@
 #include <vector>
 
 #include "booster/nn/pipeline.h"
-#include "booster/plugin.h"
-#include "pipeline_schedule.h"
+#include "booster/parallel/pipeline.h"
+#include "booster/parallel/pipeline_schedule.h"
 #include "shm_ring.h"
 
 namespace booster {
@@ -22,15 +23,8 @@ namespace dist {
 class ProcessGroup;
 }
 
-namespace hybrid {
+namespace parallel {
 
-// Splits n layers into `stages` contiguous runs [begin, end), stage 0 first, every run non-empty.
-// uniform: by layer count (sizes differ by at most one; the larger runs come first);
-// balanced ("parameters"): minimises the largest sum of `weights` (a layer's parameter count) over a
-// stage (exact linear partition by binary search on the bound). Throws std::invalid_argument when
-// n < stages ("the model has 3 pipeline layers, fewer than pp_size * num_model_chunks = 4 stages"),
-// weights.size() != n for balanced, or stages < 1.
-std::vector<std::pair<int, int>> partition_layers(int n, int stages, bool balanced, const std::vector<int64_t>& weights);
 
 // Runs schedules on this rank's model chunks. Chunk c of this rank is virtual stage
 // chunk_stage(kind, pp, rank, c) (c * pp + rank; under zbv the V: rank, then 2*pp-1-rank) and runs
@@ -48,20 +42,12 @@ class PipelineRunner {
   PipelineRunner(std::vector<nn::PipelineLayer> layers, std::vector<std::pair<int, int>> chunk_ranges,
                  std::shared_ptr<dist::ProcessGroup> pp_group, ScheduleKind kind, bool enable_metadata_cache = true);
 
-  struct Options {
-    int microbatches = 1;
-    bool train = true;  // false: forward only, under no-grad
-    bool return_loss = true;
-    bool return_outputs = false;
-    // Called with false before every backward but the last one of this rank, and with true before
-    // the last (the plugin's data-parallel gradient synchronisation follows the last).
-    std::function<void(bool)> set_grad_sync;
-  };
+  using Options = PipelineRunOptions;
   // One iteration: inputs and targets split along dim 0 into options.microbatches equal parts (their
   // dim 0 must be divisible: std::invalid_argument naming the sizes). Stage 0 reads inputs, the last
   // stage targets; loss per micro-batch criterion(output, target) / microbatches (training) is
-  // back-propagated; activations go forward and gradients backward. Returns the PipelineOutput of
-  // plugin.h (values on the last stage only).
+  // back-propagated; activations go forward and gradients backward. Returns the PipelineResult of
+  // pipeline.h (values on the last stage only).
   // Messages: micro-batch 0 of each stream (sending virtual stage, direction) carries its shape and
   // dtype (ProcessGroup::isend_tensor / recv_tensor), later micro-batches are plain isend / irecv into
   // buffers of that shape, each receive posted when the previous one of its stream completed. With
@@ -77,7 +63,7 @@ class PipelineRunner {
   // pp group; later runs of the key send those streams through the rings instead of Gloo. A stream
   // whose ring cannot be created or opened (e.g. /dev/shm too small or not shared) stays on Gloo.
   // The ring names are unlinked as soon as both sides have mapped them.
-  PipelineOutput run(const at::Tensor& inputs, const at::Tensor& targets, const Criterion& criterion,
+  PipelineResult run(const at::Tensor& inputs, const at::Tensor& targets, const PipelineCriterion& criterion,
                      const Options& options);
 
   bool is_first_stage() const { return rank_ == 0; }
@@ -130,5 +116,5 @@ class PipelineRunner {
   int64_t w_fallbacks_ = 0;
 };
 
-}  // namespace hybrid
+}  // namespace parallel
 }  // namespace booster

@@ -24,7 +24,7 @@
 #include <memory>
 #include <vector>
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 class SplitBackward {
  public:
@@ -55,4 +55,4 @@ class SplitBackward {
   bool split_ = false, b_done_ = false;
 };
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

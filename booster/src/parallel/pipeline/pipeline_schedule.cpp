@@ -1,12 +1,12 @@
 // pipeline_schedule.cpp — the 1F1B, interleaved, GPipe and ZB-V orders, and their simulation.
-#include "pipeline_schedule.h"
+#include "booster/parallel/pipeline_schedule.h"
 
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <tuple>
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 namespace {
 
@@ -238,4 +238,4 @@ double simulate(const std::vector<std::vector<PipelineAction>>& schedules, int p
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel
