@@ -247,6 +247,33 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   return forward_hook ? forward_hook(*this, x, y) : y;
 }
 
+namespace {
+void refuse_sharded(const char* layer, const Group& group) {
+  if (group)
+    throw std::logic_error(std::string("booster::nn::") + layer + "::parallelize: the layer is already sharded over a tp "
+                           "group of " + std::to_string(group->size()) + " ranks; parallelize takes a dense layer (built "
+                           "with the default context, T = 1)");
+}
+}  // namespace
+
+void ColumnParallelLinearImpl::parallelize(const TensorParallelContext& context) {
+  refuse_sharded("ColumnParallelLinear", group);
+  Group g = resolve_group(nullptr, context);
+  if (!g) {
+    options.context(context);
+    return;
+  }
+  check_divisible("ColumnParallelLinear", "out_features", options.out_features(), tp_size(g));
+  torch::NoGradGuard no_grad;
+  weight.set_data(shard(weight.detach(), 0, g));
+  if (bias.defined()) bias.set_data(shard(bias.detach(), 0, g));
+  options.context(context);
+  group = g;
+  sequence_parallel = resolve_sequence_parallel(options.sequence_parallel(), context, group);
+  register_tensor_parallel_spec(weight, make_spec(0, options.out_features(), options.out_features(), group));
+  if (bias.defined()) register_tensor_parallel_spec(bias, make_spec(0, options.out_features(), options.out_features(), group));
+}
+
 RowParallelLinearImpl::RowParallelLinearImpl(LinearParallelOptions options_)
     : options(std::move(options_)),
       group(resolve_group(options.group(), options.context())),
@@ -262,6 +289,22 @@ void RowParallelLinearImpl::reset() {
   weight = register_parameter("weight", shard(w, 1, group));
   bias = register_parameter("bias", b, /*requires_grad=*/b.defined());  // replicated: no spec
   if (group) register_tensor_parallel_spec(weight, make_spec(1, options.in_features(), options.in_features(), group));
+}
+
+void RowParallelLinearImpl::parallelize(const TensorParallelContext& context) {
+  refuse_sharded("RowParallelLinear", group);
+  Group g = resolve_group(nullptr, context);
+  if (!g) {
+    options.context(context);
+    return;
+  }
+  check_divisible("RowParallelLinear", "in_features", options.in_features(), tp_size(g));
+  torch::NoGradGuard no_grad;
+  weight.set_data(shard(weight.detach(), 1, g));
+  options.context(context);
+  group = g;
+  sequence_parallel = resolve_sequence_parallel(options.sequence_parallel(), context, group);
+  register_tensor_parallel_spec(weight, make_spec(1, options.in_features(), options.in_features(), group));
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
@@ -340,6 +383,29 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
     return reduce_scatter_sequence(y, group, 1);
   }
   return reduce_from_tensor_parallel_region(y, group);
+}
+
+void VocabParallelEmbeddingImpl::parallelize(const TensorParallelContext& context) {
+  refuse_sharded("VocabParallelEmbedding", group);
+  Group g = resolve_group(nullptr, context);
+  if (!g) {
+    options.context(context);
+    return;
+  }
+  const int t = tp_size(g);
+  const int64_t v = options.num_embeddings();
+  torch::NoGradGuard no_grad;
+  at::Tensor full = weight.detach().narrow(0, 0, v);  // a dense table has no padding rows
+  options.make_vocab_size_divisible_by(context.make_vocab_size_divisible_by);
+  const int64_t padded = padded_vocab_size(v, t, options.make_vocab_size_divisible_by());
+  if (padded > v) full = at::cat({full, at::zeros({padded - v, full.size(1)}, full.options())}, 0);
+  weight.set_data(shard(full, 0, g));
+  options.context(context);
+  group = g;
+  sequence_parallel = resolve_sequence_parallel(options.sequence_parallel(), context, group);
+  padded_vocab_ = padded;
+  vocab_start_ = tp_rank(group) * (padded_vocab_ / t);
+  register_tensor_parallel_spec(weight, make_spec(0, v, padded_vocab_, group));
 }
 
 at::Tensor VocabParallelEmbeddingImpl::lm_logits(const at::Tensor& hidden) {

@@ -191,6 +191,12 @@ class BOOSTER_API ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnP
   explicit ColumnParallelLinearImpl(LinearParallelOptions options);
   void reset() override;
   at::Tensor forward(const at::Tensor& x);
+  // Shards this dense layer (group null: built at T = 1) over `context`'s tp group in place, as if it
+  // had been built with that context: weight and bias keep their tensors (set_data) and become this
+  // rank's rows, with their specs; options.context becomes `context`. A no-op at T = 1. Call it
+  // before the parameters go to an optimizer. Throws std::logic_error for a layer already sharded,
+  // std::invalid_argument when T does not divide out_features. (booster::parallel::parallelize.)
+  void parallelize(const TensorParallelContext& context);
   LinearParallelOptions options;
   at::Tensor weight, bias;
   LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
@@ -214,6 +220,9 @@ class BOOSTER_API RowParallelLinearImpl : public torch::nn::Cloneable<RowParalle
   explicit RowParallelLinearImpl(LinearParallelOptions options);
   void reset() override;
   at::Tensor forward(const at::Tensor& x);
+  // As ColumnParallelLinear::parallelize, by input columns (the bias stays replicated); T must
+  // divide in_features.
+  void parallelize(const TensorParallelContext& context);
   LinearParallelOptions options;
   at::Tensor weight, bias;
   LinearForwardHook forward_hook;  // null: none (see LinearForwardHook)
@@ -278,6 +287,10 @@ class BOOSTER_API VocabParallelEmbeddingImpl : public torch::nn::Cloneable<Vocab
   void reset() override;
   at::Tensor forward(const at::Tensor& ids);
   at::Tensor lm_logits(const at::Tensor& hidden);
+  // As ColumnParallelLinear::parallelize, by vocabulary rows: the full table is padded with zero
+  // rows to padded_vocab_size(num_embeddings, T, context.make_vocab_size_divisible_by) first (the
+  // options take that value, as a layer built with the context does).
+  void parallelize(const TensorParallelContext& context);
   int64_t padded_vocab() const { return padded_vocab_; }
   int64_t vocab_start() const { return vocab_start_; }  // first vocabulary row this rank holds
   VocabParallelEmbeddingOptions options;
