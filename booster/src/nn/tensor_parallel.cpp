@@ -248,21 +248,23 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
 }
 
 namespace {
-void refuse_sharded(const char* layer, const Group& group) {
-  if (group)
+// The start of every layer's parallelize(context): refuses a layer already sharded, and returns the
+// tp group to shard over; at T = 1 (null) the layer stays dense and only its options take `context`.
+template <class Options>
+Group parallelize_group(const char* layer, const Group& current, Options& options, const TensorParallelContext& context) {
+  if (current)
     throw std::logic_error(std::string("booster::nn::") + layer + "::parallelize: the layer is already sharded over a tp "
-                           "group of " + std::to_string(group->size()) + " ranks; parallelize takes a dense layer (built "
-                           "with the default context, T = 1)");
+                           "group of " + std::to_string(current->size()) + " ranks; parallelize takes a dense layer "
+                           "(built with the default context, T = 1)");
+  Group g = resolve_group(nullptr, context);
+  if (!g) options.context(context);
+  return g;
 }
 }  // namespace
 
 void ColumnParallelLinearImpl::parallelize(const TensorParallelContext& context) {
-  refuse_sharded("ColumnParallelLinear", group);
-  Group g = resolve_group(nullptr, context);
-  if (!g) {
-    options.context(context);
-    return;
-  }
+  Group g = parallelize_group("ColumnParallelLinear", group, options, context);
+  if (!g) return;
   check_divisible("ColumnParallelLinear", "out_features", options.out_features(), tp_size(g));
   torch::NoGradGuard no_grad;
   weight.set_data(shard(weight.detach(), 0, g));
@@ -292,12 +294,8 @@ void RowParallelLinearImpl::reset() {
 }
 
 void RowParallelLinearImpl::parallelize(const TensorParallelContext& context) {
-  refuse_sharded("RowParallelLinear", group);
-  Group g = resolve_group(nullptr, context);
-  if (!g) {
-    options.context(context);
-    return;
-  }
+  Group g = parallelize_group("RowParallelLinear", group, options, context);
+  if (!g) return;
   check_divisible("RowParallelLinear", "in_features", options.in_features(), tp_size(g));
   torch::NoGradGuard no_grad;
   weight.set_data(shard(weight.detach(), 1, g));
@@ -386,12 +384,8 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
 }
 
 void VocabParallelEmbeddingImpl::parallelize(const TensorParallelContext& context) {
-  refuse_sharded("VocabParallelEmbedding", group);
-  Group g = resolve_group(nullptr, context);
-  if (!g) {
-    options.context(context);
-    return;
-  }
+  Group g = parallelize_group("VocabParallelEmbedding", group, options, context);
+  if (!g) return;
   const int t = tp_size(g);
   const int64_t v = options.num_embeddings();
   torch::NoGradGuard no_grad;
