@@ -170,7 +170,6 @@ at::Tensor gather_full(const at::Tensor& local, const Geometry& g) {
 std::map<const void*, at::Tensor> gathered_parameters(ModelState& state) {
   std::map<const void*, at::Tensor> out;
   if (!state.sharded) return out;
-  state.sharded->release_all();
   for (const checkpoint::FlatSource& src : state.sharded->checkpoint_sources()) {
     const at::Tensor full = src.gather_full();
     const FlatLayout& layout = src.flat->layout();
@@ -186,7 +185,6 @@ std::map<const void*, at::Tensor> gathered_parameters(ModelState& state) {
 // rank's pieces of the FlatParameter shards, then lets the runtime refresh what it derives from them.
 void scatter_into_shards(ModelState& state, const std::map<const void*, at::Tensor>& loaded) {
   at::NoGradGuard no_grad;
-  state.sharded->release_all();
   for (const checkpoint::FlatSource& src : state.sharded->checkpoint_sources()) {
     at::Tensor shard = src.shard();
     const FlatLayout& layout = src.flat->layout();

@@ -249,11 +249,7 @@ class HybridHooks : public ModelHooks {
     for (const auto& [name, p] : state_->named_parameters)
       if (state_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
     if (!dp_reduced_by_zero_) allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
-    for (const auto& s : state_->shared) {
-      if (!s.param.grad().defined()) s.param.mutable_grad() = at::zeros_like(s.param);
-      std::vector<at::Tensor> one{s.param.grad()};
-      allreduce_coalesced(*s.group, one, bucket_bytes_, false);
-    }
+    if (state_->runner) state_->runner->sum_shared_gradients();
   }
   // dp/pp/tp sizes, this rank's pp coordinate, tensors held on its stage, model chunks, and with
   // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds), the
@@ -407,6 +403,19 @@ NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<ModelState>& 
   return [skip](const at::Tensor& p) { return !skip.count(p.unsafeGetTensorImpl()); };
 }
 
+// The optimizer keeps this stage's parameters only: the other stages' (released) leave its groups.
+static void drop_other_stages(const ModelState& state, torch::optim::Optimizer& optimizer) {
+  std::set<const void*> released;
+  for (const auto& [name, p] : state.named_parameters)
+    if (!state.held.at(name)) released.insert(p.unsafeGetTensorImpl());
+  for (auto& group : optimizer.param_groups()) {
+    auto& params = group.params();
+    params.erase(std::remove_if(params.begin(), params.end(),
+                                [&](const at::Tensor& p) { return released.count(p.unsafeGetTensorImpl()) > 0; }),
+                 params.end());
+  }
+}
+
 Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> model,
                                            std::shared_ptr<torch::optim::Optimizer> optimizer) {
   options_.mixed->prepare_model(*model);
@@ -434,16 +443,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
   Configured c;
   c.hooks = options_.mixed->wrap_hooks(hooks);
   if (!optimizer) return c;
-  // The optimizer keeps this stage's parameters only.
-  std::set<const void*> released;
-  for (const auto& [name, p] : state->named_parameters)
-    if (!state->held.at(name)) released.insert(p.unsafeGetTensorImpl());
-  for (auto& group : optimizer->param_groups()) {
-    auto& params = group.params();
-    params.erase(std::remove_if(params.begin(), params.end(),
-                                [&](const at::Tensor& p) { return released.count(p.unsafeGetTensorImpl()) > 0; }),
-                 params.end());
-  }
+  drop_other_stages(*state, *optimizer);
   OptimizerWrapperOptions wo = options_.mixed->optimizer_options();
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
@@ -479,19 +479,9 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
     fo.reduce_dtype = at::kFloat;
   }
   // Another stage's parameters (released to 0 elements) are neither stepped nor sharded here.
-  std::set<const void*> released;
   for (const auto& [name, p] : state->named_parameters)
-    if (!state->held.at(name)) {
-      released.insert(p.unsafeGetTensorImpl());
-      const_cast<at::Tensor&>(p).set_requires_grad(false);
-    }
-  if (optimizer)
-    for (auto& group : optimizer->param_groups()) {
-      auto& params = group.params();
-      params.erase(std::remove_if(params.begin(), params.end(),
-                                  [&](const at::Tensor& p) { return released.count(p.unsafeGetTensorImpl()) > 0; }),
-                   params.end());
-    }
+    if (!state->held.at(name)) const_cast<at::Tensor&>(p).set_requires_grad(false);
+  if (optimizer) drop_other_stages(*state, *optimizer);
   std::shared_ptr<parallel::FullyShardState> runtime;
   try {
     runtime = std::make_shared<parallel::FullyShardState>(*model, optimizer.get(), fo, "hybrid_parallel");
@@ -592,8 +582,7 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
     mine->sync_gradients();
     runtime.reduce_accumulated();
   }
-  runtime.hold_gathered(false);
-  if (o.train) runtime.release_all();
+  runtime.hold_gathered(false);  // the deferred end of backward frees the gathered stage
   return out;
 }
 
