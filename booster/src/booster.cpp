@@ -12,7 +12,7 @@
 #include <map>
 #include <set>
 
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/core/host_allocator.h"
 #include "booster/core/host_cache.h"
 #include "booster/auto_select.h"
@@ -22,7 +22,7 @@
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin_loader.h"
 #include "booster_impl.h"
-#include "mixed_precision/bf16_speed.h"
+#include "bf16_speed.h"
 
 namespace booster {
 
@@ -195,7 +195,8 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
   const std::string plugin_name = plugin->name();
   auto world = impl_->world;
   impl_->plugin = std::move(plugin);
-  impl_->host_allocator = malloc_mode.empty() ? impl_->plugin->default_malloc() : malloc_mode;
+  impl_->traits = impl_->plugin->traits();
+  impl_->host_allocator = malloc_mode.empty() ? impl_->traits.default_malloc : malloc_mode;
   if (impl_->host_allocator != "cache" && impl_->malloc_cache_mb >= 0)
     throw ConfigError("booster.malloc_cache_mb bounds the tensor cache of malloc = \"cache\", and plugin " +
                       impl_->plugin->name() + "'s default malloc is \"" + impl_->host_allocator +
@@ -208,14 +209,14 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
                           {{"booster.mixed_precision", shadowed_value(impl_->mixed_precision)},
                            {"booster.max_norm", shadowed_value(impl_->max_norm)},
                            {"booster.norm_type", shadowed_value(impl_->norm_type)}});
-  auto devices = impl_->plugin->supported_devices();
+  const auto& devices = impl_->traits.devices;
   if (std::find(devices.begin(), devices.end(), impl_->device_name) == devices.end()) {
     std::string list;
     for (const auto& d : devices) list += (list.empty() ? "" : ", ") + d;
     throw PluginError("booster: plugin " + plugin_name + " does not support booster.device = \"" + impl_->device_name +
                       "\" yet (it supports: " + list + "); use one of those devices or another plugin");
   }
-  auto precisions = impl_->plugin->supported_precisions();
+  const auto& precisions = impl_->traits.precisions;
   if (std::find(precisions.begin(), precisions.end(), impl_->mixed_precision) == precisions.end()) {
     std::string list;
     for (const auto& p : precisions) list += (list.empty() ? "" : ", ") + p;
@@ -223,7 +224,7 @@ void Booster::attach_plugin(std::shared_ptr<Plugin> plugin) {
                       impl_->mixed_precision + "\" (it supports: " + list + ")");
   }
   impl_->tensor_parallel_context = impl_->plugin->tensor_parallel_context();
-  const std::string precision = impl_->plugin->control_precision() ? "set by the plugin" : impl_->mixed_precision;
+  const std::string precision = impl_->traits.controls_precision ? "set by the plugin" : impl_->mixed_precision;
   log::info("booster: plugin " + plugin_name + ", precision " + precision + ", device " + impl_->device.str() +
             ", world size " + std::to_string(world->size()) + " (" + world->backend() + ")");
   log::info("booster: " + allocator);
@@ -262,7 +263,7 @@ Configured Booster::configure(std::shared_ptr<torch::nn::Module> model,
   // The model, its buffers and (through the parameters) the optimizer's states live on this rank's
   // device; Module::to moves the parameters in place, so the optimizer keeps holding them.
   if (!impl_->device.is_cpu()) model->to(impl_->device);
-  bool own_precision = !impl_->plugin->control_precision();
+  bool own_precision = !impl_->traits.controls_precision;
   if (own_precision) impl_->precision->prepare_model(*model);
   Configured c = impl_->plugin->configure(model, optimizer);
   if (!c.hooks) throw PluginError("booster: plugin " + impl_->plugin->name() + " returned no model hooks");
@@ -409,14 +410,14 @@ void Booster::after_model_load(torch::nn::Module& module) {
 }
 
 Criterion Booster::wrap_criterion(Criterion criterion) const {
-  if (impl_->plugin->control_precision()) return impl_->plugin->wrap_criterion(std::move(criterion));
+  if (impl_->traits.controls_precision) return impl_->plugin->wrap_criterion(std::move(criterion));
   return impl_->precision->wrap_criterion(std::move(criterion));
 }
 
 void Booster::backward(const torch::Tensor& loss, OptimizerWrapper& optimizer) { optimizer.backward(loss); }
 
 ScopeGuard Booster::no_sync_hooks(ModelHooks& hooks, OptimizerWrapper* optimizer) {
-  if (!impl_->plugin->support_no_sync())
+  if (!impl_->traits.supports_no_sync)
     throw PluginError("booster: plugin " + impl_->plugin->name() +
                       " does not support no_sync; use a plugin that does (e.g. torch_ddp) or call backward "
                       "without the no_sync guard");
@@ -447,9 +448,8 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<da
 checkpoint::CheckpointIO& Booster::checkpoint_io() {
   if (!impl_->plugin) throw PluginError(auto_not_chosen("checkpoint IO"));
   if (!impl_->checkpoint_io) {
-    impl_->checkpoint_io = impl_->plugin->control_checkpoint_io()
-                               ? impl_->plugin->checkpoint_io()
-                               : std::make_shared<checkpoint::CheckpointIO>(impl_->plugin->world());
+    impl_->checkpoint_io = impl_->plugin->checkpoint_io();
+    if (!impl_->checkpoint_io) impl_->checkpoint_io = std::make_shared<checkpoint::CheckpointIO>(impl_->plugin->world());
   }
   return *impl_->checkpoint_io;
 }

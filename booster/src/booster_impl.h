@@ -24,6 +24,7 @@ struct Booster::Impl {
   // set_state_dict_adapter's registrations, by the boosted module.
   std::map<const torch::nn::Module*, std::shared_ptr<const checkpoint::StateDictAdapter>> adapters;
   std::shared_ptr<Plugin> plugin;
+  PluginTraits traits;  // the plugin's traits(), read once when it is attached
   std::string mixed_precision;
   std::shared_ptr<mixed_precision::MixedPrecision> precision;
   double max_norm = 0.0;

@@ -12,13 +12,13 @@
 
 #include "booster/auto_select.h"
 #include "booster/booster.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/core/host_cache.h"
 #include "booster/estimate.h"
 #include "booster/logging.h"
 #include "booster/plugin_loader.h"
 #include "booster_impl.h"
-#include "wrappers/device_offload.h"
+#include "booster/optim/optimizer_state.h"
 
 namespace booster {
 
@@ -231,11 +231,11 @@ MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& ho
     if (model_on_device) r.communication_buffers_on_device = r.communication_buffers;
     const auto params = optimizer->parameters();
     const auto& masters = optimizer->master_parameters();
-    detail::PlacedBytes master;
+    PlacedBytes master;
     for (size_t i = 0; i < masters.size() && i < params.size(); ++i)
       if (masters[i].unsafeGetTensorImpl() != params[i].unsafeGetTensorImpl()) master.add(masters[i], true);
     r.master_weights_on_device = master.on_device;
-    const detail::PlacedBytes states = detail::optimizer_state_places(optimizer->optimizer(), true, false);
+    const PlacedBytes states = optimizer_state_places(optimizer->optimizer(), true, false);
     r.optimizer_states_on_device = states.on_device;
     r.pinned_host_bytes = master.pinned + states.pinned;
     r.located = true;

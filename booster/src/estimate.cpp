@@ -127,7 +127,7 @@ EstimateTable estimate_installed_plugins(const EstimateRequest& request,
         }
       }
       if (!request.device.empty() && request.device != "cpu") {
-        const auto devices = plugin->supported_devices();
+        const auto devices = plugin->traits().devices;
         if (std::find(devices.begin(), devices.end(), request.device) == devices.end())
           throw std::runtime_error("does not support booster.device = \"" + request.device + "\"");
       }

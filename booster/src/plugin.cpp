@@ -61,11 +61,8 @@ void Plugin::unsupported(const std::string& op) const {
   throw PluginError("booster: plugin " + name_ + " does not support " + op);
 }
 
-std::vector<std::string> Plugin::supported_precisions() const { return {"fp32"}; }
-std::vector<std::string> Plugin::supported_devices() const { return {"cpu"}; }
-
 std::vector<ShadowedSetting> Plugin::shadowed_settings() const {
-  if (!control_precision()) return {};
+  if (!traits().controls_precision) return {};
   return {{"booster.mixed_precision", "the precision option of plugin " + name_ + " (in [plugin])", ""},
           {"mixed_precision", "the loss-scaler options of plugin " + name_ + " (in [plugin])", ""}};
 }
@@ -75,12 +72,10 @@ Configured Plugin::configure(std::shared_ptr<torch::nn::Module>, std::shared_ptr
 }
 
 ScopeGuard Plugin::no_sync(ModelHooks& hooks, OptimizerWrapper*) {
-  if (support_no_sync()) return pause_grad_sync(hooks);
+  if (traits().supports_no_sync) return pause_grad_sync(hooks);
   unsupported("no_sync (gradient accumulation without synchronisation); use a plugin that does (e.g. torch_ddp) "
               "or call backward without the no_sync guard");
 }
-
-std::shared_ptr<checkpoint::CheckpointIO> Plugin::checkpoint_io() { unsupported("checkpoint_io"); }
 
 PipelineOutput Plugin::execute_pipeline(ModelHooks&, const torch::Tensor&, const torch::Tensor&, const Criterion&,
                                         OptimizerWrapper*, bool, bool) {

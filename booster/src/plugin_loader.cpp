@@ -126,7 +126,11 @@ void check_descriptor(const BoosterPluginDescriptor& d, const std::string& path)
   if (d.abi_version != BOOSTER_PLUGIN_ABI_VERSION) {
     throw PluginError("booster: plugin '" + name + "' (" + path + ") was built for plugin ABI version " +
                       std::to_string(d.abi_version) + ", but this Booster has ABI version " +
-                      std::to_string(BOOSTER_PLUGIN_ABI_VERSION) + "; rebuild the plugin against this Booster");
+                      std::to_string(BOOSTER_PLUGIN_ABI_VERSION) + "; rebuild the plugin against this Booster" +
+                      (d.abi_version < BOOSTER_PLUGIN_ABI_VERSION
+                           ? " (an older interface: port it first as docs/plugins.md, \"Porting a plugin built "
+                             "against another Booster\", describes)"
+                           : ""));
   }
   if (d.torch_major != TORCH_VERSION_MAJOR || d.torch_minor != TORCH_VERSION_MINOR) {
     throw PluginError("booster: plugin '" + name + "' (" + path + ") was built with LibTorch " +

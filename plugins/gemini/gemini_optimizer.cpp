@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "booster/optim/cpu_adam.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 
 namespace booster::plugins::gemini {
 

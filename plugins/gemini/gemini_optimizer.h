@@ -1,7 +1,7 @@
 // gemini_optimizer.h — the Gemini plugin's optimizer wrapper (ColossalAI's GeminiOptimizer): the
 // user's optimizer steps the float32 master shard of every trainable chunk (gemini_state.h), one
 // chunk at a time, so a chunk whose optimizer side is offloaded is in memory only for its own
-// update. Any elementwise optimizer of the registry (wrappers/optimizer_registry.h) works; the Adam
+// update. Any elementwise optimizer of the registry (optim/optimizer_registry.h) works; the Adam
 // family (torch::optim::Adam / AdamW without amsgrad, booster::optim::CPUAdam / HybridAdam) steps
 // through the fused CPU Adam kernel (optim::step_with_cpu_adam_kernel), on the optimizer's own state.
 //

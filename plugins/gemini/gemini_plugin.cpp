@@ -114,11 +114,13 @@ class GeminiPlugin : public Plugin {
  public:
   explicit GeminiPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
-  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
-  bool control_precision() const override { return true; }
-  bool control_checkpoint_io() const override { return true; }
-  bool support_no_sync() const override { return true; }
-  // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
+  PluginTraits traits() const override {
+    PluginTraits t;
+    t.precisions = {"fp16", "bf16", "fp32"};
+    t.controls_precision = true;
+    t.supports_no_sync = true;
+    return t;
+  }
 
   // Chunk-based ZeRO-3 (ColossalAI's Gemini): per rank a 1/N shard of every chunk in the training
   // precision, its gradient shard, the fp32 master shard (kept apart from the parameters even in

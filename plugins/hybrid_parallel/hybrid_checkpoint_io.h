@@ -60,13 +60,13 @@ class HybridCheckpointIO : public checkpoint::CheckpointIO {
   void save_model(torch::nn::Module& model, const std::string& path, const checkpoint::ModelSaveOptions& options) override;
   using CheckpointIO::load_model;
   void load_model(torch::nn::Module& model, const std::string& path, const checkpoint::ModelLoadOptions& options) override;
-  void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
+  void save_optimizer(checkpoint::CheckpointableOptimizer& optimizer, const std::string& path,
                       const checkpoint::OptimizerSaveOptions& options) override;
-  void load_optimizer(OptimizerWrapper& optimizer, const std::string& path) override;
+  void load_optimizer(checkpoint::CheckpointableOptimizer& optimizer, const std::string& path) override;
 
  private:
   std::shared_ptr<ModelState> state_of(torch::nn::Module& model) const;
-  std::shared_ptr<ModelState> state_of(OptimizerWrapper& optimizer) const;
+  std::shared_ptr<ModelState> state_of(checkpoint::CheckpointableOptimizer& optimizer) const;
 
   Topology topo_;
   std::shared_ptr<Registry> registry_;

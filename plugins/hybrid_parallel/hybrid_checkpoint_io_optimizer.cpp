@@ -11,7 +11,7 @@
 
 #include "booster/checkpoint/sharded_state.h"
 #include "booster/checkpoint/state_dict_io.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 #include "booster/wrappers/zero_optimizer.h"
 #include "hybrid_checkpoint_io.h"
 #include "hybrid_checkpoint_io_detail.h"
@@ -44,7 +44,7 @@ std::pair<std::string, std::string> split_state_name(const std::string& name) {
 
 }  // namespace
 
-std::shared_ptr<ModelState> HybridCheckpointIO::state_of(OptimizerWrapper& optimizer) const {
+std::shared_ptr<ModelState> HybridCheckpointIO::state_of(checkpoint::CheckpointableOptimizer& optimizer) const {
   const auto params = optimizer.parameters();
   std::shared_ptr<ModelState> state;
   if (!params.empty()) {
@@ -64,7 +64,7 @@ std::shared_ptr<ModelState> HybridCheckpointIO::state_of(OptimizerWrapper& optim
 // ---------------------------------------------------------------------------------------------
 // save_optimizer
 
-void HybridCheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& path,
+void HybridCheckpointIO::save_optimizer(checkpoint::CheckpointableOptimizer& wrapper, const std::string& path,
                                         const checkpoint::OptimizerSaveOptions& options) {
   using checkpoint::OptimizerFormat;
   if (options.format == OptimizerFormat::kGathered || !options.use_safetensors)
@@ -187,7 +187,7 @@ void HybridCheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::st
 // ---------------------------------------------------------------------------------------------
 // load_optimizer
 
-void HybridCheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& path) {
+void HybridCheckpointIO::load_optimizer(checkpoint::CheckpointableOptimizer& wrapper, const std::string& path) {
   std::shared_ptr<ModelState> state = state_of(wrapper);
   auto& opt = wrapper.optimizer();
   const OptimizerTypeInfo& info = opt_info(opt);

@@ -315,17 +315,20 @@ class HybridParallelPlugin : public Plugin {
                                                       : std::string()));
   }
 
-  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
   // CUDA: tensor-parallel collectives and the dp reduction on NCCL, or over Gloo staged through host
   // memory (ranks sharing a GPU); pipeline messages by send/recv of device tensors.
-  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
+  PluginTraits traits() const override {
+    PluginTraits t;
+    t.precisions = {"fp16", "bf16", "fp32"};
+    t.devices = {"cpu", "cuda"};
+    t.controls_precision = true;
+    return t;
+  }
 
   // hybrid_estimate.h's rows, with this plugin's default zero_bucket_size_in_m.
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     return hybrid_estimate_memory(r, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)));
   }
-  bool control_precision() const override { return true; }
-  bool control_checkpoint_io() const override { return true; }
   std::vector<ShadowedSetting> shadowed_settings() const override {
     return {{"booster.mixed_precision", "plugin.precision", shadowed_value(options_.precision)},
             {"mixed_precision", "the plugin's loss-scaler options (plugin.initial_scale, ...)", ""},

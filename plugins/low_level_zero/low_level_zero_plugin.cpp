@@ -63,11 +63,14 @@ class LowLevelZeroPlugin : public Plugin {
  public:
   explicit LowLevelZeroPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
-  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
-  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
-  bool control_precision() const override { return true; }
-  bool support_no_sync() const override { return true; }
-  // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
+  PluginTraits traits() const override {
+    PluginTraits t;
+    t.precisions = {"fp16", "bf16", "fp32"};
+    t.devices = {"cpu", "cuda"};
+    t.controls_precision = true;
+    t.supports_no_sync = true;
+    return t;
+  }
 
   // Stage 1 and stage 2 at the request's precision (ZeRO's formulas, core/memory_estimate.h), with
   // the default bucket of reduce_bucket_size_in_m = 12.

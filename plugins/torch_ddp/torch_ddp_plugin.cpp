@@ -60,9 +60,13 @@ class TorchDDPPlugin : public Plugin {
  public:
   explicit TorchDDPPlugin(const PluginContext& ctx) : Plugin(ctx), options_(parse_options(ctx.options)) {}
 
-  std::vector<std::string> supported_precisions() const override { return {"fp16", "bf16", "fp32"}; }
-  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
-  bool support_no_sync() const override { return true; }
+  PluginTraits traits() const override {
+    PluginTraits t;
+    t.precisions = {"fp16", "bf16", "fp32"};
+    t.devices = {"cpu", "cuda"};
+    t.supports_no_sync = true;
+    return t;
+  }
 
   // Two rows: the default (buckets are a second gradient copy) and gradient_as_bucket_view = true.
   // Under autocast (mixed_precision bf16/fp16) the parameters stay fp32; the activations shrink.

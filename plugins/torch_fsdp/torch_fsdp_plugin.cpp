@@ -141,10 +141,16 @@ class TorchFSDPPlugin : public Plugin {
       mixed_ = mixed_precision::make_mixed_precision(options_.param_dtype, Options("mixed_precision"));
   }
 
-  std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16"}; }
   // CUDA: the FlatParameters, their gathered storage and the optimizer step live on the model's
   // device; collectives run on NCCL, or over Gloo staged through host memory (ranks sharing a GPU).
-  std::vector<std::string> supported_devices() const override { return {"cpu", "cuda"}; }
+  PluginTraits traits() const override {
+    PluginTraits t;
+    t.precisions = {"fp32", "bf16"};
+    t.devices = {"cpu", "cuda"};
+    t.controls_precision = true;
+    t.supports_no_sync = true;
+    return t;
+  }
 
   // ZeRO-3 (Rajbhandari et al.; PyTorch FSDP, Zhao et al., VLDB 2023): fp32 shards of the
   // parameters, gradients and optimizer states over the shard group S, plus while an iteration runs
@@ -199,10 +205,6 @@ class TorchFSDPPlugin : public Plugin {
     }
     return out;
   }
-  bool control_precision() const override { return true; }
-  bool control_checkpoint_io() const override { return true; }
-  bool support_no_sync() const override { return true; }
-  // Sharding is for memory: freed host memory goes back to the system unless [booster] malloc says so.
 
   std::vector<ShadowedSetting> shadowed_settings() const override {
     const std::string precision = options_.param_dtype.empty() ? "fp32" : options_.param_dtype;

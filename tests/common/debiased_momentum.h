@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 
 namespace booster::testing {
 

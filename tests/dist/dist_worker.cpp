@@ -22,7 +22,7 @@
 
 #include "booster/booster.h"
 #include "booster/checkpoint/state_dict_io.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/estimate.h"
 #include "booster/core/replica.h"
 #include "booster/mixed_precision/grad_scaler.h"

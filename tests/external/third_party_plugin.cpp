@@ -33,7 +33,11 @@ class CountingHooks : public booster::ModelHooks {
 class ThirdPartyPlugin : public booster::Plugin {
  public:
   explicit ThirdPartyPlugin(const booster::PluginContext& ctx) : Plugin(ctx) {}
-  bool support_no_sync() const override { return true; }
+  booster::PluginTraits traits() const override {
+    booster::PluginTraits t;
+    t.supports_no_sync = true;
+    return t;
+  }
   booster::Configured configure(std::shared_ptr<torch::nn::Module> model,
                                 std::shared_ptr<torch::optim::Optimizer>) override {
     return {std::make_shared<CountingHooks>(booster::parallel::replicate(model, world())), nullptr};

@@ -25,10 +25,10 @@
 
 #include "gpu/gpu_test_util.h"
 #include "booster/booster.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/optim/cpu_adam.h"
-#include "booster/wrappers/optimizer_registry.h"
-#include "booster/wrappers/optimizer_state.h"
+#include "booster/optim/optimizer_registry.h"
+#include "booster/optim/optimizer_state.h"
 #include "booster/wrappers/zero_optimizer.h"
 #include "dist/dist_common.h"
 #include "dist/dist_test_util.h"

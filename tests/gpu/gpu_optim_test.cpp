@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/kernels/cpu_adam.h"
 #include "booster/mixed_precision/grad_scaler.h"
 #include "booster/optim/cpu_adam.h"

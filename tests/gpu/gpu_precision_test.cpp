@@ -26,7 +26,7 @@
 #include "gpu/gpu_test_util.h"
 #include "booster/booster.h"
 #include "booster/checkpoint/safetensors.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "common/test_util.h"
 #include "dist/dist_common.h"
 

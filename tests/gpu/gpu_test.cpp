@@ -26,7 +26,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "booster/booster.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/dist/process_group.h"
 #include "common/thread_ranks.h"
 #include "dist/dist_common.h"

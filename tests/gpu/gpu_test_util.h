@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "booster/core/device.h"
+#include "booster/device.h"
 
 namespace booster::testing {
 // dist_worker beside this executable (the GPU bundle keeps them together; defined in gpu_test.cpp).

@@ -1,11 +1,11 @@
-// bf16_speed_test.cpp — the bf16 speed probe behind boost()'s warning (mixed_precision/bf16_speed.h):
+// bf16_speed_test.cpp — the bf16 speed probe behind boost()'s warning (src/bf16_speed.h):
 // the slowdown is a measured positive ratio, and the warning follows the threshold and is given once.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <iostream>
 
-#include "mixed_precision/bf16_speed.h"
+#include "bf16_speed.h"
 
 using booster::mixed_precision::bf16_matmul_slowdown;
 using booster::mixed_precision::warn_if_bf16_is_slow;

@@ -1,7 +1,7 @@
 // booster_test.cpp — Booster on a world of one: config checks, boost(), torch_ddp, OptimizerWrapper, dataloaders.
 
 #include "booster/booster.h"
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/core/host_allocator.h"
 #include "booster/core/host_cache.h"
 #include "booster/nn/unit.h"
@@ -153,7 +153,7 @@ TEST(Booster, UnknownKeyInBoosterSection) {
 }
 
 TEST(Booster, MixedPrecisionChoiceAndPluginSupport) {
-  // test_minimal keeps the default supported_precisions() {"fp32"}.
+  // test_minimal keeps the default traits().precisions {"fp32"}.
   EXPECT_THAT([] { make_booster(minimal_toml("mixed_precision = \"bf16\"\n")); },
               ThrowsMessage<PluginError>(AllOf(HasSubstr("plugin test_minimal does not support mixed_precision = "
                                                          "\"bf16\""),

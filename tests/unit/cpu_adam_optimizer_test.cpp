@@ -12,7 +12,7 @@
 #include "booster/lr_scheduler.h"
 #include "booster/optim/cpu_adam.h"
 #include "common/adam_ulps.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "common/small_net.h"
 #include "common/test_util.h"

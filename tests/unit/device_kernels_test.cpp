@@ -13,12 +13,12 @@
 #include <limits>
 #include <sstream>
 
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/mixed_precision/grad_scaler.h"
 #include "booster/optim/cpu_adam.h"
 #include "booster/optim/device_kernels.h"
 #include "booster/optim/fused_adam.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 
 // Everything in a named namespace: the unit tests are a unity build, whose batches put other test

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/dist/process_group.h"
 #include "common/test_util.h"
 #include "common/tensor_test_util.h"

@@ -10,7 +10,7 @@
 #include <torch/torch.h>
 
 #include "booster/wrappers/model_wrapper.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 #include "common/thread_ranks.h"
 
 namespace fully_shard_test {

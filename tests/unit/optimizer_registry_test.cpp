@@ -13,7 +13,7 @@
 #include "booster/checkpoint/checkpoint_io.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/dist/process_group.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "booster/wrappers/zero_optimizer.h"
 #include "common/debiased_momentum.h"
@@ -148,7 +148,7 @@ TEST(OptimizerRegistry, UnregisteredOptimizerIsAClearError) {
   auto names_what = AllOf(HasSubstr("optimizer type (anonymous namespace)::UnregisteredSGD is not registered"),
                           HasSubstr("registered: Adagrad, Adam, AdamW"),
                           HasSubstr("booster::register_optimizer<(anonymous namespace)::UnregisteredSGD>(spec)"),
-                          HasSubstr("booster/wrappers/optimizer_registry.h"));
+                          HasSubstr("booster/optim/optimizer_registry.h"));
   EXPECT_THAT([&] { optimizer_type_info(*opt); }, ThrowsMessage<std::invalid_argument>(names_what));
   EXPECT_THAT([&] { optimizer_state_bytes(*opt); }, ThrowsMessage<std::invalid_argument>(names_what));
   EXPECT_THAT([&] { optimizer_type_info("UnregisteredSGD"); },

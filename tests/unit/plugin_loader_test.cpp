@@ -137,10 +137,13 @@ TEST(PluginLoader, LoadsByExplicitPath) {
   ASSERT_NE(plugin, nullptr);
   EXPECT_EQ(plugin->name(), "test_minimal");
   EXPECT_EQ(plugin->world(), world_of_one());
-  EXPECT_THAT(plugin->supported_precisions(), ElementsAre("fp32"));
-  EXPECT_FALSE(plugin->control_precision());
-  EXPECT_FALSE(plugin->control_checkpoint_io());
-  EXPECT_FALSE(plugin->support_no_sync());
+  const booster::PluginTraits traits = plugin->traits();
+  EXPECT_THAT(traits.precisions, ElementsAre("fp32"));
+  EXPECT_THAT(traits.devices, ElementsAre("cpu"));
+  EXPECT_FALSE(traits.controls_precision);
+  EXPECT_FALSE(traits.supports_no_sync);
+  EXPECT_EQ(traits.default_malloc, "cache");
+  EXPECT_EQ(plugin->checkpoint_io(), nullptr);  // the Booster's own checkpoint IO
 }
 
 TEST(PluginLoader, LoadsByNameThroughBoosterPluginPath) {
@@ -212,6 +215,16 @@ TEST(PluginLoader, TruncatedOrForeignElfIsAClearError) {
               ThrowsMessage<PluginError>(AllOf(HasSubstr(path), HasSubstr("another machine"))));
 }
 
+TEST(PluginLoader, APluginOfThePreviousAbiIsToldToPort) {
+  const std::string path = kTestPluginDir + "_old_abi/booster_plugin_test_old_abi.so";
+  const uint32_t previous = booster::BOOSTER_PLUGIN_ABI_VERSION - 1;
+  EXPECT_THAT([&] { booster::load_plugin(context("test_old_abi"), path); },
+              ThrowsMessage<PluginError>(AllOf(
+                  HasSubstr("plugin 'test_old_abi'"), HasSubstr("plugin ABI version " + std::to_string(previous)),
+                  HasSubstr("this Booster has ABI version " + std::to_string(booster::BOOSTER_PLUGIN_ABI_VERSION)),
+                  HasSubstr("Porting a plugin built against another Booster"))));
+}
+
 TEST(PluginLoader, AbiMismatchNamesBothVersions) {
   ScopedEnv env;
   env.set("BOOSTER_PLUGIN_PATH", kTestPluginDir);
@@ -219,7 +232,7 @@ TEST(PluginLoader, AbiMismatchNamesBothVersions) {
       AllOf(HasSubstr("plugin 'test_bad_abi'"), HasSubstr("plugin ABI version 999"),
             HasSubstr("this Booster has ABI version " + std::to_string(booster::BOOSTER_PLUGIN_ABI_VERSION)),
             HasSubstr("rebuild the plugin against this Booster")));
-  EXPECT_EQ(booster::BOOSTER_PLUGIN_ABI_VERSION, 14u);
+  EXPECT_EQ(booster::BOOSTER_PLUGIN_ABI_VERSION, 15u);
   EXPECT_THAT([&] { booster::load_plugin(context("test_bad_abi")); }, expected);
   EXPECT_THAT([&] { booster::load_plugin(context("test_bad_abi"), test_plugin("test_bad_abi")); }, expected);
 }
@@ -293,8 +306,6 @@ TEST(PluginLoader, DefaultOperationsThrowDoesNotSupport) {
   EXPECT_TRUE(c.hooks->stats().empty());
   EXPECT_THAT([&] { plugin->no_sync(*c.hooks, nullptr); },
               ThrowsMessage<PluginError>(HasSubstr("plugin test_minimal does not support no_sync")));
-  EXPECT_THAT([&] { plugin->checkpoint_io(); },
-              ThrowsMessage<PluginError>(HasSubstr("plugin test_minimal does not support checkpoint_io")));
 }
 
 TEST(PluginLoader, PluginNeedsAProcessGroup) {

@@ -1,6 +1,6 @@
 // plugin_test.cpp — the Plugin base class's defaults and helpers (plugin.cpp): the data loader shards
 // by the plugin's data-parallel group (a mesh's dp dimension on 4 ranks as threads), no_sync
-// through pause_grad_sync, shadowed settings with control_precision, shadowed_value and
+// through pause_grad_sync, shadowed settings with controls_precision, shadowed_value and
 // mib_to_bytes. Loading plugins from .so files is plugin_loader_test.cpp.
 #include "booster/plugin.h"
 
@@ -81,8 +81,12 @@ class RecordingHooks : public booster::ModelHooks {
 class NoSyncPlugin : public Plugin {
  public:
   using Plugin::Plugin;
-  bool support_no_sync() const override { return true; }
-  bool control_precision() const override { return true; }
+  PluginTraits traits() const override {
+    PluginTraits t;
+    t.supports_no_sync = true;
+    t.controls_precision = true;
+    return t;
+  }
 };
 
 TEST(Plugin, DefaultsForNoSyncAndShadowedSettings) {
@@ -97,7 +101,7 @@ TEST(Plugin, DefaultsForNoSyncAndShadowedSettings) {
       EXPECT_THAT(hooks.calls, ElementsAre(false));
     }
     EXPECT_THAT(hooks.calls, ElementsAre(false, true));
-    // control_precision: the Booster's precision settings are the plugin's, any value conflicts.
+    // controls_precision: the Booster's precision settings are the plugin's, any value conflicts.
     const auto shadowed = plugin.shadowed_settings();
     ASSERT_EQ(shadowed.size(), 2u);
     EXPECT_EQ(shadowed[0].key, "booster.mixed_precision");

@@ -3,7 +3,7 @@
 // libbooster.so never links LibTorch's CUDA library or NCCL.
 //
 // Each group gets its own ProcessGroupNCCL over the group's prefixed store, bound to the current CUDA
-// device (select_device, booster/core/device.h, set it before the rendezvous); its NCCL communicator
+// device (select_device, booster/device.h, set it before the rendezvous); its NCCL communicator
 // is made when the group is (eager init), a sub-group's split from its parent's (ncclCommSplit). Collectives run on NCCL's own
 // stream and are ordered after the work queued on the caller's current stream (c10d's CUDA events);
 // Work::wait() makes the current stream wait for them without blocking the host.

@@ -70,9 +70,9 @@ BOOSTER_API std::shared_ptr<dist::ProcessGroup> launch_from_config(const Config&
 
 class BOOSTER_API Booster {
  public:
-  // Reads [booster] (plugin = "torch_ddp", device = "cpu" | "cuda" (core/device.h: each rank takes
+  // Reads [booster] (plugin = "torch_ddp", device = "cpu" | "cuda" (device.h: each rank takes
   // cuda:(LOCAL_RANK % visible devices); boost() moves the model there and prepare_dataloader's
-  // batches arrive there through pinned memory; a plugin whose supported_devices() lacks it is
+  // batches arrive there through pinned memory; a plugin whose traits().devices lacks it is
   // refused by name), mixed_precision = "fp32" | "bf16" | "fp16", max_norm = 0
   // (no clipping in step()), norm_type = 2.0 or inf (TOML float), estimate = false (true: the run asks
   // for estimate() instead of training: estimate_requested(); needs a single-process run),

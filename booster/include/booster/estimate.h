@@ -54,7 +54,7 @@ BOOSTER_API MeasuredIteration measure_iteration(torch::nn::Module& model, torch:
 // Every installed plugin's estimates for `request` (plugin_loader.h's search path; each plugin is
 // created with empty options on `world`, which may be a single process: the estimate is for
 // request.world_size). Plugins whose estimate_memory returns nothing are listed in
-// without_estimate; a plugin that cannot be loaded or throws, or whose supported_devices() lacks
+// without_estimate; a plugin that cannot be loaded or throws, or whose traits().devices lacks
 // request.device, is listed in failed with the reason.
 struct EstimateTable {
   std::vector<MemoryEstimate> rows;

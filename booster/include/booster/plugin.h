@@ -54,7 +54,12 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // 12: CheckpointIO::load_model takes ModelLoadOptions; ModelSaveOptions has a state-dict adapter.
 // 13: StateDictAdapter has an AdapterFormat (file names, partial formats such as PEFT's LoRA files)
 // that checkpoint IOs honour; ModelSaveOptions / OptimizerSaveOptions have use_async and async_policy.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 14;
+// 14: sequence parallelism in TensorParallelContext.
+// 15: Plugin::traits() replaces supported_precisions, supported_devices, control_precision,
+// support_no_sync and default_malloc; checkpoint_io() returning null replaces control_checkpoint_io;
+// prepare_dataloader is not virtual; CheckpointIO takes a checkpoint::CheckpointableOptimizer
+// (OptimizerWrapper implements it). docs/plugins.md ("Porting a plugin") lists the edits.
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 15;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
@@ -128,6 +133,25 @@ struct PipelineOutput {
 // guard ends: the body of no_sync for plugins whose hooks own the synchronisation.
 BOOSTER_API ScopeGuard pause_grad_sync(ModelHooks& hooks);
 
+// What a plugin can do: the answers the Booster checks before configure() and after loading it.
+struct PluginTraits {
+  // Precisions it trains in ("fp32", "bf16", "fp16"); a config asking for another is refused by name.
+  std::vector<std::string> precisions{"fp32"};
+  // Devices it trains on ([booster] device: "cpu", "cuda"); a config asking for another is refused
+  // by name (also by the estimate and plugin = "auto", which then skip the plugin).
+  std::vector<std::string> devices{"cpu"};
+  // true: the plugin casts the model and builds the optimizer wrapper for its own precision option
+  // (wrap_criterion applies); the Booster's mixed_precision setting is then one of its
+  // shadowed_settings().
+  bool controls_precision = false;
+  // true: no_sync() works (the default no_sync then pauses the hooks' gradient synchronisation).
+  bool supports_no_sync = false;
+  // [booster] malloc when the config does not set it (core/host_allocator.h): "cache" (freed tensor
+  // blocks kept for the next step up to a bound: as fast as "retain", resident memory at most the
+  // bound above the live tensors), "retain", "return" or "system".
+  std::string default_malloc = "cache";
+};
+
 // The plugin interface. Every operation has a default that throws PluginError
 // "plugin <name> does not support <op>", so a third-party plugin overrides only what it has.
 class BOOSTER_API Plugin {
@@ -138,22 +162,9 @@ class BOOSTER_API Plugin {
   const std::string& name() const { return name_; }
   const std::shared_ptr<dist::ProcessGroup>& world() const { return world_; }
 
-  // Precisions this plugin can train in ("fp32", "bf16", "fp16"). Default {"fp32"}.
-  virtual std::vector<std::string> supported_precisions() const;
-  // Devices this plugin can train on ([booster] device: "cpu", "cuda"). Default {"cpu"}: a plugin
-  // that does not list "cuda" is refused by name when the config asks for it.
-  virtual std::vector<std::string> supported_devices() const;
-  // true: the plugin casts the model and builds the optimizer wrapper for its own precision option;
-  // the Booster's mixed_precision setting is then one of its shadowed_settings().
-  virtual bool control_precision() const { return false; }
-  virtual bool control_checkpoint_io() const { return false; }
-  // true: no_sync() works (the default no_sync then pauses the hooks' gradient synchronisation).
-  virtual bool support_no_sync() const { return false; }
-  // [booster] malloc when the config does not set it (core/host_allocator.h): "cache" (freed tensor
-  // blocks kept for the next step up to a bound: as fast as "retain", resident memory at most the
-  // bound above the live tensors), "retain", "return" or "system". Default "cache" (every in-tree
-  // plugin).
-  virtual std::string default_malloc() const { return "cache"; }
+  // What this plugin can do (PluginTraits), checked by the Booster before configure(). Default:
+  // PluginTraits{} (fp32 on the CPU, the Booster's precision and checkpoint IO, no no_sync).
+  virtual PluginTraits traits() const { return {}; }
   // Per-rank memory of each configuration this plugin offers for `request` (its own formulas; see
   // core/memory_estimate.h): `booster estimate`, [booster] estimate = true and plugin = "auto" list
   // them for every installed plugin, third-party ones included. Must not depend on this plugin's own
@@ -169,7 +180,7 @@ class BOOSTER_API Plugin {
   // never has two names of which one is silently ignored. The Booster checks them after loading the
   // plugin: a shadowed key that the config sets (file or --set) with a value other than `value` is
   // a ConfigError naming both keys and telling the user to set `replacement` instead. Default: with
-  // control_precision(), [booster] mixed_precision and every key of [mixed_precision] (any value).
+  // traits().controls_precision, [booster] mixed_precision and every key of [mixed_precision] (any value).
   virtual std::vector<ShadowedSetting> shadowed_settings() const;
 
   // Wraps the model (and optimizer, may be null) for distributed training. Called once per boost().
@@ -177,21 +188,22 @@ class BOOSTER_API Plugin {
   virtual Configured configure(std::shared_ptr<torch::nn::Module> model,
                                std::shared_ptr<torch::optim::Optimizer> optimizer);
   // Inside the returned guard gradients are not synchronised (gradient accumulation); they are on the
-  // first backward after it ends. Default: with support_no_sync(), pause_grad_sync(hooks); otherwise
+  // first backward after it ends. Default: with traits().supports_no_sync, pause_grad_sync(hooks); otherwise
   // throws PluginError ("does not support no_sync").
   virtual ScopeGuard no_sync(ModelHooks& hooks, OptimizerWrapper* optimizer);
-  // The plugin's checkpoint IO (only when control_checkpoint_io()). Default throws PluginError.
-  virtual std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io();
-  // With control_precision(): wraps the criterion for the plugin's precision (e.g. float32 loss on
+  // The plugin's own checkpoint IO, or null (the default) for the Booster's (checkpoint/checkpoint_io.h,
+  // which saves the module's tensors as they are). Called once, on the first save or load.
+  virtual std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() { return nullptr; }
+  // With traits().controls_precision: wraps the criterion for the plugin's precision (e.g. float32 loss on
   // bf16 logits). Default: unchanged.
   virtual Criterion wrap_criterion(Criterion criterion) const { return criterion; }
   // The data-parallel group: ranks in it see different data, ranks outside it (a tensor- or
   // pipeline-parallel peer, a HYBRID_SHARD replica... as the plugin's dist::ProcessMesh lays them
   // out) see the same. Default: the world (pure data parallelism). Never null.
   virtual std::shared_ptr<dist::ProcessGroup> data_parallel_group() const { return world_; }
-  // A data loader whose sampler gives this rank a disjoint shard (see data/dataloader.h). Default:
+  // A data loader whose sampler gives this rank a disjoint shard (see data/dataloader.h):
   // DistributedSampler over data_parallel_group(): num_replicas = its size, rank = this rank in it.
-  virtual std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
+  std::shared_ptr<data::DataLoader> prepare_dataloader(std::shared_ptr<data::Dataset> dataset,
                                                                const data::DataLoaderOptions& options);
   // The tensor-parallel context (nn/tensor_parallel.h) of this plugin's layout: its tp group, its
   // sequence-parallel mode and groups. Booster::tensor_parallel_context() returns it, and the program

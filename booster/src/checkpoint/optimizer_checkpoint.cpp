@@ -11,9 +11,9 @@
 #include "booster/checkpoint/checkpoint_io.h"
 #include "booster/checkpoint/sharded_state.h"
 #include "booster/dist/process_group.h"
-#include "booster/wrappers/optimizer_registry.h"
-#include "booster/wrappers/optimizer_state.h"
-#include "booster/wrappers/optimizer_wrapper.h"
+#include "booster/optim/optimizer_registry.h"
+#include "booster/optim/optimizer_state.h"
+#include "booster/checkpoint/checkpointable_optimizer.h"
 #include "checkpoint_io_detail.h"
 
 namespace booster::checkpoint {
@@ -22,13 +22,15 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 using namespace io_detail;
 
+CheckpointableOptimizer::~CheckpointableOptimizer() = default;
+
 namespace {
 
 const char* const kGroupsFile = "optimizer_groups.json";
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer type name and options (per parameter group) as JSON, from the optimizer registry
-// (wrappers/optimizer_registry.h); its lookup errors become CheckpointError.
+// (optim/optimizer_registry.h); its lookup errors become CheckpointError.
 
 std::string optimizer_type(torch::optim::Optimizer& o) {
   try {
@@ -60,7 +62,7 @@ void options_from_json(const torch::optim::Optimizer& opt, torch::optim::Optimiz
 // own; a group holding fewer tensors of one dtype (a sharded wrapper's master slice) gives that dtype
 // to all its parameters. Undefined where neither applies (the state then keeps its dtype and the
 // wrapper's load_state_ranges converts it).
-std::vector<at::ScalarType> optimizer_state_dtypes(OptimizerWrapper& wrapper) {
+std::vector<at::ScalarType> optimizer_state_dtypes(CheckpointableOptimizer& wrapper) {
   std::vector<at::ScalarType> out;
   auto& groups = wrapper.optimizer().param_groups();
   const auto& sizes = wrapper.param_group_sizes();
@@ -74,7 +76,7 @@ std::vector<at::ScalarType> optimizer_state_dtypes(OptimizerWrapper& wrapper) {
   return out;
 }
 
-const std::vector<std::string>& checked_names(OptimizerWrapper& wrapper, const char* call) {
+const std::vector<std::string>& checked_names(CheckpointableOptimizer& wrapper, const char* call) {
   const auto& names = wrapper.parameter_names();
   if (names.empty())
     throw CheckpointError(std::string("booster: ") + call +
@@ -83,7 +85,7 @@ const std::vector<std::string>& checked_names(OptimizerWrapper& wrapper, const c
 }
 
 // optimizer_groups.json: type, groups (options, parameter names), scalars by name, wrapper state.
-json groups_document(OptimizerWrapper& wrapper, const std::vector<std::map<std::string, int64_t>>& scalars_by_param) {
+json groups_document(CheckpointableOptimizer& wrapper, const std::vector<std::map<std::string, int64_t>>& scalars_by_param) {
   auto& opt = wrapper.optimizer();
   const auto& names = wrapper.parameter_names();
   json groups = json::array(), scalars = json::object();
@@ -114,7 +116,7 @@ json groups_document(OptimizerWrapper& wrapper, const std::vector<std::map<std::
 
 // Reads <path>/optimizer_groups.json and checks it against the wrapper: format, optimizer type,
 // groups and the parameter names in each.
-json read_groups_document(OptimizerWrapper& wrapper, const std::string& path) {
+json read_groups_document(CheckpointableOptimizer& wrapper, const std::string& path) {
   const auto& names = wrapper.parameter_names();
   std::string groups_file = (fs::path(path) / kGroupsFile).string();
   json doc;
@@ -164,7 +166,7 @@ struct StoredTensor {
 }  // namespace
 
 // The wrapper state ("wrapper" in optimizer_groups.json), checked against the wrapper's scaler.
-OptimizerWrapperState CheckpointIO::wrapper_state(OptimizerWrapper& wrapper, const json& doc, const std::string& path) {
+OptimizerWrapperState CheckpointIO::wrapper_state(CheckpointableOptimizer& wrapper, const json& doc, const std::string& path) {
   OptimizerWrapperState ws;
   try {
     if (doc.contains("wrapper")) {
@@ -179,7 +181,7 @@ OptimizerWrapperState CheckpointIO::wrapper_state(OptimizerWrapper& wrapper, con
   } catch (const json::exception& e) {
     throw CheckpointError("booster: " + (fs::path(path) / kGroupsFile).string() + ": malformed: " + e.what());
   }
-  if (ws.scaler.has_value() != static_cast<bool>(wrapper.options().scaler))
+  if (ws.scaler.has_value() != wrapper.has_loss_scaler())
     throw CheckpointError(std::string("booster: ") + path +
                           (ws.scaler ? " has loss-scaler state but this optimizer has no loss scaler"
                                      : " has no loss-scaler state but this optimizer uses a loss scaler") +
@@ -190,7 +192,7 @@ OptimizerWrapperState CheckpointIO::wrapper_state(OptimizerWrapper& wrapper, con
 // ---------------------------------------------------------------------------------------------
 // Save
 
-void CheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& path,
+void CheckpointIO::save_optimizer(CheckpointableOptimizer& wrapper, const std::string& path,
                                   const OptimizerSaveOptions& options) {
   checked_names(wrapper, "save_optimizer");
   optimizer_type(wrapper.optimizer());  // an unregistered type: CheckpointError on every rank, before any collective
@@ -225,7 +227,7 @@ void CheckpointIO::save_optimizer(OptimizerWrapper& wrapper, const std::string& 
 // ---------------------------------------------------------------------------------------------
 // Load
 
-void CheckpointIO::load_optimizer(OptimizerWrapper& wrapper, const std::string& path) {
+void CheckpointIO::load_optimizer(CheckpointableOptimizer& wrapper, const std::string& path) {
   const auto& names = checked_names(wrapper, "load_optimizer");
   const json doc = read_groups_document(wrapper, path);
   auto& opt = wrapper.optimizer();

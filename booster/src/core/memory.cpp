@@ -1,12 +1,21 @@
 // memory.cpp — MemoryReport formatting and process_memory().
 #include "booster/core/memory.h"
 
+#include <ATen/core/Tensor.h>
 #include <sys/resource.h>
 
 #include <cstdio>
 #include <fstream>
 
 namespace booster {
+
+void PlacedBytes::add(const at::Tensor& t, bool check_pinned) {
+  if (!t.defined()) return;
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  total += bytes;
+  if (!t.device().is_cpu()) on_device += bytes;
+  else if (check_pinned && t.is_pinned()) pinned += bytes;
+}
 
 std::string MemoryReport::to_string() const {
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };

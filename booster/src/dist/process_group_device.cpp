@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "booster/core/device.h"
+#include "booster/device.h"
 #include "booster/dist/device_backend.h"
 #include "booster/dist/process_group.h"
 #include "process_group_impl.h"

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "booster/core/device.h"
+#include "booster/device.h"
 
 namespace booster::optim {
 

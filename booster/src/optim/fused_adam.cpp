@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "booster/optim/device_kernels.h"
-#include "booster/wrappers/optimizer_state.h"
+#include "booster/optim/optimizer_state.h"
 
 namespace booster::optim {
 

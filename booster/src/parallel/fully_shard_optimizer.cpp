@@ -9,7 +9,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 
 namespace booster::parallel {
 

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 
 namespace booster::parallel {
 

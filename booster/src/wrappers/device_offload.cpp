@@ -1,5 +1,5 @@
 // device_offload.cpp — pinned host memory and side-stream copies for ZeRO's cpu_offload on an
-// accelerator, and tensors by place for the memory report (see device_offload.h).
+// accelerator (see device_offload.h).
 #include "device_offload.h"
 
 #include <ATen/DeviceAccelerator.h>
@@ -8,39 +8,10 @@
 
 #include <stdexcept>
 
-#include "booster/wrappers/optimizer_registry.h"
-#include "booster/wrappers/optimizer_state.h"
+#include "booster/optim/optimizer_registry.h"
+#include "booster/optim/optimizer_state.h"
 
 namespace booster::detail {
-
-void PlacedBytes::add(const at::Tensor& t, bool check_pinned) {
-  if (!t.defined()) return;
-  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-  total += bytes;
-  if (!t.device().is_cpu()) on_device += bytes;
-  else if (check_pinned && t.is_pinned()) pinned += bytes;
-}
-
-PlacedBytes optimizer_state_places(torch::optim::Optimizer& optimizer, bool check_pinned, bool planned_pinned) {
-  const OptimizerTypeInfo& info = optimizer_type_info(optimizer);
-  PlacedBytes out;
-  auto& state = optimizer.state();
-  if (!state.empty()) {
-    for (auto& [key, st] : state)
-      for (auto& [name, t] : info.extract_state(*st).tensors) out.add(t, check_pinned);
-    return out;
-  }
-  for (const auto& group : optimizer.param_groups()) {
-    const int64_t per = info.state_tensors_per_element(group.options());
-    for (const auto& p : group.params()) {
-      const int64_t bytes = per * p.numel() * static_cast<int64_t>(p.element_size());
-      out.total += bytes;
-      if (!p.device().is_cpu()) out.on_device += bytes;
-      else if (planned_pinned) out.pinned += bytes;
-    }
-  }
-  return out;
-}
 
 at::Tensor pinned_empty(int64_t numel, at::ScalarType dtype) {
   return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));

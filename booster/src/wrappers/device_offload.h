@@ -1,5 +1,4 @@
-// device_offload.h — internal: host memory beside an accelerator for ZeRO's cpu_offload, and where
-// tensors live for the memory report (core/memory.h).
+// device_offload.h — internal: host memory beside an accelerator for ZeRO's cpu_offload.
 //
 // DeviceOffload moves tensors between the device and pinned (page-locked) host memory with ATen's
 // device-agnostic stream API (c10::Stream, c10::Event, at::accelerator), so libbooster needs no CUDA
@@ -23,22 +22,6 @@
 #include <vector>
 
 namespace booster::detail {
-
-// Bytes of tensors by place: all of them, those on an accelerator, those in pinned host memory.
-struct PlacedBytes {
-  int64_t total = 0;
-  int64_t on_device = 0;
-  int64_t pinned = 0;
-  // Adds `t` (undefined: nothing). Pinned host memory is looked up only with check_pinned (an
-  // accelerator run; on a CPU run nothing is pinned).
-  void add(const at::Tensor& t, bool check_pinned);
-};
-
-// The optimizer's state tensors by place: the actual tensors once it has state; before its first
-// step the planned ones (optimizer_state.h's figure), each group's placed with the tensors the group
-// updates (counted as pinned when `planned_pinned` and they are on the host: ZeRO's offload pins its
-// states after the first step). The optimizer's type must be registered (optimizer_registry.h).
-PlacedBytes optimizer_state_places(torch::optim::Optimizer& optimizer, bool check_pinned, bool planned_pinned);
 
 // A 1-D tensor of `numel` elements of `dtype` in pinned host memory (the accelerator's host allocator).
 at::Tensor pinned_empty(int64_t numel, at::ScalarType dtype);

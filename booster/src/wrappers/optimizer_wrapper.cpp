@@ -13,8 +13,7 @@
 #include "booster/core/flat_layout.h"
 #include "booster/dist/process_group.h"
 #include "booster/optim/device_kernels.h"
-#include "booster/plugin.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 
 namespace booster {
 

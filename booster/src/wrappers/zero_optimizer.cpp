@@ -16,7 +16,7 @@
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
 #include "booster/optim/cpu_adam.h"
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 #include "device_offload.h"
 
 namespace booster {
@@ -437,7 +437,7 @@ MemoryReport ZeroOptimizer::memory_report() const {
   for (const auto& g : groups_)
     if (!g->params.empty()) model_on_device = model_on_device || !g->flat.device().is_cpu();
   const int64_t buckets = reducer_->resident_bucket_bytes();
-  detail::PlacedBytes master, grads;
+  PlacedBytes master, grads;
   for (const auto& g : groups_) {
     if (!g->master_is_shard) master.add(g->master, pinned);
     if (zero_.stage == 2) grads.add(g->grad_shard, pinned);
@@ -461,7 +461,7 @@ MemoryReport ZeroOptimizer::memory_report() const {
   }
   r.communication_buffers_on_device = model_on_device ? r.communication_buffers : 0;
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  const detail::PlacedBytes states = detail::optimizer_state_places(*optimizer_, pinned, pinned);
+  const PlacedBytes states = optimizer_state_places(*optimizer_, pinned, pinned);
   r.optimizer_states_on_device = states.on_device;
   r.pinned_host_bytes = master.pinned + states.pinned;
   return r;

@@ -1,6 +1,6 @@
 // checkpoint_io.h — saving and loading the boosted objects (model, optimizer, LR scheduler) in the
 // HuggingFace-compatible layout of state_dict_io.h. This class is the default CheckpointIO: it
-// serves every plugin whose model is replicated on each rank; a plugin with control_checkpoint_io()
+// serves every plugin whose model is replicated on each rank; a plugin whose checkpoint_io() returns one
 // supplies its own (e.g. to gather shards).
 //
 // All calls are collective: every rank calls them; rank 0 writes (every rank its own file in the
@@ -36,7 +36,6 @@
 #include "booster/export.h"
 
 namespace booster {
-class OptimizerWrapper;
 struct OptimizerWrapperState;
 class LRScheduler;
 namespace dist {
@@ -44,10 +43,11 @@ class ProcessGroup;
 }
 
 namespace checkpoint {
+class CheckpointableOptimizer;
 
 // Which optimizer format save_optimizer writes.
 enum class OptimizerFormat {
-  kAuto,      // kSharded when the wrapper's state is split across ranks (OptimizerWrapper::
+  kAuto,      // kSharded when the wrapper's state is split across ranks (CheckpointableOptimizer::
               // state_is_sharded(): ZeRO, FSDP on more than one rank) and use_safetensors; else kGathered
   kGathered,  // full tensors, gathered to rank 0 and written there (shard, size_per_shard_mb and
               // use_safetensors apply)
@@ -139,20 +139,20 @@ class BOOSTER_API CheckpointIO {
   // Optimizer state keyed by parameter name (the names Booster::boost recorded in the wrapper) into
   // directory `path` (replaced atomically; a failure on any rank leaves it unchanged and makes every
   // rank throw CheckpointError). options.format (kAuto: sharded for ZeRO / FSDP, gathered for DDP):
-  //  - gathered: OptimizerWrapper::gather_param_states (a sharded wrapper all-gathers its slices:
+  //  - gathered: CheckpointableOptimizer::gather_param_states (a sharded wrapper all-gathers its slices:
   //    collective), rank 0 writes the full tensors with save_state_dict;
-  //  - sharded: each rank's OptimizerWrapper::local_state_pieces with save_sharded_state over the
+  //  - sharded: each rank's CheckpointableOptimizer::local_state_pieces with save_sharded_state over the
   //    world (checkpoint/sharded_state.h): one file per rank, nothing gathered; rank 0 adds
   //    optimizer_groups.json (scalars from its local_state_scalars).
-  // Throws CheckpointError for an optimizer type that is not registered (wrappers/
+  // Throws CheckpointError for an optimizer type that is not registered (optim/
   // optimizer_registry.h: LibTorch's SGD, Adam, AdamW, RMSprop, Adagrad and any user registration),
   // a wrapper without parameter names (not made by boost()), or kSharded with use_safetensors = false.
-  virtual void save_optimizer(OptimizerWrapper& optimizer, const std::string& path,
+  virtual void save_optimizer(CheckpointableOptimizer& optimizer, const std::string& path,
                               const OptimizerSaveOptions& options);
   // Loads either format (detected: <path>/optimizer.sharded.json marks a sharded one) saved at any
   // world size by any plugin. Validates the files against the optimizer (same type, same parameter
   // names per group, shapes, dtypes, every state tensor matching a parameter, a sharded tensor fully
-  // covered by its pieces) before changing anything; then OptimizerWrapper::load_state_ranges reads
+  // covered by its pieces) before changing anything; then CheckpointableOptimizer::load_state_ranges reads
   // the ranges this rank keeps (its slices' pieces for ZeRO / FSDP, whole tensors for DDP: from a
   // sharded checkpoint only those bytes are read; a gathered one is loaded whole on every rank),
   // and the group options and the wrapper's scaler state are restored. Each state tensor is
@@ -162,7 +162,7 @@ class BOOSTER_API CheckpointIO {
   // in one line. With master weights (the default) state is fp32 in every plugin and precision, so
   // only a run without master weights (bf16 or fp16 state) converts. Local: every rank reads on its
   // own; errors name the file and the mismatch.
-  virtual void load_optimizer(OptimizerWrapper& optimizer, const std::string& path);
+  virtual void load_optimizer(CheckpointableOptimizer& optimizer, const std::string& path);
 
   // `path` is a file (lr_scheduler.json) holding LRScheduler::to_json(), written by rank 0 with
   // io::atomic_write_file; when that fails every rank throws CheckpointError (the write's message).
@@ -200,7 +200,7 @@ class BOOSTER_API CheckpointIO {
   // optimizer_groups.json document `doc` (read from directory `path`), checked against `wrapper`'s
   // scaler. Throws CheckpointError for a malformed entry or when exactly one side has loss-scaler
   // state. Local. Shared by load_optimizer and plugins' own optimizer loaders.
-  static OptimizerWrapperState wrapper_state(OptimizerWrapper& wrapper, const nlohmann::json& doc,
+  static OptimizerWrapperState wrapper_state(CheckpointableOptimizer& wrapper, const nlohmann::json& doc,
                                              const std::string& path);
 
   bool is_writer() const;

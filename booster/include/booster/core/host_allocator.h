@@ -44,7 +44,7 @@ constexpr double kHostCacheModelStateFraction = 0.15;
 BOOSTER_API int64_t default_host_cache_limit(int64_t model_state_bytes);
 
 // mode: "cache", "retain", "return" or "system"; the Booster passes [booster] malloc, or the plugin's
-// default_malloc() when the config does not set it. cache_limit_bytes: the "cache" mode's bound on
+// traits().default_malloc when the config does not set it. cache_limit_bytes: the "cache" mode's bound on
 // held free bytes (ignored by the other modes; a later call with "cache" changes it).
 // Applies to the whole process (mallopt, c10::SetCPUAllocator); call it before the model is built.
 // Returns one line saying what was set and what was left to the environment, for the log.

@@ -13,7 +13,7 @@
 // instance, keeps parameters and gradients on the GPU and the master weights and optimizer states in
 // pinned host memory. On a CPU device everything is host memory: the *_on_device fields stay 0 and
 // the line (to_string) is the CPU one. Booster::memory_report also fills in the device's caching
-// allocator figures (core/device.h's device_memory), which count every live tensor of the process on
+// allocator figures (device.h's device_memory), which count every live tensor of the process on
 // that device, not only the model states.
 #pragma once
 
@@ -22,7 +22,22 @@
 
 #include "booster/export.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace booster {
+
+// Bytes of tensors by place: all of them, those on an accelerator, those in pinned host memory.
+struct BOOSTER_API PlacedBytes {
+  int64_t total = 0;
+  int64_t on_device = 0;
+  int64_t pinned = 0;
+  // Adds numel x element size of `t` (undefined: nothing) to total, and to on_device when it is not
+  // on the CPU, else to pinned when check_pinned and it is pinned (look it up only on an accelerator
+  // run: on a CPU run nothing is pinned and the lookup would load the accelerator's hooks).
+  void add(const at::Tensor& t, bool check_pinned);
+};
 
 struct BOOSTER_API MemoryReport {
   int64_t parameters = 0;             // bytes: the model's parameters on this rank (flat buffers incl. padding)

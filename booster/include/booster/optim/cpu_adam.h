@@ -13,7 +13,7 @@
 // bias_correction true, adamw_mode true. amsgrad is not implemented: amsgrad(true) is refused.
 // Per-parameter state: "step" (int64, steps taken), "exp_avg", "exp_avg_sq" (float32, the
 // parameter's shape): PyTorch's keys, so an AdamW state maps 1:1. Both types are registered in the
-// optimizer registry (wrappers/optimizer_registry.h) as "CPUAdam" and "HybridAdam", so ZeRO, FSDP and
+// optimizer registry (optim/optimizer_registry.h) as "CPUAdam" and "HybridAdam", so ZeRO, FSDP and
 // checkpoints take them like AdamW; options JSON: lr, betas, eps, weight_decay, bias_correction,
 // adamw_mode (the last two optional on load).
 //

@@ -3,7 +3,7 @@
 // optimizers and the gradient code build on.
 //
 // libbooster.so links LibTorch's CPU library only, so it has no device kernels of its own: a device's
-// support library registers them when it is loaded. libbooster_cuda.so (booster/core/device.h)
+// support library registers them when it is loaded. libbooster_cuda.so (booster/device.h)
 // registers c10::kCUDA's at load time: booster::kernels::cuda::multi_tensor_adam / _scale / _l2norm
 // (booster/kernels/cuda_adam.h; apex's multi_tensor_apply, as ColossalAI's fused optimizer kernels),
 // queued on the current CUDA stream of the tensors' device (c10::cuda::getCurrentCUDAStream) with

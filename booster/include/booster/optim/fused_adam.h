@@ -25,7 +25,7 @@
 // shape, on its device): torch::optim::AdamW's keys. save() writes AdamW's archive layout and load()
 // reads one (an AdamW archive's groups load as adamw_mode = true, bias_correction = true), so
 // checkpoints interchange both ways with torch::optim::AdamW (amsgrad off). Registered in the optimizer
-// registry (wrappers/optimizer_registry.h) as "FusedAdam" with CPUAdam's option JSON (lr, betas, eps,
+// registry (optim/optimizer_registry.h) as "FusedAdam" with CPUAdam's option JSON (lr, betas, eps,
 // weight_decay, bias_correction, adamw_mode; the last two optional on load), so ZeRO, FSDP and the
 // checkpoint IO take it like AdamW.
 //

@@ -111,7 +111,7 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
 // (may be null) to step the shards. Collective over options.world. optimizer_options: clipping and
 // loss scaling as OptimizerWrapper's; its group is set to options.world. `owner` names the caller in
 // errors. Throws std::invalid_argument without a shard group, for an optimizer type that is not
-// registered (wrappers/optimizer_registry.h), and as FullyShardState's constructor.
+// registered (optim/optimizer_registry.h), and as FullyShardState's constructor.
 BOOSTER_API ShardedModel fully_shard(std::shared_ptr<torch::nn::Module> model,
                                      std::shared_ptr<torch::optim::Optimizer> optimizer, FullyShardOptions options,
                                      OptimizerWrapperOptions optimizer_options = {}, const HooksDecorator& decorate = {},

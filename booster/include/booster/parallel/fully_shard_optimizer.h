@@ -1,7 +1,7 @@
 // fully_shard_optimizer.h — fully_shard's optimizer wrapper (fully_shard.h): the user's optimizer runs on the
 // FlatParameters' local shards (one tensor per FlatParameter in the shard's parameter group), as
 // PyTorch FSDP's optimizer sees the sharded FlatParameters; any elementwise optimizer registered in
-// wrappers/optimizer_registry.h works unchanged and its state exists only for the shard.
+// optim/optimizer_registry.h works unchanged and its state exists only for the shard.
 //
 // Invariants:
 //  - The optimizer's param group g holds the local shards of every trainable FlatParameter built

@@ -2,7 +2,7 @@
 // optimizer steps one tensor per trainable FlatParameter — its "stepped" tensor: the local shard
 // under fully_shard (torch_fsdp), the float32 master shard under Gemini — as PyTorch FSDP's optimizer
 // sees the sharded FlatParameters. Any elementwise optimizer registered in
-// wrappers/optimizer_registry.h works unchanged and its state exists only for the shard.
+// optim/optimizer_registry.h works unchanged and its state exists only for the shard.
 //
 // What it does for every layout, so a layout adds only its step and placement:
 //  - binding: the optimizer's param group g holds the stepped tensors of the shards of group g, in

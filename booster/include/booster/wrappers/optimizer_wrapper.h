@@ -17,11 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "booster/checkpoint/sharded_state.h"
+#include "booster/checkpoint/checkpointable_optimizer.h"
 #include "booster/core/memory.h"
 #include "booster/export.h"
 #include "booster/mixed_precision/grad_scaler.h"
-#include "booster/wrappers/optimizer_state.h"
 
 namespace booster {
 class ModelHooks;
@@ -43,28 +42,7 @@ struct OptimizerWrapperOptions {
   bool master_weights = true;
 };
 
-// Serializable wrapper state (the wrapped optimizer's own state is saved by the checkpoint module).
-struct OptimizerWrapperState {
-  std::optional<mixed_precision::ScalerState> scaler;
-  int64_t skipped_steps = 0;
-};
-
-// One parameter's optimizer state in a checkpoint, as OptimizerWrapper::load_state_ranges receives it.
-struct ParamStateSource {
-  // State keys that have a tensor ("exp_avg", ...): each the parameter's full shape, read flattened.
-  std::vector<std::string> tensor_keys;
-  std::map<std::string, int64_t> scalars;  // e.g. "step" -> 3
-  bool empty() const { return tensor_keys.empty() && scalars.empty(); }
-};
-
-// Elements [offset, offset + length) of the FLATTENED full-shape state tensor `key` of parameters()[param]
-// (0 <= offset, offset + length <= the parameter's numel): a 1-D tensor of `length` elements, any
-// dtype the caller validated as loadable (the receiver converts it), any device. May throw
-// (checkpoint::CheckpointError for an unreadable range); thread-compatible (called on the caller's thread).
-using StateRangeReader =
-    std::function<at::Tensor(size_t param, const std::string& key, int64_t offset, int64_t length)>;
-
-class BOOSTER_API OptimizerWrapper {
+class BOOSTER_API OptimizerWrapper : public checkpoint::CheckpointableOptimizer {
  public:
   // `hooks` (may be null) receives backward(); without it backward is loss.backward().
   // With master_weights, the optimizer's non-fp32 parameters are replaced by fp32 copies in its
@@ -110,69 +88,40 @@ class BOOSTER_API OptimizerWrapper {
   int64_t skipped_steps() const { return skipped_steps_; }
   const OptimizerWrapperOptions& options() const { return options_; }
 
-  OptimizerWrapperState state_dict() const;
-  // Restores scaler state and the skip count. Throws std::invalid_argument when the state has scaler
-  // state and this wrapper has no scaler, or the reverse.
-  void load_state_dict(const OptimizerWrapperState& state);
+  // ---- checkpoint::CheckpointableOptimizer (contracts in checkpoint/checkpointable_optimizer.h).
+  bool has_loss_scaler() const override { return static_cast<bool>(options_.scaler); }
+  OptimizerWrapperState state_dict() const override;
+  void load_state_dict(const OptimizerWrapperState& state) override;
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  std::vector<torch::Tensor> parameters() const override;
+  // The fp32 master copy or the parameter, aligned with parameters().
+  const std::vector<torch::Tensor>& master_parameters() const override { return master_params_; }
+  // Set by Booster::boost (empty otherwise).
+  const std::vector<std::string>& parameter_names() const override { return param_names_; }
+  // Fixed at construction (parameters() lists group 0's first).
+  const std::vector<size_t>& param_group_sizes() const override { return group_sizes_; }
+  // Default (replicated state): the wrapped optimizer's state by parameter, local.
+  std::vector<ParamOptimState> gather_param_states() override;
+  // Default (replicated state, DDP): rank 0 of options().group, or the only process when there is no
+  // group, returns every state tensor whole (offset 0); other ranks return none.
+  std::vector<checkpoint::StatePiece> local_state_pieces() override;
+  std::vector<std::map<std::string, int64_t>> local_state_scalars() override;
+  // Default false (replicated).
+  bool state_is_sharded() const override { return false; }
+  // Default: whole tensors. A sharded wrapper's slice takes the largest of its parameters' scalars
+  // (a DDP checkpoint's step counts may differ per parameter).
+  void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read) override;
 
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const std::shared_ptr<torch::optim::Optimizer>& optimizer_ptr() const { return optimizer_; }
-  // The model's parameters, in the optimizer's group order (not the master copies).
-  std::vector<torch::Tensor> parameters() const;
-  // What the optimizer updates, aligned with parameters(): the fp32 master copy or the parameter.
-  const std::vector<torch::Tensor>& master_parameters() const { return master_params_; }
-  // Dotted parameter names aligned with parameters() (set by Booster::boost; empty otherwise).
-  // Checkpoints key optimizer state by these names. Throws std::invalid_argument on a size mismatch.
+  // Sets parameter_names(). Checkpoints key optimizer state by these names. Throws
+  // std::invalid_argument on a size mismatch with parameters().
   void set_parameter_names(std::vector<std::string> names);
-  const std::vector<std::string>& parameter_names() const { return param_names_; }
-  // How many of parameters() belong to each of the optimizer's parameter groups, in group order
-  // (parameters() lists group 0's first). Fixed at construction.
-  const std::vector<size_t>& param_group_sizes() const { return group_sizes_; }
-
-  // ---- State in full shape, by parameter (checkpointing; see checkpoint/checkpoint_io.h).
-  // The optimizer state of each of parameters(), tensors shaped like the parameter (the master
-  // dtype, float32 with master weights). Empty for a parameter without state (not stepped yet,
-  // frozen). Collective for sharded wrappers (ZeRO gathers its slices): every rank calls it.
-  // Throws std::invalid_argument for an optimizer type optimizer_state.h does not know.
-  virtual std::vector<ParamOptimState> gather_param_states();
   // Replaces the optimizer's whole state with `states` (aligned with parameters(); each tensor shaped
   // like its parameter; converted to the master dtype and device). Local (no communication): every
   // rank passes the full states and a sharded wrapper keeps its slice. The caller validates shapes.
   // It is load_state_ranges over these tensors. Throws std::invalid_argument when states.size()
   // differs from parameters().size().
   void load_param_states(const std::vector<ParamOptimState>& states);
-
-  // ---- State as pieces of flattened full-shape tensors (the sharded checkpoint format,
-  // checkpoint/sharded_state.h; nothing is gathered). Names: "<parameter name>.<state key>" with the
-  // names of parameter_names() (required: std::invalid_argument when they are not set).
-  // The optimizer state THIS rank contributes to a checkpoint saved over the world: every piece is a
-  // 1-D range of a state tensor in the master dtype (a view of the optimizer's state, not a copy),
-  // shape = its parameter's shape; the union over the ranks covers every state tensor exactly once
-  // (the caller saves over the world; replicas contribute from one copy only). Sharded wrappers give
-  // every state tensor of a slice they hold a piece, zero-length when the slice holds none of its
-  // elements, so every tensor is listed even when its parameter has 0 elements. Local (no
-  // communication). Default (replicated state, DDP): rank 0 of options().group, or the only process
-  // when there is no group, returns every state tensor whole (offset 0); other ranks return none.
-  // Throws std::invalid_argument for an optimizer type optimizer_state.h does not know.
-  virtual std::vector<checkpoint::StatePiece> local_state_pieces();
-  // The integer scalars ("step") of each of parameters() (empty map: no state), as the checkpoint's
-  // optimizer_groups.json lists them; local. Every rank that holds state returns the same values
-  // (a sharded wrapper's slices step together), so rank 0's are written.
-  virtual std::vector<std::map<std::string, int64_t>> local_state_scalars();
-  // Whether the state is split across ranks (ZeRO, FSDP): CheckpointIO's save_optimizer then writes
-  // the sharded format by default (OptimizerFormat::kAuto). Default false (replicated).
-  virtual bool state_is_sharded() const { return false; }
-  // Replaces the optimizer's whole state with the checkpoint's: for each parameter (sources aligned
-  // with parameters(); an empty source = no state), the tensor keys are read through `read`, only
-  // the ranges this rank keeps (default: whole tensors; ZeRO / FSDP: the pieces of their slices at
-  // this world size, FlatLayout::piece), so no rank materialises a full tensor it does not own.
-  // Values are converted to the master dtype and device (the caller has checked that the dtype
-  // loads, checkpoint_io.h). A sharded wrapper's slice takes the largest of its parameters'
-  // scalars (a DDP checkpoint's step counts may differ per parameter). Everything is read and built
-  // first and swapped in at the end: when `read` throws (or any other error) the state is unchanged.
-  // Local (no communication). Throws std::invalid_argument when sources.size() differs from
-  // parameters().size(), or a read returns the wrong number of elements.
-  virtual void load_state_ranges(const std::vector<ParamStateSource>& sources, const StateRangeReader& read);
   // The model's weights changed outside step() (load_model): refresh the fp32 master copies from
   // them. No-op without master copies.
   virtual void sync_master_from_model();

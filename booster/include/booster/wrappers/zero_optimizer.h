@@ -8,7 +8,7 @@
 // of the world size N; the model's parameters become views of it. Rank r owns the r-th contiguous
 // 1/N of every group: its master slice (fp32 copy when the model is bf16/fp16 with master_weights, or
 // with cpu_offload; else a view of the flat buffer) is the only tensor the wrapped optimizer sees,
-// one per group, so any registered elementwise optimizer (wrappers/optimizer_registry.h) runs unchanged
+// one per group, so any registered elementwise optimizer (optim/optimizer_registry.h) runs unchanged
 // and its states exist only for the slice. Groups keep their own hyper-parameters.
 //
 // Gradients (core/grad_reducer.h, bucketed and overlapped with backward, buckets never span groups):
@@ -76,7 +76,7 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   // options.group is the data-parallel group (the overflow flag and the norm are reduced over it).
   // Throws std::invalid_argument for stage not 1 or 2, reduce_bucket_elements < 1, a group with mixed
   // dtypes, a parameter that requires grad but is not in the optimizer (its gradient would never be
-  // synchronised), or an optimizer type that is not registered (wrappers/optimizer_registry.h).
+  // synchronised), or an optimizer type that is not registered (optim/optimizer_registry.h).
   // named_model_parameters: every parameter of the model with its dotted name (for the check above
   // and for error messages).
   ZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,

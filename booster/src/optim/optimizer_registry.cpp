@@ -1,6 +1,6 @@
 // optimizer_registry.cpp — the optimizer type table, LibTorch's five elementwise optimizers and
 // Booster's CPUAdam / HybridAdam (booster/optim/cpu_adam.h) and FusedAdam (booster/optim/fused_adam.h).
-#include "booster/wrappers/optimizer_registry.h"
+#include "booster/optim/optimizer_registry.h"
 
 #include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>
@@ -328,7 +328,7 @@ class Registry {
       throw std::invalid_argument("booster: no registered optimizer has options of type " + type_name(t) +
                                   " (registered: " + join(names_locked()) +
                                   "); register its optimizer with booster::register_optimizer<Optimizer>(spec) "
-                                  "(booster/wrappers/optimizer_registry.h)");
+                                  "(booster/optim/optimizer_registry.h)");
     return *it->second;
   }
 
@@ -358,7 +358,7 @@ class Registry {
                                 " is not registered, so its state cannot be sharded, checkpointed or planned "
                                 "(registered: " + join(names_locked()) + "); register it once at start-up with "
                                 "booster::register_optimizer<" + type + ">(spec) from "
-                                "booster/wrappers/optimizer_registry.h");
+                                "booster/optim/optimizer_registry.h");
   }
 
   void validate(const OptimizerTypeInfo& info) const {

@@ -1,5 +1,5 @@
-// device.cpp — [booster] device and the CUDA support library (contract in booster/core/device.h).
-#include "booster/core/device.h"
+// device.cpp — [booster] device and the CUDA support library (contract in booster/device.h).
+#include "booster/device.h"
 
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "booster/export.h"
-#include "booster/wrappers/optimizer_state.h"
+#include "booster/optim/optimizer_state.h"
 
 namespace booster {
 

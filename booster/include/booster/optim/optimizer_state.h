@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "booster/core/memory.h"
 #include "booster/export.h"
 
 namespace booster {
@@ -41,5 +42,13 @@ BOOSTER_API OptimizerStateKey optimizer_state_key(const at::Tensor& p);
 // the registry's state_tensors_per_element for each group and its parameters' numel and element
 // size. Throws std::invalid_argument if the optimizer's type is not registered.
 BOOSTER_API int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer);
+
+// The same bytes by place (core/memory.h's PlacedBytes): the actual state tensors once the optimizer
+// has state (pinned ones looked up with check_pinned); before its first step the planned ones, each
+// group's placed with the tensors the group updates, counted as pinned when `planned_pinned` and
+// they are on the host (ZeRO's cpu_offload pins its states after the first step). Throws
+// std::invalid_argument if the optimizer's type is not registered.
+BOOSTER_API PlacedBytes optimizer_state_places(torch::optim::Optimizer& optimizer, bool check_pinned,
+                                               bool planned_pinned);
 
 }  // namespace booster
