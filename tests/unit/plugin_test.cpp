@@ -20,6 +20,7 @@ namespace {
 
 using booster::Plugin;
 using booster::PluginContext;
+using booster::PluginTraits;
 using booster::dist::ProcessGroup;
 using booster::dist::ProcessMesh;
 using Group = std::shared_ptr<ProcessGroup>;
