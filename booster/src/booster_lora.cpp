@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/booster.h"
+#include "booster/checkpoint/peft_lora.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/io/atomic_write.h"
 #include "booster/logging.h"
@@ -44,7 +45,7 @@ std::shared_ptr<const checkpoint::StateDictAdapter> Booster::lora_adapter_of(tor
     throw std::invalid_argument(std::string("booster: ") + what + ": the model has no state-dict adapter, which gives "
                                 "the HuggingFace module names PEFT's files use; call set_state_dict_adapter(model, "
                                 "make_state_dict_adapter(\"<architecture>\", config)) first");
-  return nn::lora_state_dict_adapter(module, base, *adapter);
+  return checkpoint::lora_state_dict_adapter(module, base, *adapter);
 }
 
 namespace {

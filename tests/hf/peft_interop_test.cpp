@@ -1,6 +1,7 @@
-// peft_interop_test.cpp — LoRA (booster/nn/lora.h) against peft 0.21.2 on CPU, with examples/llama's
-// Llama loaded from hf_reference.py's tiny random LlamaForCausalLM through the "llama" state-dict
-// adapter (tests/hf/peft_reference.py is peft's side):
+// peft_interop_test.cpp — LoRA (booster/nn/lora.h) and its PEFT files (booster/checkpoint/
+// peft_lora.h) against peft 0.21.2 on CPU, with examples/llama's Llama loaded from hf_reference.py's
+// tiny random LlamaForCausalLM through the "llama" state-dict adapter (tests/hf/peft_reference.py is
+// peft's side):
 //  - ours -> peft: LoRA on q/k/v/o_proj (r 4), B random, save_lora_as_pretrained; peft's
 //    PeftModel.from_pretrained(base, dir) finds every key and gives our float32 logits within 1e-5
 //    (q_proj / k_proj's B rows go through the rotary permutation of the base weight);
@@ -23,6 +24,7 @@
 #include <sstream>
 
 #include "booster/checkpoint/checkpoint_io.h"
+#include "booster/checkpoint/peft_lora.h"
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/nn/lora.h"
@@ -121,7 +123,7 @@ TEST_P(PeftInterop, OursLoadsIntoPeft) {
   const torch::Tensor ours = base.logits();
   EXPECT_GT((ours - base_logits).abs().max().item<double>(), 1e-2);  // the adapters do something
   const std::string dir = tmp.file("lora");
-  booster::nn::save_lora_as_pretrained(*base.net, dir, base.dir, *base.adapter);
+  booster::checkpoint::save_lora_as_pretrained(*base.net, dir, base.dir, *base.adapter);
   const json cfg = json::parse(std::ifstream(dir + "/adapter_config.json"));
   EXPECT_EQ(cfg.at("peft_type"), "LORA");
   EXPECT_EQ(cfg.at("r"), 4);
@@ -138,7 +140,7 @@ TEST_P(PeftInterop, OursLoadsIntoPeft) {
   // Round trip through our own loader, and merge gives the same logits.
   Base again = make_base(tmp, arch, 11);
   booster::nn::enable_lora(*again.net, lora_config(arch));
-  booster::nn::load_lora(*again.net, dir, *again.adapter);
+  booster::checkpoint::load_lora(*again.net, dir, *again.adapter);
   EXPECT_LT((again.logits() - ours).abs().max().item<double>(), 1e-6);
   booster::nn::merge_lora(*again.net);
   EXPECT_LT((again.logits() - ours).abs().max().item<double>(), 1e-5);
@@ -154,7 +156,7 @@ TEST_P(PeftInterop, PeftLoadsIntoOurs) {
   EXPECT_EQ(info.value("lora_modules", 0), 8);
   const torch::Tensor base_logits = base.logits();
   booster::nn::enable_lora(*base.net, lora_config(arch));
-  booster::nn::load_lora(*base.net, dir, *base.adapter);
+  booster::checkpoint::load_lora(*base.net, dir, *base.adapter);
   const torch::Tensor theirs = load_logits(tmp.file("peft.safetensors"));
   EXPECT_GT((theirs - base_logits).abs().max().item<double>(), 1e-2);  // B is not zero
   EXPECT_LT(max_abs_diff(base.logits(), theirs), 1e-5);
@@ -168,7 +170,7 @@ TEST(PeftInteropErrors, BadAdapterFiles) {
   Base base = make_base(tmp, "llama", 13);
   booster::nn::enable_lora(*base.net, lora_config());
   const std::string dir = tmp.file("lora");
-  booster::nn::save_lora_as_pretrained(*base.net, dir, base.dir, *base.adapter);
+  booster::checkpoint::save_lora_as_pretrained(*base.net, dir, base.dir, *base.adapter);
 
   // Another r in the model.
   {
@@ -177,7 +179,7 @@ TEST(PeftInteropErrors, BadAdapterFiles) {
     c.r = 2;
     booster::nn::enable_lora(*other.net, c);
     try {
-      booster::nn::load_lora(*other.net, dir, *other.adapter);
+      booster::checkpoint::load_lora(*other.net, dir, *other.adapter);
       ADD_FAILURE() << "no error";
     } catch (const CheckpointError& e) {
       EXPECT_THAT(e.what(), HasSubstr("r is 4 in the file but 2"));
@@ -189,7 +191,7 @@ TEST(PeftInteropErrors, BadAdapterFiles) {
     auto c = lora_config();
     c.target_modules = {"q_proj", "k_proj", "v_proj"};
     booster::nn::enable_lora(*other.net, c);
-    EXPECT_THROW(booster::nn::load_lora(*other.net, dir, *other.adapter), CheckpointError);
+    EXPECT_THROW(booster::checkpoint::load_lora(*other.net, dir, *other.adapter), CheckpointError);
   }
   // A missing and an unexpected tensor.
   auto state = booster::checkpoint::load_state_dict(dir, "adapter_model");
@@ -202,7 +204,7 @@ TEST(PeftInteropErrors, BadAdapterFiles) {
   }();
   booster::checkpoint::save_state_dict(tmp.file("bad"), state, {}, "adapter_model", {{"adapter_config.json", cfg}});
   try {
-    booster::nn::load_lora(*base.net, tmp.file("bad"), *base.adapter);
+    booster::checkpoint::load_lora(*base.net, tmp.file("bad"), *base.adapter);
     ADD_FAILURE() << "no error";
   } catch (const CheckpointError& e) {
     EXPECT_THAT(e.what(), HasSubstr("missing " + dropped));
@@ -247,7 +249,7 @@ TEST(PeftInteropExample, LlamaAdaptersTrainedUnderTp2Pp2LoadIntoPeft) {
   EXPECT_EQ(info.value("unexpected", json::array()), json::array());
   const torch::Tensor base_logits = base.logits();
   booster::nn::enable_lora(*base.net, lora_config());
-  booster::nn::load_lora(*base.net, dir, *base.adapter);
+  booster::checkpoint::load_lora(*base.net, dir, *base.adapter);
   const torch::Tensor ours = base.logits();
   EXPECT_GT((ours - base_logits).abs().max().item<double>(), 1e-3);  // 6 steps moved the adapters
   EXPECT_LT(max_abs_diff(ours, load_logits(tmp.file("peft.safetensors"))), 1e-5);

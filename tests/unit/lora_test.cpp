@@ -1,6 +1,6 @@
 // lora_test.cpp — booster/nn/lora.h: enable_lora keeps the outputs at init (B = 0), trains only A
-// and B, merge_lora reproduces the unmerged outputs, bad configs are refused; tensor-parallel
-// adapters (tp = 2 as thread ranks) train like the dense ones.
+// and B, merge_lora reproduces the unmerged outputs, bad configs are refused, lora_layers describes
+// the layers; tensor-parallel adapters (tp = 2 as thread ranks) train like the dense ones.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -152,6 +152,42 @@ TEST(Lora, BadInput) {
   for (const auto& p : net->parameters()) EXPECT_TRUE(p.requires_grad());
   booster::nn::enable_lora(*net, config_of({"fc1"}));
   EXPECT_THAT(error_of([&] { booster::nn::enable_lora(*net, config_of({"fc1"})); }), HasSubstr("already has LoRA"));
+}
+
+// lora_layers: each LoRA layer's description (names, config, the adapters' modules, the dense
+// shapes), the shared config, and the refusals (no LoRA; layers with different r).
+TEST(Lora, LoraLayersDescribesTheLayers) {
+  LoraNet net = make_net();
+  EXPECT_THAT(error_of([&] { booster::nn::lora_layers(*net, "caller: "); }),
+              HasSubstr("caller: the model has no LoRA layers"));
+  booster::nn::enable_lora(*net, config_of({"fc2", "fc1"}, 4, 16));
+  const booster::nn::ModelLoraInfo info = booster::nn::lora_layers(*net);
+  EXPECT_EQ(info.r, 4);
+  EXPECT_EQ(info.lora_alpha, 16);
+  EXPECT_EQ(info.lora_dropout, 0);
+  EXPECT_EQ(info.targets, (std::vector<std::string>{"fc1", "fc2"}));
+  ASSERT_EQ(info.layers.size(), 2u);
+  const auto& c = info.layers[0];
+  const auto& r = info.layers[1];
+  EXPECT_EQ(c.name, "fc1");
+  EXPECT_EQ(c.module, net->fc1.get());
+  EXPECT_EQ(c.target, "fc1");
+  EXPECT_FALSE(c.tensor_parallel);
+  EXPECT_FALSE(c.row_parallel);
+  EXPECT_EQ(c.full_out, 16);
+  EXPECT_EQ(c.full_in, 8);
+  EXPECT_TRUE(c.lora_A->weight.is_same(net->named_parameters()["fc1.lora_A.weight"]));
+  EXPECT_TRUE(c.lora_B->weight.is_same(net->named_parameters()["fc1.lora_B.weight"]));
+  EXPECT_EQ(r.name, "fc2");
+  EXPECT_TRUE(r.row_parallel);
+  EXPECT_EQ(r.lora_A->weight.sizes(), (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(r.lora_B->weight.sizes(), (std::vector<int64_t>{8, 4}));
+
+  LoraNet mixed = make_net();
+  booster::nn::enable_lora(*mixed, config_of({"fc1"}, 4));
+  booster::nn::enable_lora(*mixed, config_of({"fc2"}, 2));
+  EXPECT_THAT(error_of([&] { booster::nn::lora_layers(*mixed); }),
+              HasSubstr("booster::nn::lora_layers: the LoRA layers fc1 and fc2 have different r"));
 }
 
 }  // namespace lora_unit_test

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "booster/checkpoint/checkpoint_io.h"
+#include "booster/checkpoint/peft_lora.h"
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/config.h"
 #include "booster/data/dataloader.h"
@@ -229,7 +230,8 @@ class BOOSTER_API Booster {
   void set_state_dict_adapter(ModelWrapper<M>& model, std::shared_ptr<const checkpoint::StateDictAdapter> adapter) {
     register_state_dict_adapter(*model.module(), std::move(adapter));
   }
-  // ---- LoRA (nn/lora.h; ColossalAI's Booster.enable_lora / save_lora_as_pretrained, PEFT's files).
+  // ---- LoRA (nn/lora.h; PEFT's files: checkpoint/peft_lora.h; ColossalAI's Booster.enable_lora /
+  // save_lora_as_pretrained).
   // Before boost(): adds low-rank adapters to the layers of `model` that config.target_modules
   // names and freezes every other parameter (nn::enable_lora, whose errors it throws). boost() then
   // drops the frozen parameters from the optimizer's groups (logged), so gradients, master weights
@@ -238,12 +240,13 @@ class BOOSTER_API Booster {
   // `model` was already boosted (its optimizer would not hold the adapters).
   nn::LoraReport enable_lora(torch::nn::Module& model, const nn::LoraConfig& config);
   // Collective. Writes the adapters in PEFT's layout into directory `dir` (adapter_config.json +
-  // adapter_model.safetensors, nn::save_lora_as_pretrained's content; PeftModel.from_pretrained
-  // loads it onto the HuggingFace model), through the plugin's checkpoint IO: tp shards are
-  // gathered, FlatParameters viewed, each pipeline stage writes its layers'. The HuggingFace names
-  // come from the adapter set_state_dict_adapter registered (std::invalid_argument when there is
-  // none). base_model_name_or_path goes into adapter_config.json. Throws what nn::lora_state_dict_
-  // adapter and CheckpointIO::save_model throw.
+  // adapter_model.safetensors, checkpoint::save_lora_as_pretrained's content;
+  // PeftModel.from_pretrained loads it onto the HuggingFace model), through the plugin's checkpoint
+  // IO: tp shards are gathered, FlatParameters viewed, each pipeline stage writes its layers'. The
+  // HuggingFace names come from the adapter set_state_dict_adapter registered
+  // (std::invalid_argument when there is none). base_model_name_or_path goes into
+  // adapter_config.json. Throws what checkpoint::lora_state_dict_adapter and
+  // CheckpointIO::save_model throw.
   template <class M>
   void save_lora_as_pretrained(ModelWrapper<M>& model, const std::string& dir, const std::string& base_model_name_or_path = "") {
     checkpoint::ModelSaveOptions o;
@@ -252,15 +255,15 @@ class BOOSTER_API Booster {
     merge_into_one_file(dir, *o.adapter);
   }
   // Collective. Reads PEFT's layout from `dir` into the model's adapters (enable_lora with the
-  // adapter's config before boost()): nn::check_lora_adapter_config's checks, then a strict load
-  // through the plugin's checkpoint IO (every adapter tensor present with its shape); master
+  // adapter's config before boost()): checkpoint::check_lora_adapter_config's checks, then a strict
+  // load through the plugin's checkpoint IO (every adapter tensor present with its shape); master
   // weights are refreshed as after load_model. Throws checkpoint::CheckpointError naming the field
   // or the tensors, before anything changes.
   template <class M>
   void load_lora(ModelWrapper<M>& model, const std::string& dir) {
     checkpoint::ModelLoadOptions o;
     o.adapter = lora_adapter_of(*model.module(), "", "load_lora");
-    nn::check_lora_adapter_config(*model.module(), dir, *state_dict_adapter_of(*model.module()));
+    checkpoint::check_lora_adapter_config(*model.module(), dir, *state_dict_adapter_of(*model.module()));
     checkpoint_io().load_model(*model.module(), dir, o);
     after_model_load(*model.module());
   }

@@ -1,4 +1,4 @@
-// lora.cpp — LoRA layers (booster/nn/lora.h); PEFT's files are in lora_peft.cpp.
+// lora.cpp — LoRA layers (booster/nn/lora.h); PEFT's files are checkpoint/peft_lora.h's.
 #include "booster/nn/lora.h"
 
 #include <torch/nn/functional/dropout.h>
@@ -65,33 +65,6 @@ std::string join(const std::vector<std::string>& v, size_t limit) {
   for (size_t i = 0; i < v.size() && i < limit; ++i) s += (i ? ", " : "") + v[i];
   if (v.size() > limit) s += ", ... (" + std::to_string(v.size()) + " in all)";
   return s;
-}
-
-ModelLora model_lora(torch::nn::Module& model, const std::string& fn) {
-  ModelLora L;
-  for (const auto& item : model.named_modules("", true)) {
-    torch::nn::Module& m = *item.value();
-    const LoraHook* h = lora_hook(m);
-    if (!h) continue;
-    auto children = m.named_children();
-    LoraLayer layer{item.key(), &m, h, torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(children["lora_A"])),
-                    torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(children["lora_B"]))};
-    if (L.layers.empty()) {
-      L.r = h->r;
-      L.alpha = h->lora_alpha;
-      L.dropout = h->lora_dropout;
-    } else if (h->r != L.r || h->lora_alpha != L.alpha || h->lora_dropout != L.dropout) {
-      throw std::invalid_argument(fn + "the LoRA layers " + L.layers[0].name + " and " + item.key() +
-                                  " have different r / lora_alpha / lora_dropout; PEFT's file holds one config");
-    }
-    L.targets.push_back(h->target);
-    L.layers.push_back(std::move(layer));
-  }
-  if (L.layers.empty())
-    throw std::invalid_argument(fn + "the model has no LoRA layers: call booster::nn::enable_lora first");
-  std::sort(L.targets.begin(), L.targets.end());
-  L.targets.erase(std::unique(L.targets.begin(), L.targets.end()), L.targets.end());
-  return L;
 }
 
 }  // namespace lora_detail
@@ -239,6 +212,43 @@ std::vector<std::string> merge_lora(torch::nn::Module& model) {
     merged.push_back(item.key());
   }
   return merged;
+}
+
+ModelLoraInfo lora_layers(torch::nn::Module& model, const std::string& error_prefix) {
+  ModelLoraInfo L;
+  for (const auto& item : model.named_modules("", true)) {
+    torch::nn::Module& m = *item.value();
+    const LoraHook* h = lora_hook(m);
+    if (!h) continue;
+    if (L.layers.empty()) {
+      L.r = h->r;
+      L.lora_alpha = h->lora_alpha;
+      L.lora_dropout = h->lora_dropout;
+    } else if (h->r != L.r || h->lora_alpha != L.lora_alpha || h->lora_dropout != L.lora_dropout) {
+      throw std::invalid_argument(error_prefix + "the LoRA layers " + L.layers[0].name + " and " + item.key() +
+                                  " have different r / lora_alpha / lora_dropout; PEFT's file holds one config");
+    }
+    LoraLayerInfo layer;
+    layer.name = item.key();
+    layer.module = &m;
+    layer.target = h->target;
+    layer.r = h->r;
+    layer.lora_alpha = h->lora_alpha;
+    layer.lora_dropout = h->lora_dropout;
+    layer.lora_A = torch::nn::Linear(h->a);
+    layer.lora_B = torch::nn::Linear(h->b);
+    layer.tensor_parallel = h->group != nullptr;
+    layer.row_parallel = h->row_parallel;
+    layer.full_out = h->full_out;
+    layer.full_in = h->full_in;
+    L.targets.push_back(h->target);
+    L.layers.push_back(std::move(layer));
+  }
+  if (L.layers.empty())
+    throw std::invalid_argument(error_prefix + "the model has no LoRA layers: call booster::nn::enable_lora first");
+  std::sort(L.targets.begin(), L.targets.end());
+  L.targets.erase(std::unique(L.targets.begin(), L.targets.end()), L.targets.end());
+  return L;
 }
 
 }  // namespace booster::nn

@@ -1,5 +1,6 @@
-// lora_impl.h — what lora.cpp (the layers) and lora_peft.cpp (PEFT's files) share: the hook a LoRA
-// layer carries and the model's LoRA layers. Private to booster/src/nn.
+// lora_impl.h — the hook a LoRA layer carries and the helpers of lora.cpp (booster/nn/lora.h).
+// Private to booster/src/nn; other components read a model's LoRA layers through
+// booster::nn::lora_layers.
 #pragma once
 
 #include <torch/nn/modules/linear.h>
@@ -41,22 +42,5 @@ at::Tensor& base_weight(torch::nn::Module& m);       // a Column/RowParallelLine
 
 // "a, b, c, ... (N in all)"
 std::string join(const std::vector<std::string>& v, size_t limit = 12);
-
-struct LoraLayer {
-  std::string name;
-  torch::nn::Module* module;
-  const LoraHook* hook;
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-
-// The model's LoRA layers (named_modules() order), which must share r / alpha / dropout (PEFT's file
-// holds one config): std::invalid_argument (prefixed with fn) when they do not or there is none.
-struct ModelLora {
-  std::vector<LoraLayer> layers;
-  int64_t r = 0;
-  double alpha = 0, dropout = 0;
-  std::vector<std::string> targets;  // sorted, unique
-};
-ModelLora model_lora(torch::nn::Module& model, const std::string& fn);
 
 }  // namespace booster::nn::lora_detail

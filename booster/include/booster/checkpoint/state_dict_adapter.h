@@ -73,7 +73,7 @@ struct AdaptedTensor {
 
 // The files of an adapter's format. A full model: model.safetensors (or shards + index) and
 // config.json, every model tensor covered. A partial format stores some of the model's tensors
-// only, e.g. PEFT's LoRA adapters (booster/nn/lora.h: lora_state_dict_adapter): adapter_model.
+// only, e.g. PEFT's LoRA adapters (peft_lora.h: lora_state_dict_adapter): adapter_model.
 // safetensors + adapter_config.json, with the base model's tensors left out.
 struct AdapterFormat {
   std::string weights_name = "model";       // state_dict_io.h's `base`: <weights_name>.safetensors

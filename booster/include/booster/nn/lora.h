@@ -1,7 +1,6 @@
 // lora.h — LoRA, low-rank adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language
-// Models"; reference implementation: PEFT 0.21's LoraLayer / LoraModel, peft/tuners/lora/layer.py),
-// and PEFT's adapter files (adapter_config.json + adapter_model.safetensors, as
-// PeftModel.save_pretrained writes them and PeftModel.from_pretrained reads them).
+// Models"; reference implementation: PEFT 0.21's LoraLayer / LoraModel, peft/tuners/lora/layer.py).
+// PEFT's adapter files (adapter_config.json + adapter_model.safetensors) are checkpoint/peft_lora.h's.
 //
 // A LoRA layer computes y = base(x) + scaling · B(A(dropout(x))), scaling = lora_alpha / r, with
 // A [r, in] (lora_A.weight, Kaiming-uniform with a = sqrt(5), as nn.Linear / PEFT's
@@ -38,13 +37,13 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/export.h"
 
 namespace booster::nn {
@@ -81,50 +80,39 @@ BOOSTER_API std::vector<std::string> lora_modules(torch::nn::Module& model);
 // model's state dict is the base model's again. Base parameters stay frozen. Returns the merged names.
 BOOSTER_API std::vector<std::string> merge_lora(torch::nn::Module& model);
 
-// PEFT's file layout of the model's LoRA layers as a partial state-dict adapter (checkpoint/
-// state_dict_adapter.h: AdapterFormat weights_name "adapter_model", config_file
-// "adapter_config.json", partial): one rule per adapter tensor, `<module>.lora_A.weight` ->
-// `base_model.model.<HF module>.lora_A.weight` (likewise lora_B) with the row / column permutation
-// described at save_lora_as_pretrained, and adapter_config.json as its config text; every base-model
-// tensor is left out. Any CheckpointIO saves / loads the adapters through it (Booster::
-// save_lora_as_pretrained / load_lora: gathered from tp shards, FlatParameters and pipeline stages).
-// Needs the layers' full shapes only, so it works on a sharded model. Throws what
-// save_lora_as_pretrained throws for the layers and the adapter's rules.
-BOOSTER_API std::shared_ptr<booster::checkpoint::StateDictAdapter> lora_state_dict_adapter(
-    torch::nn::Module& model, const std::string& base_model_name_or_path,
-    const booster::checkpoint::StateDictAdapter& adapter);
+// One LoRA layer as enable_lora made it, described by value (for code that reads or stores the
+// adapters, e.g. checkpoint/peft_lora.h). The fields are a snapshot; `module` points into the model
+// (valid while the model holds the layer) and lora_A / lora_B are handles of the layer's own
+// sub-modules (not copies), which stop being the layer's at merge_lora.
+struct LoraLayerInfo {
+  std::string name;                     // dotted name from named_modules() relative to the model ("" = the model)
+  torch::nn::Module* module = nullptr;  // the layer: booster::nn::Linear / ColumnParallelLinear / RowParallelLinear
+  std::string target;                   // the target_modules entry that matched it
+  int64_t r = 0;
+  double lora_alpha = 0, lora_dropout = 0;
+  // The sub-modules "lora_A" / "lora_B" (no bias), in the base weight's dtype and device: this
+  // process's A [r, in] and B [out, r], or their tensor-parallel shards (below).
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
+  // tp > 1: this process holds a shard of the adapters (a column-parallel layer B [out/T, r] split
+  // by rows, A replicated; a row-parallel one A [r, in/T] split by columns, B replicated).
+  bool tensor_parallel = false;
+  bool row_parallel = false;            // a RowParallelLinear (at any tp)
+  int64_t full_out = 0, full_in = 0;    // the dense base weight's shape [out, in] (unsharded)
+};
 
-// The configuration checks of load_lora (dir/adapter_config.json against the model's LoRA layers);
-// throws CheckpointError naming the field, or when the file is missing or not JSON.
-BOOSTER_API void check_lora_adapter_config(torch::nn::Module& model, const std::string& dir,
-                                           const booster::checkpoint::StateDictAdapter& adapter);
+// A model's LoRA layers, which share one r / lora_alpha / lora_dropout (PEFT's adapter_config.json
+// holds one).
+struct ModelLoraInfo {
+  std::vector<LoraLayerInfo> layers;  // named_modules() order
+  int64_t r = 0;
+  double lora_alpha = 0, lora_dropout = 0;
+  std::vector<std::string> targets;  // the layers' matched target_modules entries, sorted, unique
+};
 
-// Writes PEFT's layout into directory `dir` (atomically replaced): adapter_config.json (the keys and
-// defaults peft 0.21.2's LoraConfig.save_pretrained writes; task_type "CAUSAL_LM", inference_mode
-// true, target_modules = the config's targets that matched, sorted) and adapter_model.safetensors
-// with `base_model.model.<HF module>.lora_A.weight` / `.lora_B.weight` (the base weight's dtype).
-// The HuggingFace names and layouts come from `adapter` (e.g. make_state_dict_adapter("llama",
-// config)): the rule of `<module>.weight` gives the HF module name; its to_hf must be a permutation
-// of the weight's rows and / or columns (llama's rotary permutation of q_proj / k_proj rows), which
-// is applied to B's rows / A's columns (B A's rows / columns are W's), optionally with a transpose
-// (GPT-2's Conv1D, c_attn's q|k|v row reorder included: PEFT keeps A [r, in] and B [out, r] in
-// nn.Linear's layout and sets fan_in_fan_out true, so only the permutation applies). The
-// permutations are found by running to_hf on index tensors. A rule that splits or reshapes a weight
-// (a fused q/k/v stored split) throws CheckpointError naming the tensor.
-// std::invalid_argument when the model has no (unmerged) LoRA, the layers' r / alpha / dropout
-// differ, or a layer is tensor-parallel (this process holds a shard: use Booster::
-// save_lora_as_pretrained). One process; a boosted model saves through the Booster.
-BOOSTER_API void save_lora_as_pretrained(torch::nn::Module& model, const std::string& dir,
-                                         const std::string& base_model_name_or_path,
-                                         const booster::checkpoint::StateDictAdapter& adapter);
-
-// Reads PEFT's layout from `dir` into the model's LoRA layers (enable_lora first, with the same
-// config). Checks adapter_config.json (peft_type "LORA", r, lora_alpha, the set of target_modules
-// and fan_in_fan_out equal to the model's; bias "none"; use_dora / use_rslora false) and the tensors
-// strictly: every expected key present with its shape, no unexpected key. Throws CheckpointError
-// naming the field or the tensors; values are converted to the model's dtype. One process:
-// std::invalid_argument for a tensor-parallel layer (use Booster::load_lora).
-BOOSTER_API void load_lora(torch::nn::Module& model, const std::string& dir,
-                           const booster::checkpoint::StateDictAdapter& adapter);
+// The model's (unmerged) LoRA layers. std::invalid_argument, its message starting with
+// error_prefix, when the model has none (call enable_lora first) or two layers differ in r /
+// lora_alpha / lora_dropout.
+BOOSTER_API ModelLoraInfo lora_layers(torch::nn::Module& model,
+                                      const std::string& error_prefix = "booster::nn::lora_layers: ");
 
 }  // namespace booster::nn

@@ -1,5 +1,7 @@
-// lora_peft.cpp — PEFT's adapter files for LoRA layers (booster/nn/lora.h): the partial state-dict
-// adapter that names and lays out the adapters as PEFT does, and the one-process save / load.
+// peft_lora.cpp — PEFT's adapter files for LoRA layers (booster/checkpoint/peft_lora.h): the partial
+// state-dict adapter that names and lays out the adapters as PEFT does, and the one-process save / load.
+#include "booster/checkpoint/peft_lora.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -15,18 +17,21 @@
 #include "booster/checkpoint/state_dict_adapter.h"
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/nn/lora.h"
-#include "lora_impl.h"
 
-namespace booster::nn {
-
-using namespace lora_detail;
+namespace booster::checkpoint {
 
 namespace {
 
-using booster::checkpoint::AdapterRule;
-using booster::checkpoint::CheckpointError;
-using booster::checkpoint::StateDictAdapter;
+using booster::nn::ModelLoraInfo;
 using json = nlohmann::json;
+
+// "a, b, c, ... (N in all)"
+std::string join_names(const std::vector<std::string>& v, size_t limit = 12) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < limit; ++i) s += (i ? ", " : "") + v[i];
+  if (v.size() > limit) s += ", ... (" + std::to_string(v.size()) + " in all)";
+  return s;
+}
 
 // How the adapter stores one LoRA layer's base weight: its HF module name and whether the HF tensor
 // is W with its rows / columns permuted (row_perm / col_perm: HF index -> our index) or W transposed.
@@ -36,9 +41,9 @@ struct HfLayout {
   bool transposed = false;
 };
 
-HfLayout hf_layout(const booster::checkpoint::StateDictAdapter& adapter, const std::string& module, int64_t out, int64_t in) {
+HfLayout hf_layout(const StateDictAdapter& adapter, const std::string& module, int64_t out, int64_t in) {
   const std::string wname = module.empty() ? "weight" : module + ".weight";
-  booster::checkpoint::TensorSpec spec{wname, at::kDouble, {out, in}};
+  TensorSpec spec{wname, at::kDouble, {out, in}};
   auto plan = adapter.plan({spec});
   const auto& t = plan.at(0);
   if (t.hf.size() != 1)
@@ -56,7 +61,7 @@ HfLayout hf_layout(const booster::checkpoint::StateDictAdapter& adapter, const s
   auto opts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor rows = at::arange(out, opts).unsqueeze(1).expand({out, in}).contiguous();
   at::Tensor cols = at::arange(in, opts).unsqueeze(0).expand({out, in}).contiguous();
-  at::Tensor hr = booster::checkpoint::to_hf(t, rows).at(0), hc = booster::checkpoint::to_hf(t, cols).at(0);
+  at::Tensor hr = to_hf(t, rows).at(0), hc = to_hf(t, cols).at(0);
   auto fail = [&] {
     throw CheckpointError("save_lora_as_pretrained / load_lora: the adapter's rule for " + wname + " (stored as " + hf +
                           ") is neither a permutation of rows / columns nor a transpose, so it has no LoRA "
@@ -110,16 +115,17 @@ AdapterRule permuted_rule(const std::string& ours, const std::string& hf, int64_
 }
 
 struct PeftPlan {
-  ModelLora lora;
+  ModelLoraInfo lora;
   std::vector<HfLayout> layouts;  // per layer
   bool fan_in_fan_out = false;
 };
 
 PeftPlan peft_plan(torch::nn::Module& model, const StateDictAdapter& adapter, const std::string& fn) {
-  PeftPlan P{model_lora(model, fn)};
+  PeftPlan P;
+  P.lora = booster::nn::lora_layers(model, fn);
   bool any_transposed = false, any_plain = false;
   for (const auto& layer : P.lora.layers) {
-    P.layouts.push_back(hf_layout(adapter, layer.name, layer.hook->full_out, layer.hook->full_in));
+    P.layouts.push_back(hf_layout(adapter, layer.name, layer.full_out, layer.full_in));
     (P.layouts.back().transposed ? any_transposed : any_plain) = true;
   }
   if (any_transposed && any_plain)
@@ -129,17 +135,17 @@ PeftPlan peft_plan(torch::nn::Module& model, const StateDictAdapter& adapter, co
   return P;
 }
 
-void refuse_tensor_parallel(const ModelLora& L, const std::string& fn) {
+void refuse_tensor_parallel(const ModelLoraInfo& L, const std::string& fn) {
   for (const auto& layer : L.layers)
-    if (layer.hook->group)
+    if (layer.tensor_parallel)
       throw std::invalid_argument(fn + "the LoRA layer " + layer.name + " is tensor-parallel (tp > 1), so this "
                                        "process holds a shard of its adapters; use Booster::save_lora_as_pretrained / "
                                        "load_lora, which go through the plugin's checkpoint IO");
 }
 
 // The model's parameters (named_parameters order) and their specs, as a plan over them needs.
-std::pair<std::vector<booster::checkpoint::TensorSpec>, std::vector<at::Tensor>> parameters_of(torch::nn::Module& model) {
-  std::vector<booster::checkpoint::TensorSpec> specs;
+std::pair<std::vector<TensorSpec>, std::vector<at::Tensor>> parameters_of(torch::nn::Module& model) {
+  std::vector<TensorSpec> specs;
   std::vector<at::Tensor> tensors;
   for (const auto& item : model.named_parameters(true)) {
     specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
@@ -150,10 +156,11 @@ std::pair<std::vector<booster::checkpoint::TensorSpec>, std::vector<at::Tensor>>
 
 }  // namespace
 
-std::shared_ptr<booster::checkpoint::StateDictAdapter> lora_state_dict_adapter(
-    torch::nn::Module& model, const std::string& base_model_name_or_path, const StateDictAdapter& adapter) {
-  PeftPlan P = peft_plan(model, adapter, "booster::nn::lora_state_dict_adapter: ");
-  const ModelLora& L = P.lora;
+std::shared_ptr<StateDictAdapter> lora_state_dict_adapter(torch::nn::Module& model,
+                                                          const std::string& base_model_name_or_path,
+                                                          const StateDictAdapter& adapter) {
+  PeftPlan P = peft_plan(model, adapter, "booster::checkpoint::lora_state_dict_adapter: ");
+  const ModelLoraInfo& L = P.lora;
   std::vector<AdapterRule> rules;
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const std::string& name = L.layers[i].name;
@@ -169,15 +176,15 @@ std::shared_ptr<booster::checkpoint::StateDictAdapter> lora_state_dict_adapter(
       {"corda_config", nullptr}, {"ensure_weight_tying", false}, {"eva_config", nullptr}, {"exclude_modules", nullptr},
       {"fan_in_fan_out", P.fan_in_fan_out}, {"inference_mode", true}, {"init_lora_weights", true},
       {"kasa_config", nullptr}, {"layer_replication", nullptr}, {"layers_pattern", nullptr},
-      {"layers_to_transform", nullptr}, {"loftq_config", json::object()}, {"lora_alpha", json::parse(number_text(L.alpha))},
-      {"lora_bias", false}, {"lora_dropout", L.dropout}, {"lora_ga_config", nullptr}, {"megatron_config", nullptr},
+      {"layers_to_transform", nullptr}, {"loftq_config", json::object()}, {"lora_alpha", json::parse(number_text(L.lora_alpha))},
+      {"lora_bias", false}, {"lora_dropout", L.lora_dropout}, {"lora_ga_config", nullptr}, {"megatron_config", nullptr},
       {"megatron_core", "megatron.core"}, {"modules_to_save", nullptr}, {"monteclora_config", nullptr},
       {"peft_type", "LORA"}, {"peft_version", "0.21.2"}, {"qalora_group_size", 16}, {"r", L.r},
       {"rank_pattern", json::object()}, {"revision", nullptr}, {"target_modules", L.targets},
       {"target_parameters", nullptr}, {"task_type", "CAUSAL_LM"}, {"trainable_token_indices", nullptr},
       {"use_bdlora", nullptr}, {"use_dora", false}, {"use_qalora", false}, {"use_rslora", false},
       {"velora_config", nullptr}};
-  booster::checkpoint::AdapterFormat format;
+  AdapterFormat format;
   format.weights_name = "adapter_model";
   format.config_file = "adapter_config.json";
   format.partial = true;
@@ -186,9 +193,9 @@ std::shared_ptr<booster::checkpoint::StateDictAdapter> lora_state_dict_adapter(
 }
 
 void check_lora_adapter_config(torch::nn::Module& model, const std::string& dir, const StateDictAdapter& adapter) {
-  const std::string fn = "booster::nn::load_lora: ";
+  const std::string fn = "booster::checkpoint::load_lora: ";
   PeftPlan P = peft_plan(model, adapter, fn);
-  const ModelLora& L = P.lora;
+  const ModelLoraInfo& L = P.lora;
   const std::string cpath = (std::filesystem::path(dir) / "adapter_config.json").string();
   std::ifstream f(cpath);
   if (!f) throw CheckpointError(fn + "cannot read " + cpath + " (is " + dir + " a PEFT adapter directory?)");
@@ -205,8 +212,8 @@ void check_lora_adapter_config(torch::nn::Module& model, const std::string& dir,
   };
   if (field("peft_type") != "LORA") mismatch("peft_type", field("peft_type").dump(), "\"LORA\"");
   if (!field("r").is_number() || field("r").get<double>() != static_cast<double>(L.r)) mismatch("r", field("r").dump(), std::to_string(L.r));
-  if (!field("lora_alpha").is_number() || field("lora_alpha").get<double>() != L.alpha)
-    mismatch("lora_alpha", field("lora_alpha").dump(), number_text(L.alpha));
+  if (!field("lora_alpha").is_number() || field("lora_alpha").get<double>() != L.lora_alpha)
+    mismatch("lora_alpha", field("lora_alpha").dump(), number_text(L.lora_alpha));
   if (!field("bias").is_null() && field("bias") != "none") mismatch("bias", field("bias").dump(), "\"none\"");
   if (field("use_dora") == true) mismatch("use_dora", "true", "false");
   if (field("use_rslora") == true) mismatch("use_rslora", "true", "false (scaling = lora_alpha / r)");
@@ -228,29 +235,27 @@ void check_lora_adapter_config(torch::nn::Module& model, const std::string& dir,
 
 void save_lora_as_pretrained(torch::nn::Module& model, const std::string& dir, const std::string& base_model_name_or_path,
                              const StateDictAdapter& adapter) {
-  const std::string fn = "booster::nn::save_lora_as_pretrained: ";
-  refuse_tensor_parallel(model_lora(model, fn), fn);
+  const std::string fn = "booster::checkpoint::save_lora_as_pretrained: ";
+  refuse_tensor_parallel(booster::nn::lora_layers(model, fn), fn);
   auto peft = lora_state_dict_adapter(model, base_model_name_or_path, adapter);
   const auto params = parameters_of(model);
   const auto& specs = params.first;
   const auto& tensors = params.second;
-  booster::checkpoint::AdaptedModel adapted = booster::checkpoint::adapt_model(*peft, specs, "");
-  booster::checkpoint::AdaptedSave save =
-      booster::checkpoint::adapt_save(adapted.plan, [&](size_t j) { return tensors[j].detach().to(at::kCPU); });
-  booster::checkpoint::save_state_dict_streamed(dir, save.specs, booster::checkpoint::SaveOptions{}, save.fetch,
-                                                adapted.weights_name, adapted.extra_files);
+  AdaptedModel adapted = adapt_model(*peft, specs, "");
+  AdaptedSave save = adapt_save(adapted.plan, [&](size_t j) { return tensors[j].detach().to(at::kCPU); });
+  save_state_dict_streamed(dir, save.specs, SaveOptions{}, save.fetch, adapted.weights_name, adapted.extra_files);
 }
 
 void load_lora(torch::nn::Module& model, const std::string& dir, const StateDictAdapter& adapter) {
-  const std::string fn = "booster::nn::load_lora: ";
-  refuse_tensor_parallel(model_lora(model, fn), fn);
+  const std::string fn = "booster::checkpoint::load_lora: ";
+  refuse_tensor_parallel(booster::nn::lora_layers(model, fn), fn);
   check_lora_adapter_config(model, dir, adapter);
   auto peft = lora_state_dict_adapter(model, "", adapter);
   const auto params = parameters_of(model);
   const auto& specs = params.first;
   const auto& tensors = params.second;
   const auto plan = peft->plan(specs);
-  booster::checkpoint::StateDict file = booster::checkpoint::load_state_dict(dir, peft->format().weights_name);
+  StateDict file = load_state_dict(dir, peft->format().weights_name);
   std::map<std::string, at::Tensor> by_name(file.begin(), file.end());
   std::vector<std::string> missing, bad_shape;
   struct Pending {
@@ -259,7 +264,7 @@ void load_lora(torch::nn::Module& model, const std::string& dir, const StateDict
   std::vector<Pending> copies;
   for (size_t j = 0; j < plan.size(); ++j) {
     if (plan[j].hf.empty()) continue;  // a base-model tensor
-    const booster::checkpoint::TensorSpec& h = plan[j].hf.at(0);
+    const TensorSpec& h = plan[j].hf.at(0);
     auto it = by_name.find(h.name);
     if (it == by_name.end()) {
       missing.push_back(h.name);
@@ -273,19 +278,19 @@ void load_lora(torch::nn::Module& model, const std::string& dir, const StateDict
       bad_shape.push_back(s.str());
       continue;
     }
-    copies.push_back({tensors[j], booster::checkpoint::from_hf(plan[j], {src})});
+    copies.push_back({tensors[j], from_hf(plan[j], {src})});
   }
   std::vector<std::string> unexpected;
   for (const auto& [k, v] : by_name) unexpected.push_back(k);
   if (!missing.empty() || !unexpected.empty() || !bad_shape.empty()) {
     std::string msg = fn + dir + " does not match the model's LoRA layers:";
-    if (!missing.empty()) msg += " missing " + join(missing) + ";";
-    if (!unexpected.empty()) msg += " unexpected " + join(unexpected) + ";";
-    if (!bad_shape.empty()) msg += " wrong shape " + join(bad_shape) + ";";
+    if (!missing.empty()) msg += " missing " + join_names(missing) + ";";
+    if (!unexpected.empty()) msg += " unexpected " + join_names(unexpected) + ";";
+    if (!bad_shape.empty()) msg += " wrong shape " + join_names(bad_shape) + ";";
     throw CheckpointError(msg);
   }
   torch::NoGradGuard no_grad;
   for (auto& p : copies) p.dst.copy_(p.src);
 }
 
-}  // namespace booster::nn
+}  // namespace booster::checkpoint
