@@ -18,7 +18,6 @@
 #include "booster/logging.h"
 #include "booster/plugin_loader.h"
 #include "booster_impl.h"
-#include "booster/optim/optimizer_state.h"
 
 namespace booster {
 
@@ -209,37 +208,22 @@ EstimateReport Booster::estimate_report(torch::nn::Module& model, torch::optim::
 }
 
 MemoryReport Booster::memory_report_of(torch::nn::Module& module, ModelHooks& hooks, OptimizerWrapper* optimizer) {
-  MemoryReport r;
-  if (optimizer) r = optimizer->memory_report();
   const bool accelerator = !impl_->device.is_cpu();
+  MemoryReportBuilder builder;
+  if (optimizer) optimizer->visit_memory(builder);
   std::set<const void*> seen;
+  bool model_on_device = false;
   for (const auto& p : module.parameters()) {
     if (!seen.insert(p.storage().unsafeGetStorageImpl()).second) continue;
-    const auto bytes = static_cast<int64_t>(p.storage().nbytes());
-    r.parameters += bytes;
-    if (!p.device().is_cpu()) r.parameters_on_device += bytes;
+    PlacedBytes b;
+    b.total = static_cast<int64_t>(p.storage().nbytes());
+    if (!p.device().is_cpu()) b.on_device = b.total;
+    model_on_device = model_on_device || !p.device().is_cpu();
+    builder.visit(MemoryCategory::kParameters, b);
   }
-  const bool model_on_device = r.parameters_on_device > 0;
   // The hooks' buffers (DDP's buckets) are made like the gradients, where the parameters are.
-  const int64_t hook_buffers = hooks.communication_buffer_bytes();
-  r.communication_buffers += hook_buffers;
-  if (model_on_device) r.communication_buffers_on_device += hook_buffers;
-  if (accelerator && optimizer && !r.located) {
-    // The wrapper did not say where its figures are: gradients and its buffers live with the model's
-    // parameters, master copies and optimizer states where the tensors the optimizer updates are.
-    r.gradients_on_device = model_on_device ? r.gradients : 0;
-    if (model_on_device) r.communication_buffers_on_device = r.communication_buffers;
-    const auto params = optimizer->parameters();
-    const auto& masters = optimizer->master_parameters();
-    PlacedBytes master;
-    for (size_t i = 0; i < masters.size() && i < params.size(); ++i)
-      if (masters[i].unsafeGetTensorImpl() != params[i].unsafeGetTensorImpl()) master.add(masters[i], true);
-    r.master_weights_on_device = master.on_device;
-    const PlacedBytes states = optimizer_state_places(optimizer->optimizer(), true, false);
-    r.optimizer_states_on_device = states.on_device;
-    r.pinned_host_bytes = master.pinned + states.pinned;
-    r.located = true;
-  }
+  builder.visit_planned(MemoryCategory::kCommunicationBuffers, hooks.communication_buffer_bytes(), model_on_device);
+  MemoryReport r = builder.report();
   r.host_cache_held = host_cache_stats().held_bytes;
   r.device = impl_->device.str();
   if (accelerator) {

@@ -119,19 +119,20 @@ void GeminiOptimizer::zero_grad() {
 }
 
 
-MemoryReport GeminiOptimizer::memory_report() const {
-  // Steady state as placed: what lives in memory (an offload file's share is not counted).
-  MemoryReport r;
+void GeminiOptimizer::visit_memory(MemoryVisitor& visitor) const {
+  // Steady state as placed: what lives in memory (an offload file's share is not counted). Gemini's
+  // chunks live in host memory.
   const bool disk = state_->offload_file() != nullptr;
   int64_t masters = 0;
   for (const auto& c : state_->chunks()) {
     const int64_t shard = c.flat->layout().shard_numel;
+    const int64_t compute = shard * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype()));
     if (!c.flat->is_aliased() && !(disk && c.param_tier == Tier::kOffload))
-      r.parameters += shard * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype()));
+      visitor.visit_planned(MemoryCategory::kParameters, compute, false);
     if (c.group < 0) continue;
-    r.gradients += shard * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype()));
+    visitor.visit_planned(MemoryCategory::kGradients, compute, false);
     if (!(disk && c.optim_tier == Tier::kOffload)) {
-      r.master_weights += shard * 4;
+      visitor.visit_planned(MemoryCategory::kMasterWeights, shard * 4, false);
       masters += shard;
     }
   }
@@ -140,8 +141,8 @@ MemoryReport GeminiOptimizer::memory_report() const {
   for (const auto& c : state_->chunks())
     if (c.group >= 0) total_masters += c.flat->layout().shard_numel;
   const int64_t planned = optimizer_state_bytes(*optimizer_);
-  r.optimizer_states = total_masters > 0 ? planned * masters / total_masters : 0;
-  return r;
+  visitor.visit_planned(MemoryCategory::kOptimizerStates, total_masters > 0 ? planned * masters / total_masters : 0,
+                        false);
 }
 
 }  // namespace booster::plugins::gemini

@@ -42,7 +42,7 @@ class GeminiOptimizer : public parallel::ShardOptimizer {
 
   bool step() override;
   void zero_grad() override;
-  MemoryReport memory_report() const override;
+  void visit_memory(MemoryVisitor& visitor) const override;
 
  protected:
   // The reduced gradient shards of the current chunks (bound or not yet).

@@ -4,7 +4,8 @@
 // pins nothing and says so in the plugin's stats, and the estimate places a "cuda" request's memory
 // on the device (a device column, CPU-only plugins not estimated) while a CPU request's table stays
 // as it was (the same on a GPU: tests/gpu/gpu_memory_test.cpp); and process_memory(): touching fresh
-// memory raises the resident size, the peak and the minor-fault count by what was touched.
+// memory raises the resident size, the peak and the minor-fault count by what was touched; the
+// memory visitor: MemoryReportBuilder's sums and a wrapper describing its parts to any visitor.
 #include "booster/core/memory.h"
 
 #include <gmock/gmock.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "booster/booster.h"
 #include "booster/core/memory_estimate.h"
@@ -84,6 +86,52 @@ TEST(MemoryReport, ADeviceReportSaysWhereTheModelStatesAreAndWhatTheAllocatorHol
   // The host cache's part stays between the CPU figures and the device part.
   r.host_cache_held = 1 << 20;
   EXPECT_THAT(r.to_string(), HasSubstr("model states 12.0 MiB; host cache holds 1.0 MiB free; on cuda:0: params"));
+}
+
+TEST(MemoryVisitor, TheBuilderSumsEachCategoryAndItsPlaces) {
+  booster::MemoryReportBuilder b;
+  EXPECT_TRUE(b.report().located);
+  booster::PlacedBytes grads;
+  grads.total = 100;
+  grads.on_device = 60;
+  grads.pinned = 30;
+  b.visit(booster::MemoryCategory::kGradients, grads);
+  b.visit_planned(booster::MemoryCategory::kGradients, 7, /*on_device=*/true);
+  b.visit_planned(booster::MemoryCategory::kOptimizerStates, 50, /*on_device=*/false, /*pinned=*/true);
+  b.visit_planned(booster::MemoryCategory::kCommunicationBuffers, 9, false, /*pinned=*/true);  // not a model state
+  b.visit(booster::MemoryCategory::kMasterWeights, torch::zeros({4, 8}), false);             // 128 bytes, host
+  b.visit(booster::MemoryCategory::kParameters, torch::Tensor(), false);                     // nothing
+  const booster::MemoryReport& r = b.report();
+  EXPECT_EQ(r.gradients, 107);
+  EXPECT_EQ(r.gradients_on_device, 67);
+  EXPECT_EQ(r.optimizer_states, 50);
+  EXPECT_EQ(r.optimizer_states_on_device, 0);
+  EXPECT_EQ(r.communication_buffers, 9);
+  EXPECT_EQ(r.master_weights, 128);
+  EXPECT_EQ(r.parameters, 0);
+  EXPECT_EQ(r.pinned_host_bytes, 80);  // the gradients' 30 and the states' 50
+}
+
+// A visitor of its own sees each part the wrapper holds, and memory_report() is their sum.
+TEST(MemoryVisitor, AWrapperDescribesItsPartsToAnyVisitor) {
+  struct Listing : booster::MemoryVisitor {
+    std::map<booster::MemoryCategory, std::vector<int64_t>> seen;
+    void visit(booster::MemoryCategory c, const booster::PlacedBytes& b) override { seen[c].push_back(b.total); }
+    using booster::MemoryVisitor::visit;
+  };
+  torch::manual_seed(0);
+  torch::nn::Linear fc(8, 4);  // weight 32 + bias 4 floats
+  auto opt = std::make_shared<torch::optim::AdamW>(fc->parameters(), torch::optim::AdamWOptions(1e-3));
+  booster::OptimizerWrapper wrapper(opt, nullptr);
+  Listing list;
+  wrapper.visit_memory(list);
+  EXPECT_EQ(list.seen[booster::MemoryCategory::kGradients], (std::vector<int64_t>{128, 16}));
+  EXPECT_EQ(list.seen[booster::MemoryCategory::kOptimizerStates], (std::vector<int64_t>{2 * 144}));  // planned
+  EXPECT_EQ(list.seen.count(booster::MemoryCategory::kMasterWeights), 0u);  // fp32: no master copies
+  const booster::MemoryReport r = wrapper.memory_report();
+  EXPECT_EQ(r.gradients, 144);
+  EXPECT_EQ(r.optimizer_states, 288);
+  EXPECT_TRUE(r.located);
 }
 
 TEST(ProcessMemory, TouchingFreshPagesShowsInRssPeakAndFaults) {

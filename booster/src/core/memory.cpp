@@ -9,6 +9,49 @@
 
 namespace booster {
 
+MemoryVisitor::~MemoryVisitor() = default;
+
+void MemoryVisitor::visit(MemoryCategory category, const at::Tensor& t, bool check_pinned) {
+  PlacedBytes b;
+  b.add(t, check_pinned);
+  if (b.total > 0) visit(category, b);
+}
+
+void MemoryVisitor::visit_planned(MemoryCategory category, int64_t bytes, bool on_device, bool pinned) {
+  PlacedBytes b;
+  b.total = bytes;
+  if (on_device) b.on_device = bytes;
+  else if (pinned) b.pinned = bytes;
+  visit(category, b);
+}
+
+void MemoryReportBuilder::visit(MemoryCategory category, const PlacedBytes& b) {
+  MemoryReport& r = report_;
+  switch (category) {
+    case MemoryCategory::kParameters:
+      r.parameters += b.total;
+      r.parameters_on_device += b.on_device;
+      break;
+    case MemoryCategory::kGradients:
+      r.gradients += b.total;
+      r.gradients_on_device += b.on_device;
+      break;
+    case MemoryCategory::kMasterWeights:
+      r.master_weights += b.total;
+      r.master_weights_on_device += b.on_device;
+      break;
+    case MemoryCategory::kOptimizerStates:
+      r.optimizer_states += b.total;
+      r.optimizer_states_on_device += b.on_device;
+      break;
+    case MemoryCategory::kCommunicationBuffers:
+      r.communication_buffers += b.total;
+      r.communication_buffers_on_device += b.on_device;
+      break;
+  }
+  if (category != MemoryCategory::kCommunicationBuffers) r.pinned_host_bytes += b.pinned;
+}
+
 void PlacedBytes::add(const at::Tensor& t, bool check_pinned) {
   if (!t.defined()) return;
   const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());

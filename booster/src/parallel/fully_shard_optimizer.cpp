@@ -71,22 +71,24 @@ void FullyShardOptimizer::zero_grad() {
 }
 
 
-MemoryReport FullyShardOptimizer::memory_report() const {
-  MemoryReport r;
-  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
+void FullyShardOptimizer::visit_memory(MemoryVisitor& visitor) const {
+  bool accelerator = false;
   for (const auto& s : state_->flats()) {
     FlatParameter& f = *s.flat;
+    accelerator = accelerator || !f.local_shard().device().is_cpu();
     if (f.is_aliased()) continue;  // the module's storage (Booster counts it)
     // The shard is the full-precision weight: "parameters" when the compute dtype is the same,
     // the master copy of the low-precision gathered parameters otherwise.
-    if (f.compute_dtype() == f.shard_dtype())
-      r.parameters += bytes(f.local_shard());
-    else
-      r.master_weights += bytes(f.local_shard());
+    visitor.visit(f.compute_dtype() == f.shard_dtype() ? MemoryCategory::kParameters : MemoryCategory::kMasterWeights,
+                  f.local_shard(), false);
   }
-  for (const auto& s : shards_) r.gradients += s.flat->layout().shard_numel * static_cast<int64_t>(s.flat->local_shard().element_size());
-  r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  return r;
+  for (const auto& s : shards_) {
+    const at::Tensor& shard = s.flat->local_shard();
+    visitor.visit_planned(MemoryCategory::kGradients,
+                          s.flat->layout().shard_numel * static_cast<int64_t>(shard.element_size()),
+                          !shard.device().is_cpu());
+  }
+  visitor.visit(MemoryCategory::kOptimizerStates, optimizer_state_places(*optimizer_, accelerator, false));
 }
 
 }  // namespace booster::parallel

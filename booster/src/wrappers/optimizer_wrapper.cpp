@@ -505,16 +505,24 @@ void OptimizerWrapper::sync_master_from_model() {
       master_params_[i].copy_(model_params_[i].detach());
 }
 
-MemoryReport OptimizerWrapper::memory_report() const {
-  MemoryReport r;
+void OptimizerWrapper::visit_memory(MemoryVisitor& visitor) const {
+  const bool accelerator = std::any_of(model_params_.begin(), model_params_.end(),
+                                       [](const at::Tensor& p) { return !p.device().is_cpu(); });
   for (size_t i = 0; i < model_params_.size(); ++i) {
     const at::Tensor& p = model_params_[i];
-    if (p.requires_grad()) r.gradients += p.numel() * static_cast<int64_t>(p.element_size());
+    if (p.requires_grad())
+      visitor.visit_planned(MemoryCategory::kGradients, p.numel() * static_cast<int64_t>(p.element_size()),
+                            !p.device().is_cpu());
     if (master_params_[i].unsafeGetTensorImpl() != p.unsafeGetTensorImpl())
-      r.master_weights += master_params_[i].numel() * static_cast<int64_t>(master_params_[i].element_size());
+      visitor.visit(MemoryCategory::kMasterWeights, master_params_[i], accelerator);
   }
-  r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  return r;
+  visitor.visit(MemoryCategory::kOptimizerStates, optimizer_state_places(*optimizer_, accelerator, false));
+}
+
+MemoryReport OptimizerWrapper::memory_report() const {
+  MemoryReportBuilder builder;
+  visit_memory(builder);
+  return builder.report();
 }
 
 }  // namespace booster

@@ -428,43 +428,29 @@ void ZeroOptimizer::sync_master_from_model() {
     if (!g->master_is_shard) g->master.copy_(g->shard);
 }
 
-MemoryReport ZeroOptimizer::memory_report() const {
-  MemoryReport r;
-  r.located = true;
+void ZeroOptimizer::visit_memory(MemoryVisitor& visitor) const {
   const bool pinned = offload_ != nullptr;  // pinned host memory exists only beside an accelerator
   // Gradients and buckets live where the model's parameters are.
   bool model_on_device = false;
   for (const auto& g : groups_)
     if (!g->params.empty()) model_on_device = model_on_device || !g->flat.device().is_cpu();
   const int64_t buckets = reducer_->resident_bucket_bytes();
-  PlacedBytes master, grads;
   for (const auto& g : groups_) {
-    if (!g->master_is_shard) master.add(g->master, pinned);
-    if (zero_.stage == 2) grads.add(g->grad_shard, pinned);
+    if (!g->master_is_shard) visitor.visit(MemoryCategory::kMasterWeights, g->master, pinned);
+    if (zero_.stage == 2) visitor.visit(MemoryCategory::kGradients, g->grad_shard, false);
   }
-  r.master_weights = master.total;
-  r.master_weights_on_device = master.on_device;
-  r.gradients = grads.total;
-  r.gradients_on_device = grads.on_device;
-  if (zero_.stage == 1) {
-    if (grads_are_buckets_) {
-      r.gradients = buckets;  // the buckets are the gradients
-      r.gradients_on_device = model_on_device ? buckets : 0;
-    } else {
-      for (const auto& g : groups_)
-        for (const auto& p : g->params) r.gradients += bytes_of(p);
-      r.gradients_on_device = model_on_device ? r.gradients : 0;
-      r.communication_buffers = buckets;
-    }
+  if (zero_.stage == 1 && grads_are_buckets_) {
+    visitor.visit_planned(MemoryCategory::kGradients, buckets, model_on_device);  // the buckets are the gradients
   } else {
-    r.communication_buffers = buckets;
+    if (zero_.stage == 1) {
+      int64_t grads = 0;
+      for (const auto& g : groups_)
+        for (const auto& p : g->params) grads += bytes_of(p);
+      visitor.visit_planned(MemoryCategory::kGradients, grads, model_on_device);
+    }
+    visitor.visit_planned(MemoryCategory::kCommunicationBuffers, buckets, model_on_device);
   }
-  r.communication_buffers_on_device = model_on_device ? r.communication_buffers : 0;
-  r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  const PlacedBytes states = optimizer_state_places(*optimizer_, pinned, pinned);
-  r.optimizer_states_on_device = states.on_device;
-  r.pinned_host_bytes = master.pinned + states.pinned;
-  return r;
+  visitor.visit(MemoryCategory::kOptimizerStates, optimizer_state_places(*optimizer_, pinned, pinned));
 }
 
 }  // namespace booster

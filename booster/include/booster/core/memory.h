@@ -58,10 +58,9 @@ struct BOOSTER_API MemoryReport {
   // Of the model states in host memory, the bytes in page-locked (pinned) memory: what copies to and
   // from the device asynchronously (ZeRO cpu_offload on a GPU: the master slices and their states).
   int64_t pinned_host_bytes = 0;
-  // true when the producer (an optimizer wrapper's memory_report) filled the *_on_device split of
-  // gradients, master weights, optimizer states and its communication buffers itself; otherwise
-  // Booster::memory_report places them where the optimizer's tensors are (gradients and buffers
-  // with the model's parameters, master weights and states with what the optimizer updates).
+  // true when the *_on_device split is filled in: every report built from visits
+  // (MemoryReportBuilder: OptimizerWrapper::memory_report, Booster::memory_report) is; a report
+  // assembled by hand may leave it false.
   bool located = false;
 
   // ---- The device (filled in by Booster::memory_report for the Booster's device).
@@ -89,6 +88,39 @@ struct BOOSTER_API MemoryReport {
   // buffers ...; model states ... MiB; on the host: model states ... MiB (... MiB pinned); cuda:0
   // allocator: allocated ... MiB (peak ...), reserved ... MiB (peak ...)".
   std::string to_string() const;
+};
+
+// The model-state figures of a MemoryReport.
+enum class MemoryCategory { kParameters, kGradients, kMasterWeights, kOptimizerStates, kCommunicationBuffers };
+
+// Receives the memory a component holds, category by category (the Visitor pattern, Gamma et al.):
+// the optimizer wrappers (OptimizerWrapper::visit_memory), the model hooks and the Booster describe
+// their tensors to it, each placed (PlacedBytes), and what is built from the visits is the
+// visitor's business (MemoryReportBuilder sums a MemoryReport).
+class BOOSTER_API MemoryVisitor {
+ public:
+  virtual ~MemoryVisitor();
+  // `bytes` of `category`: total, the part in device memory, the part in pinned host memory.
+  virtual void visit(MemoryCategory category, const PlacedBytes& bytes) = 0;
+  // One tensor (undefined: nothing): PlacedBytes::add(t, check_pinned).
+  void visit(MemoryCategory category, const at::Tensor& t, bool check_pinned);
+  // `bytes` not yet allocated (planned), placed on a device when `on_device`, else in host memory
+  // (pinned when `pinned`).
+  void visit_planned(MemoryCategory category, int64_t bytes, bool on_device, bool pinned = false);
+};
+
+// Sums the visits into a MemoryReport: each category's total and its *_on_device part, the pinned
+// parts of the model states into pinned_host_bytes, and located = true (every figure was placed by its producer).
+class BOOSTER_API MemoryReportBuilder : public MemoryVisitor {
+ public:
+  MemoryReportBuilder() { report_.located = true; }
+  void visit(MemoryCategory category, const PlacedBytes& bytes) override;
+  using MemoryVisitor::visit;
+  const MemoryReport& report() const { return report_; }
+  MemoryReport& report() { return report_; }
+
+ private:
+  MemoryReport report_;
 };
 
 // This process's host memory, read from /proc/self/status (VmRSS, VmHWM) and getrusage (minor

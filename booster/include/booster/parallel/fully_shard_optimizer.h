@@ -40,7 +40,7 @@ class BOOSTER_API FullyShardOptimizer : public ShardOptimizer {
   void zero_grad() override;
   double clip_grad_by_norm(double max_norm, double norm_type = 2.0) override;
   void clip_grad_by_value(double clip_value) override;
-  MemoryReport memory_report() const override;
+  void visit_memory(MemoryVisitor& visitor) const override;
 
  protected:
   // Replicated shards (HYBRID_SHARD, NO_SHARD) are saved from replica 0 only.

@@ -125,10 +125,15 @@ class BOOSTER_API OptimizerWrapper : public checkpoint::CheckpointableOptimizer 
   // The model's weights changed outside step() (load_model): refresh the fp32 master copies from
   // them. No-op without master copies.
   virtual void sync_master_from_model();
-  // Steady-state bytes this wrapper accounts for (see core/memory.h): gradients, master weights,
-  // optimizer states (actual tensors once stepped, else planned from the optimizer type and options),
-  // communication buffers it owns. `parameters` is left 0 (Booster counts the module's).
-  virtual MemoryReport memory_report() const;
+  // Describes to `visitor` (core/memory.h) the steady-state memory this wrapper accounts for, each
+  // part placed where it lives: gradients, master weights, optimizer states (actual tensors once
+  // stepped, else planned from the optimizer type and options), communication buffers it owns, and
+  // parameters only where the wrapper holds them instead of the module (a shard). Default: the
+  // parameters' gradients (planned for those without one yet) with the parameters, master copies
+  // and the optimizer's states where they are.
+  virtual void visit_memory(MemoryVisitor& visitor) const;
+  // The visits summed (MemoryReportBuilder).
+  MemoryReport memory_report() const;
 
  protected:
   // Gradients this rank contributes to the global norm and the overflow check. Default: the model

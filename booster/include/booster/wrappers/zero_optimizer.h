@@ -103,7 +103,7 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
   // Located (core/memory.h): the parameters' gradients, buckets and (without cpu_offload) the master
   // slices and states where the model is; with cpu_offload the master slices and states in host
   // memory, counted as pinned on an accelerator (planned states too: they are pinned once created).
-  MemoryReport memory_report() const override;
+  void visit_memory(MemoryVisitor& visitor) const override;
 
   // Stage 1 only: false inside no_sync (gradients accumulate locally). Throws std::logic_error in
   // stage 2 (each backward reduces into the gradient shard; use stage 1 for no_sync).
