@@ -59,6 +59,7 @@ OptimizerWrapper::OptimizerWrapper(std::shared_ptr<torch::optim::Optimizer> opti
                                 "AdamW, RMSprop, Adagrad or an optimizer registered with booster::register_optimizer");
   if (options_.max_norm < 0) throw std::invalid_argument("booster: max_norm must be >= 0 (0 = no clipping)");
   if (!(options_.norm_type > 0)) throw std::invalid_argument("booster: norm_type must be > 0 (2.0 or inf)");
+  if (options_.scaler) loss_scaling_ = std::make_unique<mixed_precision::LossScaling>(options_.scaler, options_.group);
   for (auto& group : optimizer_->param_groups()) {
     group_sizes_.push_back(group.params().size());
     for (auto& p : group.params()) {
@@ -80,13 +81,15 @@ void OptimizerWrapper::backward(const torch::Tensor& loss) {
   if (!loss.requires_grad())
     throw std::invalid_argument("booster: backward(): the loss does not require grad (computed under NoGradGuard, "
                                 "or from a model in eval mode with frozen parameters?)");
-  torch::Tensor scaled = options_.scaler ? loss * options_.scaler->scale() : loss;
+  torch::Tensor scaled = loss_scaling_ ? loss_scaling_->scale_loss(loss) : loss;
   if (hooks_) hooks_->backward(scaled);
   else scaled.backward();
   unscaled_ = false;
 }
 
-double OptimizerWrapper::loss_scale() const { return options_.scaler ? options_.scaler->scale() : 1.0; }
+double OptimizerWrapper::loss_scale() const { return loss_scaling_ ? loss_scaling_->scale() : 1.0; }
+
+int64_t OptimizerWrapper::skipped_steps() const { return loss_scaling_ ? loss_scaling_->skipped_steps() : 0; }
 
 std::vector<torch::Tensor> OptimizerWrapper::parameters() const { return model_params_; }
 
@@ -242,15 +245,15 @@ static double fused_unscale_clip(const std::vector<torch::Tensor>& grads, double
 }
 
 void OptimizerWrapper::unscale_once() {
-  if (!options_.scaler || unscaled_) return;
-  mixed_precision::unscale_grads(local_gradients(), 1.0 / options_.scaler->scale());
+  if (!loss_scaling_ || unscaled_) return;
+  mixed_precision::unscale_grads(local_gradients(), 1.0 / loss_scaling_->scale());
   unscaled_ = true;
 }
 
 double OptimizerWrapper::clip_grad_by_norm(double max_norm, double norm_type) {
   if (!(max_norm > 0)) throw std::invalid_argument("booster: clip_grad_by_norm: max_norm must be > 0");
   if (!(norm_type > 0)) throw std::invalid_argument("booster: clip_grad_by_norm: norm_type must be > 0 (2.0 or inf)");
-  double inv_scale = (options_.scaler && !unscaled_) ? 1.0 / options_.scaler->scale() : 1.0;
+  double inv_scale = (loss_scaling_ && !unscaled_) ? 1.0 / loss_scaling_->scale() : 1.0;
   double scaled = global_grad_norm(norm_type);
   last_grad_norm_ = fused_unscale_clip(local_gradients(), scaled, inv_scale, max_norm);
   last_grad_norm_device_ = at::Tensor();
@@ -271,27 +274,27 @@ bool OptimizerWrapper::step() {
 
 bool OptimizerWrapper::step_with(const std::function<void(torch::optim::Optimizer&)>& update) {
   at::NoGradGuard no_grad;
-  if (options_.scaler) {
-    double overflow = mixed_precision::has_inf_or_nan(local_gradients()) ? 1.0 : 0.0;
-    if (options_.group && options_.group->size() > 1)
-      overflow = options_.group->allreduce_scalar(overflow, dist::ReduceOp::MAX);
-    if (overflow > 0) {
-      options_.scaler->update(true);
-      ++skipped_steps_;
-      zero_grad();
-      unscaled_ = false;
-      return false;
-    }
+  if (!loss_scaling_) {
+    clip_and_update(1.0, update);
+    return true;
   }
+  // The loss scaler decorates the step: overflow agreed over the group, skip or run with 1/scale.
+  return loss_scaling_->step(
+      local_gradients(), unscaled_, [&](double inv_scale) { clip_and_update(inv_scale, update); },
+      [&] {
+        zero_grad();
+        unscaled_ = false;
+      });
+}
+
+void OptimizerWrapper::clip_and_update(double inv_scale, const std::function<void(torch::optim::Optimizer&)>& update) {
   if (options_.max_norm > 0) {
     // On a device: without a host synchronisation (the norm stays there until last_grad_norm()).
-    const double inv_scale = (options_.scaler && !unscaled_) ? 1.0 / options_.scaler->scale() : 1.0;
     if (clip_on_device(options_.max_norm, options_.norm_type, inv_scale)) unscaled_ = true;
     else clip_grad_by_norm(options_.max_norm, options_.norm_type);
   } else {
     unscale_once();
   }
-  if (options_.scaler) options_.scaler->update(false);
   for (size_t i = 0; i < model_params_.size(); ++i) {
     if (master_params_[i].unsafeGetTensorImpl() == model_params_[i].unsafeGetTensorImpl()) continue;
     at::Tensor g = model_params_[i].grad();
@@ -303,7 +306,6 @@ bool OptimizerWrapper::step_with(const std::function<void(torch::optim::Optimize
     if (master_params_[i].unsafeGetTensorImpl() != model_params_[i].unsafeGetTensorImpl())
       model_params_[i].detach().copy_(master_params_[i]);
   unscaled_ = false;
-  return true;
 }
 
 void OptimizerWrapper::zero_grad() {
@@ -330,8 +332,10 @@ void OptimizerWrapper::zero_grad() {
 
 OptimizerWrapperState OptimizerWrapper::state_dict() const {
   OptimizerWrapperState s;
-  if (options_.scaler) s.scaler = options_.scaler->state_dict();
-  s.skipped_steps = skipped_steps_;
+  if (loss_scaling_) {
+    s.scaler = loss_scaling_->scaler_state();
+    s.skipped_steps = loss_scaling_->skipped_steps();
+  }
   return s;
 }
 
@@ -341,8 +345,7 @@ void OptimizerWrapper::load_state_dict(const OptimizerWrapperState& state) {
                                 (state.scaler ? "has loss-scaler state but this optimizer has no loss scaler"
                                               : "has no loss-scaler state but this optimizer uses a loss scaler") +
                                 " (saved with another mixed_precision setting?)");
-  if (state.scaler) options_.scaler->load_state_dict(*state.scaler);
-  skipped_steps_ = state.skipped_steps;
+  if (state.scaler) loss_scaling_->load(*state.scaler, state.skipped_steps);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
-// optimizer_wrapper.h — the boosted optimizer: backward through the plugin (with loss scaling),
-// step (unscale, inf/nan check agreed across ranks, skip on overflow, clip, update, copy fp32 master
-// weights back), zero_grad, gradient clipping, state. Plugins that shard optimizer state (ZeRO,
-// Gemini, FSDP) derive from it and override the protected hooks.
+// optimizer_wrapper.h — the boosted optimizer, split along its jobs: it is the stepper (backward
+// through the plugin's hooks; step = clip, update, copy fp32 master weights back; zero_grad,
+// gradient clipping), decorated by the loss scaler when there is one (mixed_precision/
+// loss_scaling.h: scaled loss, inf/nan agreed across ranks, skip on overflow, unscale); it
+// implements the checkpoint capability (checkpoint/checkpointable_optimizer.h) and describes its
+// memory to a visitor (core/memory.h). Plugins that shard optimizer state (ZeRO, Gemini, FSDP)
+// derive from it and override the protected hooks.
 //
 // Semantics follow ColossalAI's MixedPrecisionOptimizer (colossalai/amp/naive_amp/
 // mixed_precision_optimizer.py) and torch.nn.utils.clip_grad_norm_.
@@ -21,6 +24,7 @@
 #include "booster/core/memory.h"
 #include "booster/export.h"
 #include "booster/mixed_precision/grad_scaler.h"
+#include "booster/mixed_precision/loss_scaling.h"
 
 namespace booster {
 class ModelHooks;
@@ -85,7 +89,8 @@ class BOOSTER_API OptimizerWrapper : public checkpoint::CheckpointableOptimizer 
   double last_grad_norm() const;
   // The current loss scale (1.0 without a scaler).
   double loss_scale() const;
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // Steps skipped on an overflow (always 0 without a loss scaler).
+  int64_t skipped_steps() const;
   const OptimizerWrapperOptions& options() const { return options_; }
 
   // ---- checkpoint::CheckpointableOptimizer (contracts in checkpoint/checkpointable_optimizer.h).
@@ -178,6 +183,10 @@ class BOOSTER_API OptimizerWrapper : public checkpoint::CheckpointableOptimizer 
   // else as step(): overflow skip, clipping, master copies). ZeRO's cpu_offload passes the CPU Adam
   // kernel (optim/cpu_adam.h).
   bool step_with(const std::function<void(torch::optim::Optimizer&)>& update);
+  // The stepper's part of a step, which the loss scaler decorates: divide the gradients by
+  // 1 / inv_scale while clipping them to max_norm (or just divide), widen them into the fp32 master
+  // copies, update(wrapped optimizer), copy the masters back into the model.
+  void clip_and_update(double inv_scale, const std::function<void(torch::optim::Optimizer&)>& update);
   // Global norm of local_gradients() (see clip_grad_by_norm).
   double global_grad_norm(double norm_type);
   // step()'s unscale + clip when every gradient (norm_gradients() and local_gradients()) is on one
@@ -198,7 +207,8 @@ class BOOSTER_API OptimizerWrapper : public checkpoint::CheckpointableOptimizer 
   bool unscaled_ = false;
   mutable double last_grad_norm_;
   mutable at::Tensor last_grad_norm_device_;  // step()'s norm on its device until last_grad_norm() reads it
-  int64_t skipped_steps_ = 0;
+  // The loss scaler decorating step() (mixed_precision/loss_scaling.h); null without a scaler.
+  std::unique_ptr<mixed_precision::LossScaling> loss_scaling_;
 };
 
 namespace detail {
