@@ -325,7 +325,7 @@ class HybridParallelPlugin : public Plugin {
     return t;
   }
 
-  // hybrid_estimate.h's rows, with this plugin's default zero_bucket_size_in_m.
+  // hybrid_estimate.h's rows, with this plugin's default zero_bucket_size_in_m (in elements).
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     return hybrid_estimate_memory(r, static_cast<int64_t>(HybridOptions{}.zero_bucket_size_in_m * (1 << 20)));
   }

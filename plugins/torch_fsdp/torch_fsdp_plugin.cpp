@@ -152,17 +152,15 @@ class TorchFSDPPlugin : public Plugin {
     return t;
   }
 
-  // ZeRO-3 (Rajbhandari et al.; PyTorch FSDP, Zhao et al., VLDB 2023): fp32 shards of the
-  // parameters, gradients and optimizer states over the shard group S, plus while an iteration runs
-  // the gathered units in param_dtype (FULL_SHARD / HYBRID_SHARD: the unit in backward and the one
-  // BACKWARD_PRE prefetches; SHARD_GRAD_OP: every unit, kept from forward to backward) and two
-  // full-size fp32 gradients of the unit being reduced (autograd's and the flat one); or the step's
-  // temporaries on a unit's shard, whichever is more. Rows: FULL_SHARD, SHARD_GRAD_OP and, from 4
-  // ranks, HYBRID_SHARD over two groups of world/2 ranks.
+  // ZeRO-3 (Rajbhandari et al.; PyTorch FSDP, Zhao et al., VLDB 2023), core/memory_estimate.h's
+  // fully_sharded_estimate: fp32 shards of the parameters, gradients and optimizer states over the
+  // shard group S, plus while an iteration runs the gathered units in param_dtype (FULL_SHARD /
+  // HYBRID_SHARD: the unit in backward and the one BACKWARD_PRE prefetches; SHARD_GRAD_OP: every
+  // unit, kept from forward to backward) and two full-size fp32 gradients of the unit being reduced
+  // (autograd's and the flat one); or the step's temporaries on a unit's shard, whichever is more.
+  // Rows: FULL_SHARD, SHARD_GRAD_OP and, from 4 ranks, HYBRID_SHARD over two groups of world/2 ranks.
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     if (r.precision != "fp32" && r.precision != "bf16") return {};
-    const int64_t gathered_bytes = precision_bytes(r.precision);
-    const int64_t U = r.largest_unit;
     struct Row {
       std::string strategy;
       int64_t shard_group;
@@ -171,36 +169,24 @@ class TorchFSDPPlugin : public Plugin {
     if (r.world_size >= 4 && r.world_size % 2 == 0) rows.push_back({"HYBRID_SHARD", r.world_size / 2});
     std::vector<MemoryEstimate> out;
     for (const Row& row : rows) {
-      const int64_t S = row.shard_group;
-      const int64_t shard = (r.parameters + S - 1) / S;
-      MemoryEstimate e;
-      e.states.parameters = 4 * shard + r.buffer_bytes;
-      e.states.gradients = 4 * shard;
-      e.states.optimizer_states =
-          static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * static_cast<double>(shard) + 0.5);
-      // A shard group of one rank in fp32 computes on the shard itself (FlatParameter aliases it).
-      const bool aliased = S == 1 && r.precision == "fp32";
-      const int64_t gathered = aliased                           ? 0
-                               : row.strategy == "SHARD_GRAD_OP" ? r.parameters * gathered_bytes
-                                                                 : std::min(2 * U, r.parameters) * gathered_bytes;
-      const int64_t backward = gathered + 2 * 4 * U + (row.strategy == "HYBRID_SHARD" ? 4 * ((U + S - 1) / S) : 0);
-      const int64_t step = optimizer_step_temporaries(r.optimizer_state_bytes_per_parameter, (U + S - 1) / S);
-      e.transient = std::max(backward, step);
-      e.activations = r.activation_bytes;
-      e.communication_volume = row.strategy == "SHARD_GRAD_OP" ? 2 : 3;
+      FullyShardedSchedule schedule;
+      schedule.shard_group = row.shard_group;
+      schedule.gathered_bytes = precision_bytes(r.precision);
+      schedule.keep_gathered = row.strategy == "SHARD_GRAD_OP";
+      // HYBRID_SHARD's volume is 3Ψ within the shard group, plus the 2Ψ/S allreduce across replicas.
+      schedule.replicated = row.strategy == "HYBRID_SHARD";
+      MemoryEstimate e = fully_sharded_estimate(r, r.parameters, r.largest_unit, schedule);
       e.configuration = "sharding_strategy = \"" + row.strategy + "\"";
       e.options = {"sharding_strategy=\"" + row.strategy + "\""};
       if (row.strategy == "HYBRID_SHARD") {
-        e.configuration += ", shard_group_size = " + std::to_string(S);
-        e.options.push_back("shard_group_size=" + std::to_string(S));
-        e.communication_volume = 3;  // within the shard group; plus the 2Ψ/S allreduce across replicas
+        e.configuration += ", shard_group_size = " + std::to_string(row.shard_group);
+        e.options.push_back("shard_group_size=" + std::to_string(row.shard_group));
       }
       if (r.precision == "bf16") {
         e.configuration += ", param_dtype = \"bf16\"";
         e.options.push_back("mixed_precision.param_dtype=\"bf16\"");
       }
       if (r.units == 0) e.note = "the model has no nn::Unit: it is one unit, gathered whole";
-      place_on_device(r, e);  // on cuda everything above lives in device memory
       out.push_back(std::move(e));
     }
     return out;

@@ -22,7 +22,7 @@ LAYERS = [
     ("communication", ["dist"]),
     ("flat storage", ["core"]),
     ("model pieces", ["nn", "data"]),
-    ("optimizers", ["optim", "lr_scheduler.h", "mixed_precision/grad_scaler.h"]),
+    ("optimizers", ["optim", "lr_scheduler.h", "mixed_precision/grad_scaler.h", "mixed_precision/loss_scaling.h"]),
     ("checkpoint formats", ["checkpoint"]),
     ("wrappers", ["wrappers"]),
     ("parallelisms", ["parallel"]),
@@ -55,8 +55,8 @@ def key_of(rel):
         return stem
     if len(parts) == 2 and parts[0] == "mixed_precision" and parts[1] in SOURCE_HEADER:
         return SOURCE_HEADER[parts[1]]
-    if parts[0] == "mixed_precision":
-        return "mixed_precision/precision.h" if "precision" in parts[-1] else "mixed_precision/grad_scaler.h"
+    if parts[0] == "mixed_precision" and stem not in RANK:
+        return stem  # a new mixed_precision header: give it a layer above
     return parts[0]
 
 

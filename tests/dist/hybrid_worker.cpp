@@ -12,10 +12,16 @@
 //   plugin=NAME set=key=value (repeatable; config overrides)
 //   scenario=errors: 2 ranks; each bad input below is tried on every rank and "<case>: <message>"
 //   (or "<case>: no error") appended to out/rank<r>.err
+//   scenario=rows precision=P: the estimate's zero_stage 2 and 3 rows for the dense TinyLM on this
+//   world against what the plugin accepts (see run_rows)
+//   estimate_row=CONFIGURATION: also write out/rank<r>.memory, the memory report after boost()
+//   (planned_*) and after the steps (actual_*) beside that hybrid_parallel estimate row's figures
+//   (estimate_*; the dense TinyLM described as `booster estimate` does, AdamW)
 // Results: DIR/model (the trained model, booster.save_model), DIR/rank<r>.txt ("loss <step> <v>" on
 // the last stage, "norm <step> <v>" with max_norm).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -25,6 +31,7 @@
 
 #include "booster/booster.h"
 #include "booster/data/dataset.h"
+#include "booster/estimate.h"
 #include "dist/hybrid_common.h"
 
 using namespace booster::testing;
@@ -146,8 +153,98 @@ int run_errors() {
   return 0;
 }
 
+// One training step of a boosted TinyLM on rows [dp rank's share] of the batch; returns the loss
+// (undefined off the last pipeline stage).
+template <typename Model, typename Optimizer, typename Criterion>
+torch::Tensor train_step(booster::Booster& booster, Model& model, Optimizer& opt, const Criterion& criterion,
+                         const torch::Tensor& tokens, const torch::Tensor& targets) {
+  const auto dp = booster.plugin().data_parallel_group();
+  const int64_t share = tokens.size(0) / dp->size();
+  auto x = tokens.narrow(0, dp->rank() * share, share).to(booster.device());
+  auto y = targets.narrow(0, dp->rank() * share, share).to(booster.device());
+  const auto stats = model.hooks().stats();
+  torch::Tensor loss;
+  if (stats.count("pp_size") && stats.at("pp_size") > 1) {
+    loss = booster.execute_pipeline(x, y, model, criterion, opt.get()).loss;
+  } else {
+    loss = criterion(model.forward(x), y);
+    booster.backward(loss, *opt);
+  }
+  opt->step();
+  return loss;
+}
+
+// Candidates: every zero_stage 2 and 3 configuration (with the settings the estimate's rows use:
+// num_microbatches = pp, zbv's 2 chunks and 2 * pp) on the meshes the estimate covers (tp * pp > 1
+// or all_to_all) with more than one data-parallel replica, including the ones the plugin refuses.
+// Each is boosted and trained one step; "accepted" when that worked. Writes out/rank<r>.rows.
+int run_rows() {
+  const std::string precision = "precision=\"" + arg("precision", "fp32") + "\"";
+  auto config_with = [](const std::vector<std::string>& options) {
+    std::string table;
+    for (const auto& o : options) table += o + "\n";
+    return booster::Config::from_string("[booster]\nplugin = \"hybrid_parallel\"\n[distributed]\ntimeout_s = 60\n"
+                                        "threads_per_rank = 1\n[plugin]\n" + table);
+  };
+  auto canonical = [](std::vector<std::string> options) {
+    std::sort(options.begin(), options.end());
+    std::string s;
+    for (const auto& o : options) s += (s.empty() ? "" : " ") + o;
+    return s;
+  };
+  std::vector<std::string> no_args;
+  auto world = booster::launch_from_config(config_with({precision}), no_args);
+  const int ws = world->size();
+  std::ofstream out(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".rows");
+  {
+    booster::Booster b(config_with({precision}));
+    TinyLM dense;  // tp = 1: the model as `booster estimate` describes it
+    auto adamw = make_lm_optimizer("adamw", dense->parameters());
+    booster::EstimateRequest request = booster::describe_model(*dense, adamw.get());
+    request.world_size = ws;
+    request.precision = arg("precision", "fp32");
+    for (const auto& e : b.plugin().estimate_memory(request))
+      for (const char* zero : {"zero_stage=2", "zero_stage=3"})
+        if (std::find(e.options.begin(), e.options.end(), zero) != e.options.end())
+          out << "row " << canonical(e.options) << "\n";
+  }
+  const auto data = make_token_batches(1, 8, 11);
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 2, 4}) {
+      if (ws % (tp * pp) != 0 || ws / (tp * pp) < 2) continue;
+      for (const std::string mode : {"", "split_gather", "all_to_all"})
+        for (int sp : {1, 2, 4}) {
+          if ((mode == "all_to_all") != (sp > 1) || (tp * pp == 1 && mode != "all_to_all")) continue;
+          for (bool zbv : {false, true})
+            for (int zero : {2, 3}) {
+              std::vector<std::string> o{"tp_size=" + std::to_string(tp), "pp_size=" + std::to_string(pp),
+                                         "zero_stage=" + std::to_string(zero), precision};
+              if (zbv) o.insert(o.end(), {"pp_style=\"zbv\"", "num_model_chunks=2"});
+              if (pp > 1) o.push_back("num_microbatches=" + std::to_string(zbv ? 2 * pp : pp));
+              if (!mode.empty())
+                o.insert(o.end(), {"enable_sequence_parallelism=true", "sequence_parallelism_mode=\"" + mode + "\""});
+              if (sp > 1) o.push_back("sp_size=" + std::to_string(sp));
+              std::string verdict = "accepted";
+              try {
+                booster::Booster b(config_with(o));
+                torch::manual_seed(7);
+                TinyLM net(b.tensor_parallel_context());
+                auto [model, opt, criterion, loader, scheduler] = b.boost(
+                    net, make_lm_optimizer("adamw", net->parameters()), tiny_lm_criterion(b.tensor_parallel_context()));
+                train_step(b, model, opt, criterion, data.tokens[0], data.targets[0]);
+              } catch (const std::exception&) {
+                verdict = "refused";
+              }
+              out << verdict << " " << canonical(o) << "\n";
+            }
+        }
+    }
+  return 0;
+}
+
 int run() {
   if (arg("scenario", "train") == "errors") return run_errors();
+  if (arg("scenario", "train") == "rows") return run_rows();
   auto config = booster::Config::from_string("[booster]\nplugin = \"" + arg("plugin", "hybrid_parallel") +
                                              "\"\n[distributed]\ntimeout_s = 60\nthreads_per_rank = 1\n");
   config.apply_overrides(overrides);
@@ -172,26 +269,26 @@ int run() {
     booster.load_model(model, arg("load", "") + "/model");
     booster.load_optimizer(*opt, arg("load", "") + "/optimizer");
   }
+  std::map<std::string, int64_t> memory;  // estimate_row: the reports and the row's figures
+  auto note_report = [&](const std::string& when) {
+    const booster::MemoryReport m = booster.memory_report(model, opt.get());
+    memory[when + "_parameters"] = m.parameters;
+    memory[when + "_gradients"] = m.gradients;
+    memory[when + "_master_weights"] = m.master_weights;
+    memory[when + "_optimizer_states"] = m.optimizer_states;
+  };
+  if (!arg("estimate_row", "").empty()) note_report("planned");
   const auto dp = booster.plugin().data_parallel_group();
   const int64_t steps = iarg("steps", 3), batch = iarg("batch", 8), first = iarg("first_step", 0);
   const int64_t short_step = iarg("short_step", -1);
   const auto data = make_token_batches(first + steps, batch, 11);
-  const int64_t share = batch / dp->size();
   const bool pipelined = model.hooks().stats().count("pp_size") && model.hooks().stats().at("pp_size") > 1;
   std::ofstream log(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".txt");
   log << std::setprecision(17);
   for (int64_t s = first; s < first + steps; ++s) {
     const int64_t seq = s == short_step ? kSeq / 2 : kSeq;
-    auto x = data.tokens[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq).to(booster.device());
-    auto y = data.targets[s].narrow(0, dp->rank() * share, share).narrow(1, 0, seq).to(booster.device());
-    torch::Tensor loss;
-    if (pipelined) {
-      loss = booster.execute_pipeline(x, y, model, criterion, opt.get()).loss;
-    } else {
-      loss = criterion(model.forward(x), y);
-      booster.backward(loss, *opt);
-    }
-    opt->step();
+    torch::Tensor loss =
+        train_step(booster, model, opt, criterion, data.tokens[s].narrow(1, 0, seq), data.targets[s].narrow(1, 0, seq));
     // The mean over the data-parallel ranks' shares: the loss of the whole global batch.
     if (loss.defined())
       log << "loss " << s << " " << dp->allreduce_scalar(loss.item<double>(), booster::dist::ReduceOp::SUM) / dp->size()
@@ -199,7 +296,24 @@ int run() {
     if (opt->options().max_norm > 0) log << "norm " << s << " " << opt->last_grad_norm() << "\n";
     if (pipelined) log << "shm_messages " << s << " " << model.hooks().stats().at("pipeline_shm_messages") << "\n";
     if (pipelined) log << "w_fallbacks " << s << " " << model.hooks().stats().at("pipeline_w_fallbacks") << "\n";
+    if (s + 1 == first + steps && !arg("estimate_row", "").empty()) note_report("actual");  // gradients still held
     opt->zero_grad();
+  }
+  if (!arg("estimate_row", "").empty()) {
+    TinyLM dense;  // tp = 1: the model as `booster estimate` describes it
+    auto adamw = make_lm_optimizer("adamw", dense->parameters());
+    booster::EstimateRequest request = booster::describe_model(*dense, adamw.get());
+    request.world_size = world->size();
+    request.precision = config.section("plugin").get_string("precision", "fp16");
+    for (const auto& e : booster.plugin().estimate_memory(request))
+      if (e.configuration == arg("estimate_row", "")) {
+        memory["estimate_parameters"] = e.states.parameters;
+        memory["estimate_gradients"] = e.states.gradients;
+        memory["estimate_master_weights"] = e.states.master_weights;
+        memory["estimate_optimizer_states"] = e.states.optimizer_states;
+      }
+    std::ofstream m(arg("out", ".") + "/rank" + std::to_string(world->rank()) + ".memory");
+    for (const auto& [k, v] : memory) m << k << " " << v << "\n";
   }
   booster.save_model(model, arg("out", ".") + "/model");
   if (arg("save", "") != "") {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "booster/dist/process_group.h"
+#include "booster/nn/pipeline.h"
 #include "booster/nn/unit.h"
 #include "booster/plugin_loader.h"
 #include "common/test_util.h"
@@ -226,6 +227,102 @@ TEST(Estimate, SequenceParallelRowsShardTheActivations) {
     EXPECT_FALSE(rows[key].data_parallel) << key;
     EXPECT_FALSE(rows[key].pipeline) << key;
   }
+}
+
+namespace {
+// A PipelineModule of four shard units: Ψ = 544 + 1056 + 1056 + 132 = 2788 elements.
+struct FourUnitPipelineImpl : torch::nn::Module, booster::nn::PipelineModule {
+  FourUnitPipelineImpl() {
+    const int64_t sizes[] = {16, 32, 32, 32, 4};
+    for (int i = 0; i < 4; ++i)
+      l.push_back(register_module("l" + std::to_string(i), booster::nn::Unit<torch::nn::Linear>(sizes[i], sizes[i + 1])));
+  }
+  std::vector<booster::nn::PipelineLayer> pipeline_layers() override {
+    std::vector<booster::nn::PipelineLayer> out;
+    for (size_t i = 0; i < l.size(); ++i)
+      out.push_back({"l" + std::to_string(i), {l[i].ptr()}, [m = l[i].ptr()](const torch::Tensor& x) { return m->forward(x); }});
+    return out;
+  }
+  std::vector<booster::nn::Unit<torch::nn::Linear>> l;
+};
+TORCH_MODULE(FourUnitPipeline);
+}  // namespace
+
+// hybrid_parallel's zero_stage 2 and 3 rows: present exactly where the plugin accepts the
+// configuration (not with pp > 1 for 2, not with split_gather for 2 or 3, not at dp = 1), their
+// numbers the ZeRO-2 and FSDP FULL_SHARD formulas written out for a real model on 4 ranks with AdamW
+// (8 bytes of state per element): tp 2 holds 1394 elements (shard 697 over dp 2), pp 2 the stage
+// of layers 0-1 (1600, shard 800), all_to_all sp 2 all 2788 (shard 697 over dp x sp = 4).
+TEST(Estimate, HybridZeroStage2And3RowsFollowTheZeroFormulas) {
+  FourUnitPipeline net;
+  auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  EstimateRequest r = booster::describe_model(*net, adamw.get());
+  ASSERT_EQ(r.parameters, 2788);
+  ASSERT_EQ(r.largest_unit, 1056);
+  ASSERT_EQ(r.layer_parameters, (std::vector<int64_t>{544, 1056, 1056, 132}));
+  r.world_size = 4;
+  auto rows = rows_of(r);
+  const std::string h = "hybrid_parallel: ";
+  const std::string tp2 = h + "tp_size = 2, pp_size = 1, zero_stage = ", pp2 = h + "tp_size = 1, pp_size = 2, ";
+  const std::string fp32 = ", precision = \"fp32\"", a2a = ", sequence_parallelism_mode = \"all_to_all\", sp_size = 2";
+  const std::string sg = ", sequence_parallelism_mode = \"split_gather\"";
+  for (const std::string& key : {tp2 + "2" + fp32, tp2 + "3" + fp32, tp2 + "2" + fp32 + a2a, tp2 + "3" + fp32 + a2a,
+                                 pp2 + "zero_stage = 3" + fp32, pp2 + "pp_style = \"zbv\", num_model_chunks = 2, zero_stage = 3" + fp32,
+                                 h + "tp_size = 1, pp_size = 1, zero_stage = 2" + fp32 + a2a,
+                                 h + "tp_size = 1, pp_size = 1, zero_stage = 3" + fp32 + a2a, tp2 + "1" + fp32 + sg})
+    EXPECT_TRUE(rows.count(key)) << key;
+  for (const std::string& key : {pp2 + "zero_stage = 2" + fp32, pp2 + "pp_style = \"zbv\", num_model_chunks = 2, zero_stage = 2" + fp32,
+                                 tp2 + "2" + fp32 + sg, tp2 + "3" + fp32 + sg,  // refused by the plugin
+                                 h + "tp_size = 4, pp_size = 1, zero_stage = 2" + fp32,  // dp = 1
+                                 h + "tp_size = 1, pp_size = 4, zero_stage = 3" + fp32,
+                                 h + "tp_size = 2, pp_size = 2, zero_stage = 3" + fp32})
+    EXPECT_FALSE(rows.count(key)) << key;
+
+  // ZeRO-2 over dp 2 at tp 2: weights 4 · 1394, gradient and Adam shards 4 · 697 and 8 · 697; backward:
+  // the buckets in flight (capped at the 1394 elements), the largest gradient (512 = 1024 / tp) and
+  // one peer's part of this rank's range; the step's fp32 gradient copy + two temporaries on the shard.
+  const MemoryEstimate& z2 = rows[tp2 + "2" + fp32];
+  EXPECT_EQ(z2.states.parameters, 4 * 1394);
+  EXPECT_EQ(z2.states.gradients, 4 * 697);
+  EXPECT_EQ(z2.states.master_weights, 0);
+  EXPECT_EQ(z2.states.optimizer_states, 8 * 697);
+  EXPECT_EQ(z2.transient, std::max<int64_t>(4 * 1394 + 4 * 512 + 4 * 697, 4 * 697 + 2 * 4 * 697));
+  EXPECT_DOUBLE_EQ(z2.communication_volume, 2.0 * 1394 / 2788);
+  EXPECT_THAT(z2.options, ::testing::IsSupersetOf({std::string("tp_size=2"), std::string("zero_stage=2")}));
+  // FULL_SHARD over dp 2 at tp 2: 16 bytes per shard element; two units of 1056 / 2 gathered and
+  // two fp32 gradients of one; 3Ψ of the rank's part.
+  const MemoryEstimate& z3 = rows[tp2 + "3" + fp32];
+  EXPECT_EQ(z3.states.model_states(), 16 * 697);
+  EXPECT_EQ(z3.states.parameters, 4 * 697);
+  EXPECT_EQ(z3.transient, 2 * 528 * 4 + 2 * 4 * 528);
+  EXPECT_DOUBLE_EQ(z3.communication_volume, 3.0 * 1394 / 2788);
+  EXPECT_THAT(z3.options, ::testing::Contains("zero_stage=3"));
+  // A pipeline stage (pp 2, dp 2): the stage of 1600 stays gathered through the schedule and its
+  // gradients accumulate (4 · 1600 each) beside the fp32 flat gradient of the largest unit (1056).
+  const MemoryEstimate& z3pp = rows[pp2 + "zero_stage = 3" + fp32];
+  EXPECT_EQ(z3pp.states.model_states(), 16 * 800);
+  EXPECT_EQ(z3pp.transient, 4 * 1600 + 4 * 1600 + 4 * 1056);
+  EXPECT_DOUBLE_EQ(z3pp.communication_volume, (2.0 * 2 + 1) * 1600 / 2788);  // 2 micro-batches, units regathered
+  EXPECT_TRUE(z3pp.pipeline);
+  EXPECT_THAT(z3pp.options, ::testing::IsSupersetOf({std::string("zero_stage=3"), std::string("num_microbatches=2")}));
+  // zbv: rank 1 holds the V's stages 1 and 2 (2112 elements), sharded over dp 2.
+  EXPECT_EQ(rows[pp2 + "pp_style = \"zbv\", num_model_chunks = 2, zero_stage = 3" + fp32].states.model_states(), 16 * 1056);
+  // all_to_all sp 2 without tp: ZeRO over dp x sp = 4 ranks of the whole model.
+  EXPECT_EQ(rows[h + "tp_size = 1, pp_size = 1, zero_stage = 2" + fp32 + a2a].states.model_states(), 4 * 2788 + 12 * 697);
+  EXPECT_EQ(rows[h + "tp_size = 1, pp_size = 1, zero_stage = 3" + fp32 + a2a].states.model_states(), 16 * 697);
+
+  // bf16: ZeRO-2 keeps bf16 weights and gradient shards with fp32 master shards; zero_stage 3 keeps
+  // fp32 shards and gathers in bf16.
+  r.precision = "bf16";
+  auto bf16 = rows_of(r);
+  const std::string bf = ", precision = \"bf16\"";
+  const MemoryEstimate& b2 = bf16[tp2 + "2" + bf];
+  EXPECT_EQ(b2.states.parameters, 2 * 1394);
+  EXPECT_EQ(b2.states.gradients, 2 * 697);
+  EXPECT_EQ(b2.states.master_weights, 4 * 697);
+  EXPECT_EQ(bf16[tp2 + "3" + bf].states.model_states(), 16 * 697);
+  EXPECT_EQ(bf16[tp2 + "3" + bf].transient, 2 * 528 * 2 + 2 * 4 * 528);
+  EXPECT_EQ(bf16[pp2 + "zero_stage = 3" + bf].transient, 2 * 1600 + 2 * 1600 + 4 * 1056);
 }
 
 TEST(Estimate, TheTableListsPluginsWithoutAnEstimateAndThoseThatFail) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace booster {
 
@@ -74,6 +75,30 @@ MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t 
   e.transient = std::max(backward, step);
   e.activations = request.activation_bytes;
   e.communication_volume = 2;
+  place_on_device(request, e);
+  return e;
+}
+
+MemoryEstimate fully_sharded_estimate(const EstimateRequest& request, int64_t parameters, int64_t largest_unit,
+                                      const FullyShardedSchedule& schedule) {
+  if (schedule.shard_group < 1)
+    throw std::invalid_argument("fully_sharded_estimate: shard_group must be >= 1, got " +
+                                std::to_string(schedule.shard_group));
+  const int64_t S = schedule.shard_group, U = largest_unit, gb = schedule.gathered_bytes;
+  const int64_t shard = ceil_div(parameters, S);
+  MemoryEstimate e;
+  e.states.parameters = 4 * shard + request.buffer_bytes;
+  e.states.gradients = 4 * shard;
+  e.states.optimizer_states = state_bytes(request, shard);
+  // A shard group of one rank in fp32 computes on the shard itself (FlatParameter aliases it).
+  const bool aliased = S == 1 && gb == 4;
+  const int64_t gathered = aliased ? 0 : (schedule.keep_gathered ? parameters : std::min(2 * U, parameters)) * gb;
+  const int64_t gradients = schedule.accumulate_gradients ? parameters * gb + 4 * U : 2 * 4 * U;
+  const int64_t backward = gathered + gradients + (schedule.replicated ? 4 * ceil_div(U, S) : 0);
+  const int64_t step = optimizer_step_temporaries(request.optimizer_state_bytes_per_parameter, ceil_div(U, S));
+  e.transient = std::max(backward, step);
+  e.activations = request.activation_bytes;
+  e.communication_volume = schedule.keep_gathered ? 2 : 3;
   place_on_device(request, e);
   return e;
 }

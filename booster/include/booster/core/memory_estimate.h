@@ -92,7 +92,7 @@ BOOSTER_API MemoryEstimate replicated_estimate(const EstimateRequest& request, i
                                                bool keep_fp32_master, int64_t bucket_bytes,
                                                int64_t largest_parameter);
 
-// ZeRO-1/2 over `dp` ranks (low_level_zero; hybrid_parallel with zero_stage 1), Rajbhandari et al.:
+// ZeRO-1/2 over `dp` ranks (low_level_zero; hybrid_parallel with zero_stage 1 and 2), Rajbhandari et al.:
 // parameters whole (param_bytes each), gradients whole (stage 1: the flat buckets are the
 // gradients) or a 1/dp shard (stage 2), an fp32 master shard when param_bytes < 4, optimizer states
 // of a 1/dp shard. transient = max(backward: the largest parameter's gradient as autograd made it,
@@ -104,5 +104,39 @@ BOOSTER_API MemoryEstimate replicated_estimate(const EstimateRequest& request, i
 // Communication volume 2 (reduce-scatter + all-gather).
 BOOSTER_API MemoryEstimate zero_estimate(const EstimateRequest& request, int stage, int64_t parameters, int dp,
                                          int64_t param_bytes, int64_t bucket_elements, int64_t largest_parameter);
+
+// How a fully sharded (ZeRO-3) configuration gathers and reduces in one iteration.
+struct FullyShardedSchedule {
+  int64_t shard_group = 1;     // S: the ranks the FlatParameters shard over
+  int64_t gathered_bytes = 4;  // bytes per element of a gathered FlatParameter (the compute dtype)
+  // false: FULL_SHARD / HYBRID_SHARD, a unit is freed after its forward and its backward, so two are
+  // gathered at a time (the one in use and the one BACKWARD_PRE prefetches); true: SHARD_GRAD_OP,
+  // or a pipeline stage whose micro-batches are in flight together: every unit stays gathered.
+  bool keep_gathered = false;
+  // HYBRID_SHARD: a unit's shard gradient is also allreduced over the replicas (one more fp32
+  // buffer of a unit's shard in backward).
+  bool replicated = false;
+  // A pipeline stage (hybrid_parallel zero_stage 3 with pp_size > 1): the micro-batches' gradients
+  // accumulate unreduced in the gathered dtype and are reduce-scattered once after the schedule.
+  bool accumulate_gradients = false;
+};
+
+// ZeRO-3 on the sharded runtime (torch_fsdp; hybrid_parallel with zero_stage 3), Rajbhandari et
+// al. section 5 and PyTorch FSDP (Zhao et al., VLDB 2023): `parameters` elements on this rank (Ψ,
+// or the rank's part of a mesh) in fp32 shards of ceil(parameters / S) elements: parameters,
+// gradients and optimizer states (16Ψ/S bytes with Adam), buffers whole. transient = max(backward,
+// step), bytes, with U = `largest_unit` elements (the largest FlatParameter, one nn::Unit):
+//   backward = the gathered FlatParameters in gathered_bytes (none when S = 1 and gathered_bytes =
+//     4: the FlatParameter aliases its shard): min(2U, parameters) elements, or all of them with
+//     keep_gathered; plus the gradients: reduced unit by unit, two full-size fp32 gradients of U
+//     (autograd's and the flat one), or with accumulate_gradients every parameter's gradient in
+//     gathered_bytes plus the flat fp32 gradient of U being reduced; plus (replicated) an fp32
+//     shard of U;
+//   step = the optimizer's temporaries on U's shard, ceil(U / S) elements.
+// Communication volume 3 (ZeRO-3: all-gather in forward and in backward, reduce-scatter), 2 with
+// keep_gathered (gathered once); in units of `parameters`, the caller scales it to Ψ. Throws
+// std::invalid_argument for shard_group < 1.
+BOOSTER_API MemoryEstimate fully_sharded_estimate(const EstimateRequest& request, int64_t parameters,
+                                                  int64_t largest_unit, const FullyShardedSchedule& schedule);
 
 }  // namespace booster
