@@ -1,8 +1,8 @@
 // gemini_plugin.cpp — the Gemini plugin (`plugin = "gemini"`, ColossalAI's GeminiPlugin): ZeRO-3
 // over chunks with heterogeneous memory placement. This file maps the [plugin] options (ColossalAI's
 // names and defaults, plus memory_budget_mb and offload_dir for CPU builds), checks that the ranks
-// start from the same weights, and wires the runtime (gemini_state.h), the optimizer on the master
-// shards (gemini_optimizer.h) and the checkpoint IO (parallel::ShardedCheckpointIO) together.
+// start from the same weights, and calls booster/parallel/gemini.h's gemini_shard, which builds the
+// chunks, the optimizer on the master shards and the checkpoint IO.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -15,8 +15,7 @@
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/plugin.h"
-#include "gemini_optimizer.h"
-#include "gemini_state.h"
+#include "booster/parallel/gemini.h"
 
 namespace booster::plugins::gemini {
 
@@ -200,7 +199,7 @@ class GeminiPlugin : public Plugin {
   }
 
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
-    return std::make_shared<parallel::ShardedCheckpointIO>(world(), state_, "gemini");
+    return std::make_shared<parallel::ShardedCheckpointIO>(world(), runtime_, "gemini");
   }
 
   Criterion wrap_criterion(Criterion criterion) const override {
@@ -215,7 +214,7 @@ class GeminiPlugin : public Plugin {
     // Chunks shard rank-local values: the ranks must start from the same model (rank 0's is taken).
     sync_replicas(*world(), *model);
 
-    GeminiConfig config;
+    parallel::GeminiShardOptions config;
     config.group = world();
     config.compute_dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kFloat;
     config.fp8_communication = options_.communication_dtype == "fp8";
@@ -242,24 +241,17 @@ class GeminiPlugin : public Plugin {
     parallel::HooksDecorator decorate;
     if (options_.mixed)
       decorate = [this](std::shared_ptr<ModelHooks> hooks) { return options_.mixed->wrap_hooks(std::move(hooks)); };
-    std::shared_ptr<GeminiState> state;
     parallel::ShardedModel sharded;
     try {
-      state = std::make_shared<GeminiState>(*model, optimizer.get(), config);
-      parallel::ShardOptimizerFactory make_optimizer;
-      if (optimizer)
-        make_optimizer = [&](std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions o) {
-          return std::make_shared<GeminiOptimizer>(optimizer, std::move(hooks), std::move(o), state);
-        };
-      sharded = parallel::make_sharded_model(model, state, world(), "gemini", decorate, make_optimizer, wo);
+      sharded = parallel::gemini_shard(model, optimizer, std::move(config), wo, decorate, "gemini");
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
       throw PluginError(what.find("gemini") == std::string::npos ? "gemini: " + what : what);
     } catch (const std::runtime_error& e) {
       throw PluginError(e.what());
     }
-    state_ = state;
-    const auto stats = state->stats();
+    runtime_ = sharded.runtime;
+    const auto stats = sharded.runtime->stats();
     log::info("gemini: " + std::to_string(stats.at("chunks")) + " chunks of " + std::to_string(stats.at("chunk_size")) +
               " elements (" + std::to_string(stats.at("chunks_kept_gathered")) + " kept gathered, " +
               std::to_string(stats.at("chunks_param_offloaded")) + " parameter and " +
@@ -272,7 +264,7 @@ class GeminiPlugin : public Plugin {
 
  private:
   GeminiOptions options_;
-  std::weak_ptr<parallel::ShardedRuntime> state_;
+  std::weak_ptr<parallel::ShardedRuntime> runtime_;
 };
 
 }  // namespace booster::plugins::gemini

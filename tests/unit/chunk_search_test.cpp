@@ -1,10 +1,10 @@
-// chunk_search_test.cpp — Gemini's chunk size search and packing (plugins/gemini/chunk_search.h)
+// chunk_search_test.cpp — Gemini's chunk size search and packing (booster/src/parallel/gemini/chunk_search.h)
 // against hand-worked cases of ColossalAI's rules.
 #include <gtest/gtest.h>
 
 #include "chunk_search.h"
 
-using namespace booster::plugins::gemini;
+using namespace booster::parallel::gemini;
 
 TEST(ChunkSearch, WastedElementsCountEveryTailAndTheLastChunksRoom) {
   // chunk 10: [4, 4] (tail 2), [7] (tail 3), [5] (room 5)

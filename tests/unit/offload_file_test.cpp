@@ -1,4 +1,4 @@
-// offload_file_test.cpp — Gemini's per-rank offload file (plugins/gemini/offload_file.h): values
+// offload_file_test.cpp — Gemini's per-rank offload file (booster/src/parallel/gemini/offload_file.h): values
 // survive a swap out and in, memory is freed while out, bad directories are clear errors, and
 // nothing is left in the directory.
 #include <gmock/gmock.h>
@@ -12,7 +12,7 @@
 #include "common/test_util.h"
 #include "offload_file.h"
 
-using namespace booster::plugins::gemini;
+using namespace booster::parallel::gemini;
 using booster::testing::TempDir;
 using ::testing::HasSubstr;
 

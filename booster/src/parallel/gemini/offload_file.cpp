@@ -13,7 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 namespace {
 
@@ -128,4 +128,4 @@ void OffloadFile::swap_in(at::Tensor& t, int64_t offset) {
   s->set_nbytes(n);
 }
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

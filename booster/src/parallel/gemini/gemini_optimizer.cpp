@@ -10,7 +10,7 @@
 #include "booster/optim/cpu_adam.h"
 #include "booster/optim/optimizer_registry.h"
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 GeminiOptimizer::GeminiOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                                  OptimizerWrapperOptions options, std::shared_ptr<GeminiState> state)
@@ -145,4 +145,4 @@ void GeminiOptimizer::visit_memory(MemoryVisitor& visitor) const {
                         false);
 }
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 struct ChunkSearchResult {
   int64_t chunk_size = 0;    // elements per chunk (oversized parameters excepted)
@@ -40,4 +40,4 @@ int64_t wasted_elements(const std::vector<int64_t>& numels, int64_t chunk_size);
 // The chunks of pack_chunks: indices into numels, in order, each chunk non-empty.
 std::vector<std::vector<std::size_t>> pack_chunks(const std::vector<int64_t>& numels, int64_t chunk_size);
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

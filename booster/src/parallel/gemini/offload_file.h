@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <string>
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 class OffloadFile {
  public:
@@ -57,4 +57,4 @@ class OffloadFile {
   int64_t size_ = 0, written_ = 0, read_ = 0;
 };
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

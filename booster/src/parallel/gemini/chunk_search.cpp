@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 int64_t wasted_elements(const std::vector<int64_t>& numels, int64_t chunk_size) {
   int64_t acc = 0, left = 0;
@@ -85,4 +85,4 @@ ChunkSearchResult search_chunk_size(const std::vector<int64_t>& numels, int64_t 
   return r;
 }
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

@@ -9,7 +9,7 @@
 
 #include "offload_file.h"
 
-namespace booster::plugins::gemini::detail {
+namespace booster::parallel::gemini::detail {
 
 // "12.345 MiB"
 inline std::string mib(int64_t bytes) {
@@ -23,4 +23,4 @@ inline int64_t bytes_of(const at::Tensor& t) {
   return t.defined() && OffloadFile::resident(t) ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
-}  // namespace booster::plugins::gemini::detail
+}  // namespace booster::parallel::gemini::detail

@@ -31,7 +31,7 @@
 #include "booster/parallel/shard_optimizer.h"
 #include "gemini_state.h"
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 class GeminiOptimizer : public parallel::ShardOptimizer {
  public:
@@ -60,4 +60,4 @@ class GeminiOptimizer : public parallel::ShardOptimizer {
   int64_t bound_generation_ = -1;  // the state's chunk generation the binding was made for
 };
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

@@ -15,7 +15,7 @@
 #include "chunk_search.h"
 #include "gemini_detail.h"
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 using detail::bytes_of;
 using detail::mib;
@@ -23,7 +23,7 @@ using detail::mib;
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, GeminiConfig config)
+GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, GeminiShardOptions config)
     : ShardedRuntime(model, optimizer, "gemini"), config_(std::move(config)) {
   if (!config_.group) throw std::invalid_argument("booster: gemini needs a data-parallel group");
   if (config_.auto_placement) install_cpu_byte_counter();  // before any chunk memory is allocated
@@ -423,4 +423,4 @@ std::vector<std::pair<std::string, size_t>> GeminiState::chunk_map() const {
   return out;
 }
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini

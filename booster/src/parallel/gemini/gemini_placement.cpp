@@ -11,7 +11,7 @@
 #include "gemini_detail.h"
 #include "gemini_state.h"
 
-namespace booster::plugins::gemini {
+namespace booster::parallel::gemini {
 
 using detail::bytes_of;
 using detail::mib;
@@ -214,4 +214,4 @@ void GeminiState::refresh_param_shard(Chunk& c) {
   if (!master_was_resident) release_clean_master(c);  // read back only for the copy: the file holds it
 }
 
-}  // namespace booster::plugins::gemini
+}  // namespace booster::parallel::gemini
