@@ -20,7 +20,9 @@
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/nn/pipeline.h"
+#include "booster/optim/optimizer_state.h"
 #include "booster/parallel/fully_shard.h"
+#include "booster/parallel/parallelize.h"
 #include "booster/plugin.h"
 #include "hybrid_checkpoint_io.h"
 #include "hybrid_estimate.h"
@@ -53,8 +55,32 @@ struct HybridOptions {
   bool enable_sequence_parallelism = false;
   std::string sequence_parallelism_mode;  // "" when disabled
   int sp_size = 1;
+  // [plugin.tp_plan]: module path pattern -> style, applied by parallel::parallelize at boost() to a
+  // model built dense (torchtitan's parallelize plan); empty: the model is built with the context.
+  parallel::ParallelizePlan tp_plan;
   std::shared_ptr<mixed_precision::MixedPrecision> mixed;
 };
+
+// [plugin.tp_plan] "pattern" = "style": colwise, colwise_gather_output, rowwise, rowwise_split_input
+// (a full input split first) or vocab_parallel (parallel/parallelize.h's styles).
+static parallel::ParallelizePlan parse_tp_plan(const Options& o) {
+  parallel::ParallelizePlan plan;
+  if (!o.has("tp_plan")) return plan;
+  const Options table = o.table("tp_plan");
+  for (const auto& pattern : table.keys()) {
+    const std::string style = table.get_choice(
+        pattern, "colwise", {"colwise", "colwise_gather_output", "rowwise", "rowwise_split_input", "vocab_parallel"});
+    if (style == "colwise") plan.emplace_back(pattern, parallel::colwise());
+    if (style == "colwise_gather_output") plan.emplace_back(pattern, parallel::colwise(true));
+    if (style == "rowwise") plan.emplace_back(pattern, parallel::rowwise());
+    if (style == "rowwise_split_input") plan.emplace_back(pattern, parallel::rowwise(false));
+    if (style == "vocab_parallel") plan.emplace_back(pattern, parallel::vocab_parallel());
+  }
+  if (plan.empty())
+    throw PluginError("hybrid_parallel: " + o.where("tp_plan") + ": [plugin.tp_plan] is empty; list \"pattern\" = "
+                      "\"style\" entries (e.g. \"h.*.fc\" = \"colwise\") or remove the table");
+  return plan;
+}
 
 // The sequence-parallel options' rules (ColossalAI's HybridParallelPlugin, with its warnings made
 // errors: a setting is never ignored).
@@ -119,6 +145,7 @@ static HybridOptions parse_options(const Options& o, int world_size) {
                       "wire, or use plugin = \"torch_ddp\", \"low_level_zero\", \"torch_fsdp\" or \"gemini\" "
                       "with communication_dtype = \"fp8\"");
   parse_sequence_parallel_options(o, t);
+  t.tp_plan = parse_tp_plan(o);
   mixed_precision::DynamicGradScalerOptions scaler_defaults;
   scaler_defaults.initial_scale = 65536.0;  // HybridParallelPlugin's initial_scale = 2^16
   t.mixed = mixed_precision::make_mixed_precision(t.precision, o, scaler_defaults);  // + check_unknown
@@ -363,6 +390,7 @@ class HybridParallelPlugin : public Plugin {
 
  private:
   void split_into_stages(ModelState& state);
+  void apply_tp_plan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) const;
   // zero_stage = 3: parallel::fully_shard's runtime over the dp group of this rank's (tp-shard)
   // parameters, with the hybrid norm accounting (HybridFsdpOptimizer).
   Configured configure_fully_sharded(const std::shared_ptr<torch::nn::Module>& model,
@@ -419,8 +447,30 @@ static void drop_other_stages(const ModelState& state, torch::optim::Optimizer& 
   }
 }
 
+// [plugin.tp_plan]: shards the dense model's planned layers over the tp group (in place: the
+// optimizer keeps the same parameter tensors, now this rank's shards).
+void HybridParallelPlugin::apply_tp_plan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) const {
+  if (options_.tp_plan.empty()) return;
+  if (optimizer)
+    for (const auto& group : optimizer->param_groups())
+      for (const auto& p : group.params())
+        if (optimizer->state().count(optimizer_state_key(p)))
+          throw PluginError("hybrid_parallel: [plugin.tp_plan] shards the parameters at boost(), but the optimizer "
+                            "already has state for them (shaped for the dense model); boost before the first step, "
+                            "or build the model with booster.tensor_parallel_context() and remove tp_plan");
+  try {
+    const auto done = parallel::parallelize(model, tensor_parallel_context(), options_.tp_plan);
+    if (world()->rank() == 0)
+      log::info("hybrid_parallel: tp_plan sharded " + std::to_string(done.size()) + " modules over tp " +
+                std::to_string(topo_.tp));
+  } catch (const std::exception& e) {
+    throw PluginError(std::string("hybrid_parallel: [plugin.tp_plan]: ") + e.what());
+  }
+}
+
 Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> model,
                                            std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  apply_tp_plan(*model, optimizer.get());
   options_.mixed->prepare_model(*model);
   auto state = std::make_shared<ModelState>();
   state->module = model;

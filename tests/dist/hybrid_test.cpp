@@ -54,7 +54,9 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
                                    "Use zero_stage = 1"}},
       {"sequence_not_divisible_split_gather", {"sequence length T = 7 is not divisible by sp_size = 2", "tp_size"}},
       {"sequence_not_divisible_all_to_all", {"sequence length T = 7 is not divisible by sp_size = 2", "all_to_all"}},
-      {"data_iter_form", {"no error"}}};
+      {"data_iter_form", {"no error"}},
+      {"tp_plan_bad_style", {"plugin.tp_plan.\"h.*.fc\" = \"columnwise\" is not one of", "vocab_parallel"}},
+      {"tp_plan_no_match", {"[plugin.tp_plan]", "the pattern 'h.*.mlp' matches no sub-module"}}};
   for (int r = 0; r < 2; ++r) {
     std::map<std::string, std::string> got;
     std::istringstream in(read_file(dir.file("rank" + std::to_string(r) + ".err")));
@@ -72,6 +74,16 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
 
 TEST(HybridParallel, TensorParallel2MatchesSingleProcess) {
   check_hybrid({2, {"plugin.tp_size=2"}, "adamw"});
+}
+// [plugin.tp_plan]: the dense TinyLM (built with the default context) sharded by the plugin at
+// boost() trains as the one built with the Booster's context: the same reference, the same tolerances.
+TEST(HybridParallel, TpPlanOnADenseModelMatchesSingleProcess) {
+  HybridCase tp2{2, {"plugin.tp_size=2"}, "adamw"};
+  tp2.tp_plan = true;
+  check_hybrid(tp2);
+  HybridCase pp2tp2{4, {"plugin.pp_size=2", "plugin.tp_size=2", "plugin.num_microbatches=4"}, "sgd", 0.05};
+  pp2tp2.tp_plan = true;
+  check_hybrid(pp2tp2);
 }
 TEST(HybridParallel, Pipeline2OneFOneBMatchesSingleProcess) {
   check_hybrid({2, {"plugin.pp_size=2", "plugin.num_microbatches=4"}, "sgd"});

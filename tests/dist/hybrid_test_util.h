@@ -91,6 +91,7 @@ struct HybridCase {
   bool bf16 = false;
   int64_t short_step = -1;  // a step with shorter sequences (hybrid_worker's short_step)
   int64_t blocks = kLayers;  // TinyLM's MLP blocks (pipeline layers: blocks + 2)
+  bool tp_plan = false;      // TinyLM built dense and sharded by [plugin.tp_plan] (hybrid_worker's tp_plan=1)
 };
 
 inline void check_hybrid(const HybridCase& c) {
@@ -112,6 +113,10 @@ inline void check_hybrid(const HybridCase& c) {
   if (c.blocks != kLayers) {
     args.push_back("blocks=" + std::to_string(c.blocks));
     what += " blocks=" + std::to_string(c.blocks);
+  }
+  if (c.tp_plan) {
+    args.push_back("tp_plan=1");
+    what += " tp_plan";
   }
   auto results = run_hybrid(c.world, args);
   expect_all_ok(results);

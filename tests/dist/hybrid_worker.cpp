@@ -5,6 +5,8 @@
 // Arguments are key=value:
 //   out=DIR steps=K batch=B (global) optimizer=sgd|adamw first_step=F (skip the first F batches)
 //   blocks=N (TinyLM's MLP blocks, default kLayers)
+//   tp_plan=1: TinyLM built dense (the default context) and sharded by the plugin's [plugin.tp_plan]
+//   (h.*.fc colwise, h.*.proj rowwise, wte vocab_parallel) at boost()
 //   short_step=S (step S's sequences cut to their first kSeq / 2 tokens)
 //   load=DIR (load model_dir/ and optimizer/ from DIR before training) save=DIR (save them after)
 //   bad_load=DIR (booster.load_model from DIR/model expecting a CheckpointError: its message, or
@@ -72,6 +74,15 @@ int run_errors() {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 4\npp_style = \"zbv\"\nnum_model_chunks = 3\n"));
   });
   attempt("zbv_without_pipeline", [&] { booster::Booster b(config_with("pp_style = \"zbv\"\nnum_model_chunks = 2\n")); });
+  attempt("tp_plan_bad_style", [&] {
+    booster::Booster b(config_with("tp_size = 2\n[plugin.tp_plan]\n\"h.*.fc\" = \"columnwise\"\n"));
+  });
+  attempt("tp_plan_no_match", [&] {
+    booster::Booster b(config_with("tp_size = 2\n[plugin.tp_plan]\n\"h.*.fc\" = \"colwise\"\n\"h.*.mlp\" = \"rowwise\"\n"));
+    torch::manual_seed(7);
+    TinyLM dense;
+    b.boost(dense, make_lm_optimizer("sgd", dense->parameters()));
+  });
   attempt("not_a_pipeline_module", [&] {
     booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\n"));
     torch::manual_seed(7);
@@ -245,14 +256,18 @@ int run_rows() {
 int run() {
   if (arg("scenario", "train") == "errors") return run_errors();
   if (arg("scenario", "train") == "rows") return run_rows();
-  auto config = booster::Config::from_string("[booster]\nplugin = \"" + arg("plugin", "hybrid_parallel") +
-                                             "\"\n[distributed]\ntimeout_s = 60\nthreads_per_rank = 1\n");
+  const bool planned = arg("tp_plan", "0") == "1";
+  auto config = booster::Config::from_string(
+      "[booster]\nplugin = \"" + arg("plugin", "hybrid_parallel") + "\"\n[distributed]\ntimeout_s = 60\n"
+      "threads_per_rank = 1\n" +
+      (planned ? "[plugin.tp_plan]\n\"h.*.fc\" = \"colwise\"\n\"h.*.proj\" = \"rowwise\"\n\"wte\" = \"vocab_parallel\"\n" : ""));
   config.apply_overrides(overrides);
   std::vector<std::string> no_args;
   auto world = booster::launch_from_config(config, no_args);
   booster::Booster booster(config);
   torch::manual_seed(7);
-  TinyLM net(booster.tensor_parallel_context(), iarg("blocks", kLayers));  // the TP layers shard over its tp group
+  // The TP layers shard over its tp group: built with the context, or built dense and sharded by tp_plan.
+  TinyLM net(planned ? booster::nn::TensorParallelContext{} : booster.tensor_parallel_context(), iarg("blocks", kLayers));
   auto optimizer = make_lm_optimizer(arg("optimizer", "sgd"), net->parameters());
   auto [model, opt, criterion, loader, scheduler] =
       booster.boost(net, optimizer, tiny_lm_criterion(booster.tensor_parallel_context()));
