@@ -2,9 +2,20 @@
 #include "hybrid_optimizer.h"
 
 #include "booster/core/flat_layout.h"
+#include "booster/core/replica.h"
+#include "booster/nn/tensor_parallel.h"
 #include "booster/dist/process_group.h"
 
 namespace booster::hybrid {
+
+namespace {
+
+// Sums `pieces` (views of reduced gradient shards) over `tp`, in place, in buffers of 25 MiB.
+void sum_over(dist::ProcessGroup& tp, const std::vector<at::Tensor>& pieces) {
+  allreduce_coalesced(tp, pieces, 25LL << 20, false);
+}
+
+}  // namespace
 
 HybridOptimizer::HybridOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                                  OptimizerWrapperOptions options, std::shared_ptr<dist::ProcessGroup> world,
@@ -29,13 +40,34 @@ HybridZeroOptimizer::HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer
                                          std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
                                          ZeroOptions zero,
                                          const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
-                                         std::shared_ptr<dist::ProcessGroup> world, NormFilter counts)
+                                         std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
+                                         std::shared_ptr<dist::ProcessGroup> partial_tp)
     : ZeroOptimizer(std::move(optimizer), std::move(hooks), std::move(options), zero, named_model_parameters),
       world_(std::move(world)),
-      counts_(std::move(counts)) {
+      counts_(std::move(counts)),
+      partial_tp_(std::move(partial_tp)) {
   // Stage 1: the plugin averages the gradients over dp after backward (the reducer stays paused).
   // Stage 2: the reducer reduce-scatters them over dp during backward.
   if (zero.stage == 1) set_require_grad_sync(false);
+}
+
+void HybridZeroOptimizer::on_gradients_prepared() {
+  if (!partial_tp_) return;
+  std::vector<at::Tensor> pieces;
+  const int rank = options_.group->rank();
+  const auto params = parameters();
+  for (size_t g = 0; g < num_groups(); ++g) {
+    const at::Tensor& slice = master_slice(g);
+    if (!slice.grad().defined()) continue;
+    const FlatLayout& layout = this->layout(g);
+    const auto& indices = layout_parameters(g);
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const FlatLayout::Piece piece = layout.piece(j, rank);
+      if (piece.length == 0 || nn::tensor_parallel_spec(params[indices[j]])) continue;
+      pieces.push_back(slice.grad().narrow(0, piece.shard_offset, piece.length));
+    }
+  }
+  sum_over(*partial_tp_, pieces);
 }
 
 std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {
@@ -61,10 +93,49 @@ std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {
 HybridFsdpOptimizer::HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                          std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
                                          std::shared_ptr<parallel::FullyShardState> state,
-                                         std::shared_ptr<dist::ProcessGroup> world, NormFilter counts)
+                                         std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
+                                         std::shared_ptr<dist::ProcessGroup> partial_tp)
     : FullyShardOptimizer(std::move(optimizer), std::move(hooks), std::move(options), std::move(state)),
       world_(std::move(world)),
-      counts_(std::move(counts)) {}
+      counts_(std::move(counts)),
+      partial_tp_(std::move(partial_tp)) {}
+
+void HybridFsdpOptimizer::sum_partial_over_tp() {
+  if (!partial_tp_ || partial_summed_) return;
+  partial_summed_ = true;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> pieces;
+  const auto params = parameters();
+  for (const Shard& s : shards()) {
+    const at::Tensor& grad = s.flat->local_grad();
+    if (!grad.defined()) continue;
+    const FlatLayout& layout = s.flat->layout();
+    const int rank = s.flat->group().rank();
+    for (size_t j = 0; j < s.param_index.size(); ++j) {
+      const FlatLayout::Piece piece = layout.piece(j, rank);
+      if (piece.length == 0 || nn::tensor_parallel_spec(params[s.param_index[j]])) continue;
+      pieces.push_back(grad.narrow(0, piece.shard_offset, piece.length));
+    }
+  }
+  sum_over(*partial_tp_, pieces);
+}
+
+bool HybridFsdpOptimizer::step() {
+  sum_partial_over_tp();
+  const bool stepped = FullyShardOptimizer::step();
+  partial_summed_ = false;
+  return stepped;
+}
+
+double HybridFsdpOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
+  sum_partial_over_tp();
+  return FullyShardOptimizer::clip_grad_by_norm(max_norm, norm_type);
+}
+
+void HybridFsdpOptimizer::zero_grad() {
+  FullyShardOptimizer::zero_grad();
+  partial_summed_ = false;
+}
 
 dist::ProcessGroup* HybridFsdpOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
 

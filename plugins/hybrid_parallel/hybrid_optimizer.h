@@ -11,8 +11,15 @@
 //                 counts its slice.
 //   zero_stage 2 (pp_size = 1): the same, and the ZeroOptimizer's reducer reduce-scatters the
 //                 gradients over dp during backward (ZeRO-2); each dp rank counts its slice.
-//   zero_stage 3 (pp_size = 1): parallel::FullyShardOptimizer on the FlatParameter shards over dp
+//   zero_stage 3: parallel::FullyShardOptimizer on the FlatParameter shards over dp
 //                 (fully_shard.h); each dp rank counts its shard's pieces (FlatLayout::piece).
+// Under sequence_parallelism_mode = "split_gather" (Megatron-SP) a tp-replicated parameter's gradient
+// is a partial sum over this rank's sequence shard. zero_stage 0 and 1 sum the full gradients over
+// tp after backward (the plugin's hooks); zero_stage 2 and 3 reduce them over dp during backward, so
+// their wrappers sum the replicated parameters' pieces of the reduced shard over tp (`partial_tp`)
+// once per step, before clipping and the update (the sum over tp and the average over dp commute;
+// every tp rank of one dp rank holds the same layout, so the pieces match). A backward run after
+// clip_grad_by_norm and before step() in one iteration is not supported under split_gather.
 #pragma once
 
 #include <functional>
@@ -50,30 +57,42 @@ class HybridZeroOptimizer : public ZeroOptimizer {
   HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                       OptimizerWrapperOptions options, ZeroOptions zero,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
-                      std::shared_ptr<dist::ProcessGroup> world, NormFilter counts);
+                      std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
+                      std::shared_ptr<dist::ProcessGroup> partial_tp = nullptr);
 
  protected:
   std::vector<torch::Tensor> norm_gradients() const override;
   dist::ProcessGroup* norm_group() const override;
+  void on_gradients_prepared() override;  // split_gather: the replicated pieces summed over tp
 
  private:
   std::shared_ptr<dist::ProcessGroup> world_;
   NormFilter counts_;
+  std::shared_ptr<dist::ProcessGroup> partial_tp_;
 };
 
 class HybridFsdpOptimizer : public parallel::FullyShardOptimizer {
  public:
   HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                       OptimizerWrapperOptions options, std::shared_ptr<parallel::FullyShardState> state,
-                      std::shared_ptr<dist::ProcessGroup> world, NormFilter counts);
+                      std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
+                      std::shared_ptr<dist::ProcessGroup> partial_tp = nullptr);
+
+  bool step() override;
+  double clip_grad_by_norm(double max_norm, double norm_type = 2.0) override;
+  void zero_grad() override;
 
  protected:
   std::vector<torch::Tensor> norm_gradients() const override;
   dist::ProcessGroup* norm_group() const override;
 
  private:
+  void sum_partial_over_tp();  // split_gather: once per step
+
   std::shared_ptr<dist::ProcessGroup> world_;
   NormFilter counts_;
+  std::shared_ptr<dist::ProcessGroup> partial_tp_;
+  bool partial_summed_ = false;
 };
 
 }  // namespace booster::hybrid

@@ -161,11 +161,6 @@ static HybridOptions parse_options(const Options& o, int world_size) {
   if (t.zero_stage == 3 && t.precision == "fp16")
     throw PluginError(where + "zero_stage = 3 with precision = \"fp16\" is not supported yet (the loss scaler over "
                       "the shards is not built); set plugin.precision = \"bf16\" or \"fp32\"");
-  if (t.zero_stage >= 2 && t.sequence_parallelism_mode == "split_gather")
-    throw PluginError(where + "zero_stage = " + std::to_string(t.zero_stage) + " with sequence_parallelism_mode = "
-                      "\"split_gather\" is not supported yet (the tp-replicated parameters' partial gradients must be "
-                      "summed over tp before the gradients are sharded). Use zero_stage = 1, or "
-                      "sequence_parallelism_mode = \"all_to_all\"");
   if (world_size % (t.tp_size * t.pp_size) != 0)
     throw PluginError(where + "tp_size * pp_size = " + std::to_string(t.tp_size) + " * " + std::to_string(t.pp_size) +
                       " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
@@ -209,37 +204,6 @@ static HybridOptions parse_options(const Options& o, int world_size) {
 // ---------------------------------------------------------------------------------------------
 // Gradient synchronisation after backward
 
-// Averages `grads` over `group` in place, coalesced into buffers of one dtype of at most
-// bucket_bytes (bytes), one SUM allreduce each, divided by the group size.
-static void allreduce_coalesced(dist::ProcessGroup& group, const std::vector<at::Tensor>& grads, int64_t bucket_bytes,
-                                bool average) {
-  if (group.size() == 1 || grads.empty()) return;
-  at::NoGradGuard no_grad;
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (const auto& g : grads) by_dtype[g.scalar_type()].push_back(g);
-  for (auto& [dtype, list] : by_dtype) {
-    size_t i = 0;
-    while (i < list.size()) {
-      std::vector<at::Tensor> bucket;
-      int64_t bytes = 0;
-      while (i < list.size() && (bucket.empty() || bytes + list[i].nbytes() <= static_cast<size_t>(bucket_bytes))) {
-        bytes += static_cast<int64_t>(list[i].nbytes());
-        bucket.push_back(list[i++]);
-      }
-      std::vector<at::Tensor> flat_parts;
-      for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
-      at::Tensor flat = at::cat(flat_parts);
-      group.allreduce(flat, dist::ReduceOp::SUM).wait();
-      if (average) flat.div_(group.size());
-      int64_t off = 0;
-      for (auto& t : bucket) {
-        t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
-        off += t.numel();
-      }
-    }
-  }
-}
-
 class HybridHooks : public ModelHooks {
  public:
   // dp_reduced_by_zero: zero_stage = 2's ZeroOptimizer reduce-scatters the gradients over dp during
@@ -264,13 +228,14 @@ class HybridHooks : public ModelHooks {
   }
   // After the last backward of an iteration: average over dp, sum shared parameters over stages.
   void sync_gradients() {
-    if (topo_.split_gather) {
+    if (topo_.split_gather && !dp_reduced_by_zero_) {
       // Megatron-SP: a tp-replicated parameter (no TensorParallelSpec) got its sequence shard's part.
+      // (zero_stage 2: HybridZeroOptimizer sums the reduced slices' pieces over tp instead.)
       std::vector<at::Tensor> partial;
       for (const auto& [name, p] : state_->named_parameters)
         if (state_->held.at(name) && p.requires_grad() && p.grad().defined() && !nn::tensor_parallel_spec(p))
           partial.push_back(p.grad());
-      allreduce_coalesced(*topo_.tp_group, partial, bucket_bytes_, false);
+      allreduce_coalesced(*topo_.tp_group, partial, bucket_bytes_, false);  // core/replica.h
     }
     std::vector<at::Tensor> grads;
     for (const auto& [name, p] : state_->named_parameters)
@@ -397,6 +362,9 @@ class HybridParallelPlugin : public Plugin {
                                      const std::shared_ptr<torch::optim::Optimizer>& optimizer,
                                      const std::shared_ptr<ModelState>& state);
   NormFilter norm_filter(const std::shared_ptr<ModelState>& state) const;
+  // split_gather: the tp group over which zero_stage 2 and 3 sum the tp-replicated parameters'
+  // partial gradients (hybrid_optimizer.h); null otherwise.
+  std::shared_ptr<dist::ProcessGroup> partial_tp() const { return topo_.split_gather ? topo_.tp_group : nullptr; }
 
   HybridOptions options_;
   Topology topo_;
@@ -513,7 +481,8 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
     for (const auto& [name, p] : state->named_parameters)
       if (state->held.at(name)) stage_params.emplace_back(name, p);
     try {
-      c.optimizer = std::make_shared<HybridZeroOptimizer>(optimizer, c.hooks, wo, zo, stage_params, world(), counts);
+      c.optimizer = std::make_shared<HybridZeroOptimizer>(optimizer, c.hooks, wo, zo, stage_params, world(), counts,
+                                                          partial_tp());
     } catch (const std::invalid_argument& e) {
       throw PluginError(std::string("hybrid_parallel: ") + e.what());
     }
@@ -562,7 +531,8 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
   wo.group = world();
-  c.optimizer = std::make_shared<HybridFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(), norm_filter(state));
+  c.optimizer = std::make_shared<HybridFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(), norm_filter(state),
+                                                     partial_tp());
   std::map<const void*, std::string> names;
   for (const auto& [name, p] : state->named_parameters) names[p.unsafeGetTensorImpl()] = name;
   std::vector<std::string> ordered;

@@ -50,8 +50,6 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
       {"split_gather_sp_size", {"sp_size = 1 with sequence_parallelism_mode = \"split_gather\"", "remove sp_size"}},
       {"sp_size_not_dividing_world", {"tp_size * pp_size * sp_size = 4 does not divide the world size 2"}},
       {"zero2_with_pipeline", {"zero_stage = 2 needs pp_size = 1", "pp_size = 2", "Use zero_stage = 1"}},
-      {"zero2_with_split_gather", {"zero_stage = 2 with sequence_parallelism_mode = \"split_gather\" is not supported",
-                                   "Use zero_stage = 1"}},
       {"sequence_not_divisible_split_gather", {"sequence length T = 7 is not divisible by sp_size = 2", "tp_size"}},
       {"sequence_not_divisible_all_to_all", {"sequence length T = 7 is not divisible by sp_size = 2", "all_to_all"}},
       {"data_iter_form", {"no error"}},
@@ -206,11 +204,12 @@ TEST(HybridParallel, EstimateZeroStage2And3RowsAreWhatThePluginAccepts) {
       EXPECT_EQ(read_file(dir.file("rank" + std::to_string(r) + ".rows")), read_file(dir.file("rank0.rows"))) << r;
     EXPECT_EQ(rows, accepted) << precision;
     const std::string p = "precision=\"" + precision + "\"";
-    EXPECT_EQ(rows.size(), 10u) << precision;  // tp2, tp2 sp2, sp2, sp4 at zero_stage 2 and 3; pp2 and zbv at 3
-    // The refusals are exercised: zero_stage 2 with a pipeline, 2 and 3 with split_gather.
+    // tp2, tp2 split_gather, tp2 sp2, sp2, sp4 at zero_stage 2 and 3; pp2 and zbv at 3
+    EXPECT_EQ(rows.size(), 12u) << precision;
+    // The refusal is exercised: zero_stage 2 with a pipeline.
     EXPECT_TRUE(refused.count("num_microbatches=2 pp_size=2 " + p + " tp_size=1 zero_stage=2")) << precision;
-    EXPECT_TRUE(refused.count("enable_sequence_parallelism=true pp_size=1 " + p +
-                              " sequence_parallelism_mode=\"split_gather\" tp_size=2 zero_stage=3"))
+    EXPECT_TRUE(rows.count("enable_sequence_parallelism=true pp_size=1 " + p +
+                           " sequence_parallelism_mode=\"split_gather\" tp_size=2 zero_stage=3"))
         << precision;
     EXPECT_TRUE(rows.count("num_microbatches=2 pp_size=2 " + p + " tp_size=1 zero_stage=3")) << precision;
   }
@@ -276,6 +275,14 @@ TEST(HybridParallel, ZeroStage1DataPipeline2x2MatchesSingleProcess) {
 TEST(HybridParallel, SequenceParallelSplitGatherDataTensor2x2MatchesSingleProcess) {
   check_hybrid({4, {"plugin.tp_size=2", "plugin.enable_sequence_parallelism=true",
                     "plugin.sequence_parallelism_mode=split_gather"}, "adamw", 0.05, false, 1});
+}
+// split_gather with zero_stage 2 and 3: the tp-replicated parameters' pieces of the gradient shards
+// reduced over dp are summed over tp before clipping and the update (hybrid_optimizer.h).
+TEST(HybridParallel, SequenceParallelSplitGatherWithZeroStage2And3MatchesSingleProcess) {
+  for (const std::string zero : {"2", "3"})
+    check_hybrid({4, {"plugin.tp_size=2", "plugin.enable_sequence_parallelism=true",
+                      "plugin.sequence_parallelism_mode=split_gather", "plugin.zero_stage=" + zero}, "adamw", 0.05,
+                  false, 1});
 }
 TEST(HybridParallel, SequenceParallelSplitGatherTensor4MatchesSingleProcess) {
   check_hybrid({4, {"plugin.tp_size=4", "plugin.enable_sequence_parallelism=true",

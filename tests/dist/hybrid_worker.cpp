@@ -106,10 +106,6 @@ int run_errors() {
   });
   attempt("zero2_with_pipeline",
           [&] { booster::Booster b(config_with("pp_size = 2\nnum_microbatches = 2\nzero_stage = 2\n")); });
-  attempt("zero2_with_split_gather", [&] {
-    booster::Booster b(config_with("tp_size = 2\nenable_sequence_parallelism = true\n"
-                                   "sequence_parallelism_mode = \"split_gather\"\nzero_stage = 2\n"));
-  });
   attempt("sp_size_not_dividing_world",
           [&] { booster::Booster b(config_with("enable_sequence_parallelism = true\nsp_size = 4\n")); });
   for (const std::string mode : {"split_gather", "all_to_all"}) {

@@ -1,6 +1,6 @@
 // replica_test.cpp — keeping replicas identical (booster/core/replica.h) on 2 and 3 ranks as
 // threads: sync_replicas copies rank 0's parameters and buffers everywhere, broadcast_coalesced
-// handles several dtypes and buckets, verify_replicas fails on every rank and names the first
+// handles several dtypes and buckets, allreduce_coalesced sums and averages views, verify_replicas fails on every rank and names the first
 // differing parameter, and the named_*_of helpers list what the plugins sync.
 #include "booster/core/replica.h"
 
@@ -62,6 +62,27 @@ TEST(Replica, BroadcastCoalescedAcrossDtypesAndBuckets) {
     EXPECT_EQ(ts[1].sizes(), (std::vector<int64_t>{3, 2}));
   });
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+}
+
+// allreduce_coalesced on 3 ranks: sums (and averages) tensors of several dtypes and shapes, views
+// into a larger tensor included, through several buffers per dtype; the rest of the larger tensor
+// is untouched.
+TEST(Replica, AllreduceCoalescedSumsAndAveragesViewsAcrossDtypesAndBuckets) {
+  const auto errors = booster::testing::run_thread_ranks(3, [&](const Group& g) {
+    const double r = g->rank() + 1;  // 1, 2, 3: sum 6, mean 2
+    at::Tensor base = at::full({10}, r);
+    std::vector<at::Tensor> ts{at::full({5}, r), at::full({3, 2}, r, at::kInt), base.narrow(0, 2, 4),
+                               at::full({4}, r, at::kDouble)};
+    booster::allreduce_coalesced(*g, ts, /*bucket_bytes=*/24, /*average=*/false);  // several buffers per dtype
+    for (const auto& t : ts) EXPECT_TRUE(t.eq(6).all().item<bool>()) << t.dtype() << " " << t;
+    EXPECT_EQ(ts[1].sizes(), (std::vector<int64_t>{3, 2}));
+    EXPECT_TRUE(base.narrow(0, 0, 2).eq(r).all().item<bool>());
+    EXPECT_TRUE(base.narrow(0, 6, 4).eq(r).all().item<bool>());
+    std::vector<at::Tensor> avg{at::full({3}, r), at::full({2}, r, at::kDouble)};
+    booster::allreduce_coalesced(*g, avg, 1 << 20, /*average=*/true);
+    for (const auto& t : avg) EXPECT_TRUE(t.eq(2).all().item<bool>()) << t;
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(3, ""));
 }
 
 TEST(Replica, VerifyNamesTheFirstDifferenceOnEveryRank) {

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -52,6 +53,35 @@ void verify_replicas(dist::ProcessGroup& group, const std::vector<std::pair<std:
       throw std::runtime_error(msg);
     }
     ++index;
+  }
+}
+
+void allreduce_coalesced(dist::ProcessGroup& group, const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes,
+                         bool average) {
+  if (group.size() == 1 || tensors.empty()) return;
+  at::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, list] : by_dtype) {
+    size_t i = 0;
+    while (i < list.size()) {
+      std::vector<at::Tensor> bucket;
+      int64_t bytes = 0;
+      while (i < list.size() && (bucket.empty() || bytes + static_cast<int64_t>(list[i].nbytes()) <= bucket_bytes)) {
+        bytes += static_cast<int64_t>(list[i].nbytes());
+        bucket.push_back(list[i++]);
+      }
+      std::vector<at::Tensor> flat_parts;
+      for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
+      at::Tensor flat = at::cat(flat_parts);
+      group.allreduce(flat, dist::ReduceOp::SUM).wait();
+      if (average) flat.div_(group.size());
+      int64_t off = 0;
+      for (auto& t : bucket) {
+        const_cast<at::Tensor&>(t).copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+        off += t.numel();
+      }
+    }
   }
 }
 

@@ -295,6 +295,7 @@ void ZeroOptimizer::prepare_slice_grads() {
     for (size_t i = 0; i < groups_.size(); ++i) groups_[i]->master.mutable_grad() = host[i];
   }
   grads_prepared_ = true;
+  on_gradients_prepared();
 }
 
 void ZeroOptimizer::pin_offloaded_states() {

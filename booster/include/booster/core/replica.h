@@ -27,6 +27,14 @@ BOOSTER_API void verify_replicas(dist::ProcessGroup& group,
 BOOSTER_API void broadcast_coalesced(dist::ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
                                      int root, int64_t bucket_bytes = 250LL << 20);
 
+// SUM-allreduces `tensors` over `group` in place (divided by the group size when `average`),
+// coalesced: tensors of one dtype (any shapes, any device the group serves; possibly views) are
+// flattened into buffers of at most bucket_bytes (bytes; a larger tensor is a buffer of its own),
+// one allreduce per buffer, then copied back. Collective: every rank passes tensors of the same
+// dtypes and sizes in the same order. Nothing happens on a group of one rank.
+BOOSTER_API void allreduce_coalesced(dist::ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                                     int64_t bucket_bytes, bool average);
+
 // What every data-parallel plugin does at configure time: verify_replicas over the module's
 // parameters and buffers (names, dtypes, shapes), then broadcast_coalesced of all of them from rank 0.
 // Collective. Throws as verify_replicas.

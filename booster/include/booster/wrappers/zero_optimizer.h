@@ -129,6 +129,10 @@ class BOOSTER_API ZeroOptimizer : public OptimizerWrapper {
  protected:
   std::vector<torch::Tensor> local_gradients() const override;
   dist::ProcessGroup* norm_group() const override;
+  // Called once per step when this step's gradient slices have been placed in the master slices'
+  // .grad() (float32 [shard_numel] with master weights; before the overflow check, clipping and the
+  // update); a derived wrapper may change them in place. Nothing by default.
+  virtual void on_gradients_prepared() {}
 
  private:
   void prepare_slice_grads();
