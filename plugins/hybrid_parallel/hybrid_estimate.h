@@ -15,8 +15,7 @@ namespace booster::hybrid {
 // all_to_all for every sp_size >= 2 that fits beside tp. Each mesh has a row per zero_stage the
 // plugin accepts there (hybrid_parallel_plugin.cpp's refusals): 0 always; 1, 2 and 3 when the
 // data-parallel replicas (dp, times sp under all_to_all) are more than one (over one rank a ZeRO
-// stage shards nothing: zero_stage 0's row stands for it); no 2 with pp > 1, no 2 or 3 with
-// split_gather, no 3 with precision "fp16".
+// stage shards nothing: zero_stage 0's row stands for it); no 2 with pp > 1, no 3 with precision "fp16".
 // A rank holds ~Ψ/(tp·pp) parameters (Megatron's split; pipeline stages assumed equal unless the
 // layers' sizes are known) in the request's precision, over the replicas R (core/memory_estimate.h):
 //   zero_stage 0: replicated_estimate (DDP: weights, gradients, fp32 masters below fp32, Adam);

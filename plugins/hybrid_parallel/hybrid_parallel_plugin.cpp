@@ -24,12 +24,21 @@
 #include "booster/parallel/fully_shard.h"
 #include "booster/parallel/parallelize.h"
 #include "booster/plugin.h"
-#include "hybrid_checkpoint_io.h"
+#include "booster/parallel/mesh_checkpoint_io.h"
 #include "hybrid_estimate.h"
-#include "hybrid_optimizer.h"
-#include "hybrid_state.h"
+#include "booster/parallel/mesh_optimizer.h"
+#include "booster/parallel/mesh_model.h"
 
 namespace booster::hybrid {
+
+using parallel::MeshCheckpointIO;
+using parallel::MeshFsdpOptimizer;
+using parallel::MeshModel;
+using parallel::MeshModelRegistry;
+using parallel::MeshOptimizer;
+using parallel::MeshTopology;
+using parallel::MeshZeroOptimizer;
+using parallel::NormFilter;
 
 // ---------------------------------------------------------------------------------------------
 // Options ([plugin] table): names and defaults of ColossalAI's HybridParallelPlugin
@@ -208,7 +217,7 @@ class HybridHooks : public ModelHooks {
  public:
   // dp_reduced_by_zero: zero_stage = 2's ZeroOptimizer reduce-scatters the gradients over dp during
   // backward, so sync_gradients leaves dp alone.
-  HybridHooks(std::shared_ptr<ModelState> state, Topology topo, int64_t bucket_bytes, bool dp_reduced_by_zero)
+  HybridHooks(std::shared_ptr<MeshModel> state, MeshTopology topo, int64_t bucket_bytes, bool dp_reduced_by_zero)
       : state_(std::move(state)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes), dp_reduced_by_zero_(dp_reduced_by_zero) {}
   torch::nn::Module& module() override { return *state_->module; }
   void pre_forward() override {
@@ -230,7 +239,7 @@ class HybridHooks : public ModelHooks {
   void sync_gradients() {
     if (topo_.split_gather && !dp_reduced_by_zero_) {
       // Megatron-SP: a tp-replicated parameter (no TensorParallelSpec) got its sequence shard's part.
-      // (zero_stage 2: HybridZeroOptimizer sums the reduced slices' pieces over tp instead.)
+      // (zero_stage 2: MeshZeroOptimizer sums the reduced slices' pieces over tp instead.)
       std::vector<at::Tensor> partial;
       for (const auto& [name, p] : state_->named_parameters)
         if (state_->held.at(name) && p.requires_grad() && p.grad().defined() && !nn::tensor_parallel_spec(p))
@@ -262,11 +271,11 @@ class HybridHooks : public ModelHooks {
     }
     return out;
   }
-  const std::shared_ptr<ModelState>& state() const { return state_; }
+  const std::shared_ptr<MeshModel>& state() const { return state_; }
 
  private:
-  std::shared_ptr<ModelState> state_;
-  Topology topo_;
+  std::shared_ptr<MeshModel> state_;
+  MeshTopology topo_;
   int64_t bucket_bytes_;
   bool dp_reduced_by_zero_;
 };
@@ -278,7 +287,7 @@ class HybridParallelPlugin : public Plugin {
  public:
   explicit HybridParallelPlugin(const PluginContext& ctx)
       : Plugin(ctx), options_(parse_options(ctx.options, ctx.world->size())) {
-    Topology& t = topo_;
+    MeshTopology& t = topo_;
     t.tp = options_.tp_size;
     t.pp = options_.pp_size;
     t.sp = options_.sp_size;
@@ -344,7 +353,7 @@ class HybridParallelPlugin : public Plugin {
     return options_.mixed->wrap_criterion(std::move(criterion));
   }
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io() override {
-    return std::make_shared<HybridCheckpointIO>(world(), topo_, registry_);
+    return std::make_shared<MeshCheckpointIO>(world(), topo_, registry_);
   }
 
   Configured configure(std::shared_ptr<torch::nn::Module> model,
@@ -354,26 +363,26 @@ class HybridParallelPlugin : public Plugin {
                                   bool return_outputs) override;
 
  private:
-  void split_into_stages(ModelState& state);
+  void split_into_stages(MeshModel& state);
   void apply_tp_plan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) const;
   // zero_stage = 3: parallel::fully_shard's runtime over the dp group of this rank's (tp-shard)
-  // parameters, with the hybrid norm accounting (HybridFsdpOptimizer).
+  // parameters, with the hybrid norm accounting (MeshFsdpOptimizer).
   Configured configure_fully_sharded(const std::shared_ptr<torch::nn::Module>& model,
                                      const std::shared_ptr<torch::optim::Optimizer>& optimizer,
-                                     const std::shared_ptr<ModelState>& state);
-  NormFilter norm_filter(const std::shared_ptr<ModelState>& state) const;
+                                     const std::shared_ptr<MeshModel>& state);
+  NormFilter norm_filter(const std::shared_ptr<MeshModel>& state) const;
   // split_gather: the tp group over which zero_stage 2 and 3 sum the tp-replicated parameters'
-  // partial gradients (hybrid_optimizer.h); null otherwise.
+  // partial gradients (booster/parallel/mesh_optimizer.h); null otherwise.
   std::shared_ptr<dist::ProcessGroup> partial_tp() const { return topo_.split_gather ? topo_.tp_group : nullptr; }
 
   HybridOptions options_;
-  Topology topo_;
-  std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
+  MeshTopology topo_;
+  std::shared_ptr<MeshModelRegistry> registry_ = std::make_shared<MeshModelRegistry>();
   std::map<const torch::nn::Module*, std::weak_ptr<HybridHooks>> hooks_;
-  std::map<const torch::nn::Module*, std::shared_ptr<ModelState>> sharded_states_;  // zero_stage 3
+  std::map<const torch::nn::Module*, std::shared_ptr<MeshModel>> sharded_states_;  // zero_stage 3
 };
 
-void HybridParallelPlugin::split_into_stages(ModelState& state) {
+void HybridParallelPlugin::split_into_stages(MeshModel& state) {
   parallel::PipelineOptions po;
   po.pp_style = options_.pp_style;
   po.num_model_chunks = options_.num_model_chunks;
@@ -393,7 +402,7 @@ void HybridParallelPlugin::split_into_stages(ModelState& state) {
   state.shared = state.runner->shared();
 }
 
-NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<ModelState>& state) const {
+NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<MeshModel>& state) const {
   std::set<const void*> skip;  // counted on another rank
   for (const auto& [name, p] : state->named_parameters)
     if (topo_.tp_rank != 0 && !nn::tensor_parallel_spec(p)) skip.insert(p.unsafeGetTensorImpl());
@@ -403,7 +412,7 @@ NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<ModelState>& 
 }
 
 // The optimizer keeps this stage's parameters only: the other stages' (released) leave its groups.
-static void drop_other_stages(const ModelState& state, torch::optim::Optimizer& optimizer) {
+static void drop_other_stages(const MeshModel& state, torch::optim::Optimizer& optimizer) {
   std::set<const void*> released;
   for (const auto& [name, p] : state.named_parameters)
     if (!state.held.at(name)) released.insert(p.unsafeGetTensorImpl());
@@ -440,7 +449,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
                                            std::shared_ptr<torch::optim::Optimizer> optimizer) {
   apply_tp_plan(*model, optimizer.get());
   options_.mixed->prepare_model(*model);
-  auto state = std::make_shared<ModelState>();
+  auto state = std::make_shared<MeshModel>();
   state->module = model;
   state->named_parameters = named_parameters_of(*model, false);
   state->named_buffers = named_buffers_of(*model);
@@ -471,7 +480,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
   NormFilter counts = norm_filter(state);
   if (options_.zero_stage == 0) {
     wo.group = world();
-    c.optimizer = std::make_shared<HybridOptimizer>(optimizer, c.hooks, wo, world(), topo_.dp_rank == 0, counts);
+    c.optimizer = std::make_shared<MeshOptimizer>(optimizer, c.hooks, wo, world(), topo_.dp_rank == 0, counts);
   } else {
     wo.group = topo_.dp_group;
     ZeroOptions zo;
@@ -481,7 +490,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
     for (const auto& [name, p] : state->named_parameters)
       if (state->held.at(name)) stage_params.emplace_back(name, p);
     try {
-      c.optimizer = std::make_shared<HybridZeroOptimizer>(optimizer, c.hooks, wo, zo, stage_params, world(), counts,
+      c.optimizer = std::make_shared<MeshZeroOptimizer>(optimizer, c.hooks, wo, zo, stage_params, world(), counts,
                                                           partial_tp());
     } catch (const std::invalid_argument& e) {
       throw PluginError(std::string("hybrid_parallel: ") + e.what());
@@ -492,7 +501,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
 
 Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<torch::nn::Module>& model,
                                                          const std::shared_ptr<torch::optim::Optimizer>& optimizer,
-                                                         const std::shared_ptr<ModelState>& state) {
+                                                         const std::shared_ptr<MeshModel>& state) {
   parallel::FullyShardOptions fo;
   fo.shard_group = topo_.dp_group;
   fo.world = world();
@@ -531,7 +540,7 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
   wo.group = world();
-  c.optimizer = std::make_shared<HybridFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(), norm_filter(state),
+  c.optimizer = std::make_shared<MeshFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(), norm_filter(state),
                                                      partial_tp());
   std::map<const void*, std::string> names;
   for (const auto& [name, p] : state->named_parameters) names[p.unsafeGetTensorImpl()] = name;
@@ -553,9 +562,9 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
                                                       const torch::Tensor& targets, const Criterion& criterion,
                                                       OptimizerWrapper* optimizer, bool return_loss,
                                                       bool return_outputs) {
-  std::shared_ptr<ModelState> found = registry_->find(hooks.module());
+  std::shared_ptr<MeshModel> found = registry_->find(hooks.module());
   if (!found) throw PluginError("hybrid_parallel: execute_pipeline got a model this plugin did not boost");
-  ModelState& state = *found;
+  MeshModel& state = *found;
   auto it = hooks_.find(&hooks.module());
   auto mine = it == hooks_.end() ? nullptr : it->second.lock();
   if (!state.runner || !mine)

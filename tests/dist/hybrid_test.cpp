@@ -277,7 +277,7 @@ TEST(HybridParallel, SequenceParallelSplitGatherDataTensor2x2MatchesSingleProces
                     "plugin.sequence_parallelism_mode=split_gather"}, "adamw", 0.05, false, 1});
 }
 // split_gather with zero_stage 2 and 3: the tp-replicated parameters' pieces of the gradient shards
-// reduced over dp are summed over tp before clipping and the update (hybrid_optimizer.h).
+// reduced over dp are summed over tp before clipping and the update (booster/parallel/mesh_optimizer.h).
 TEST(HybridParallel, SequenceParallelSplitGatherWithZeroStage2And3MatchesSingleProcess) {
   for (const std::string zero : {"2", "3"})
     check_hybrid({4, {"plugin.tp_size=2", "plugin.enable_sequence_parallelism=true",

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 
+#include "booster/core/grad_reducer.h"
 #include "booster/core/memory.h"
 #include "booster/core/replica.h"
 

@@ -1,12 +1,12 @@
-// hybrid_optimizer.cpp — norm accounting of the hybrid plugin's optimizer wrappers.
-#include "hybrid_optimizer.h"
+// mesh_optimizer.cpp — norm accounting of the mesh's optimizer wrappers (see booster/parallel/mesh_optimizer.h).
+#include "booster/parallel/mesh_optimizer.h"
 
 #include "booster/core/flat_layout.h"
 #include "booster/core/replica.h"
 #include "booster/nn/tensor_parallel.h"
 #include "booster/dist/process_group.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 namespace {
 
@@ -17,7 +17,7 @@ void sum_over(dist::ProcessGroup& tp, const std::vector<at::Tensor>& pieces) {
 
 }  // namespace
 
-HybridOptimizer::HybridOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+MeshOptimizer::MeshOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                                  OptimizerWrapperOptions options, std::shared_ptr<dist::ProcessGroup> world,
                                  bool dp_rank0, NormFilter counts)
     : OptimizerWrapper(std::move(optimizer), std::move(hooks), std::move(options)),
@@ -25,10 +25,10 @@ HybridOptimizer::HybridOptimizer(std::shared_ptr<torch::optim::Optimizer> optimi
       dp_rank0_(dp_rank0),
       counts_(std::move(counts)) {}
 
-dist::ProcessGroup* HybridOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
-dist::ProcessGroup* HybridZeroOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
+dist::ProcessGroup* MeshOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
+dist::ProcessGroup* MeshZeroOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
 
-std::vector<torch::Tensor> HybridOptimizer::norm_gradients() const {
+std::vector<torch::Tensor> MeshOptimizer::norm_gradients() const {
   std::vector<torch::Tensor> grads;
   if (!dp_rank0_) return grads;  // dp replicas hold the same averaged gradients
   for (const auto& p : model_params_)
@@ -36,7 +36,7 @@ std::vector<torch::Tensor> HybridOptimizer::norm_gradients() const {
   return grads;
 }
 
-HybridZeroOptimizer::HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+MeshZeroOptimizer::MeshZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                          std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
                                          ZeroOptions zero,
                                          const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
@@ -51,7 +51,7 @@ HybridZeroOptimizer::HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer
   if (zero.stage == 1) set_require_grad_sync(false);
 }
 
-void HybridZeroOptimizer::on_gradients_prepared() {
+void MeshZeroOptimizer::on_gradients_prepared() {
   if (!partial_tp_) return;
   std::vector<at::Tensor> pieces;
   const int rank = options_.group->rank();
@@ -70,7 +70,7 @@ void HybridZeroOptimizer::on_gradients_prepared() {
   sum_over(*partial_tp_, pieces);
 }
 
-std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {
+std::vector<torch::Tensor> MeshZeroOptimizer::norm_gradients() const {
   // The slices' gradients (one per optimizer group), cut into each parameter's piece so that
   // replicated parameters can be left out.
   std::vector<torch::Tensor> grads;
@@ -90,9 +90,9 @@ std::vector<torch::Tensor> HybridZeroOptimizer::norm_gradients() const {
   return grads;
 }
 
-HybridFsdpOptimizer::HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+MeshFsdpOptimizer::MeshFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                          std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
-                                         std::shared_ptr<parallel::FullyShardState> state,
+                                         std::shared_ptr<FullyShardState> state,
                                          std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
                                          std::shared_ptr<dist::ProcessGroup> partial_tp)
     : FullyShardOptimizer(std::move(optimizer), std::move(hooks), std::move(options), std::move(state)),
@@ -100,7 +100,7 @@ HybridFsdpOptimizer::HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer
       counts_(std::move(counts)),
       partial_tp_(std::move(partial_tp)) {}
 
-void HybridFsdpOptimizer::sum_partial_over_tp() {
+void MeshFsdpOptimizer::sum_partial_over_tp() {
   if (!partial_tp_ || partial_summed_) return;
   partial_summed_ = true;
   at::NoGradGuard no_grad;
@@ -120,26 +120,26 @@ void HybridFsdpOptimizer::sum_partial_over_tp() {
   sum_over(*partial_tp_, pieces);
 }
 
-bool HybridFsdpOptimizer::step() {
+bool MeshFsdpOptimizer::step() {
   sum_partial_over_tp();
   const bool stepped = FullyShardOptimizer::step();
   partial_summed_ = false;
   return stepped;
 }
 
-double HybridFsdpOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
+double MeshFsdpOptimizer::clip_grad_by_norm(double max_norm, double norm_type) {
   sum_partial_over_tp();
   return FullyShardOptimizer::clip_grad_by_norm(max_norm, norm_type);
 }
 
-void HybridFsdpOptimizer::zero_grad() {
+void MeshFsdpOptimizer::zero_grad() {
   FullyShardOptimizer::zero_grad();
   partial_summed_ = false;
 }
 
-dist::ProcessGroup* HybridFsdpOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
+dist::ProcessGroup* MeshFsdpOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
 
-std::vector<torch::Tensor> HybridFsdpOptimizer::norm_gradients() const {
+std::vector<torch::Tensor> MeshFsdpOptimizer::norm_gradients() const {
   // Each shard's reduced gradient, cut into its parameters' pieces so that tp-replicated ones are
   // counted on tp rank 0 only (the padding after the last piece is left out).
   std::vector<torch::Tensor> grads;
@@ -158,4 +158,4 @@ std::vector<torch::Tensor> HybridFsdpOptimizer::norm_gradients() const {
   return grads;
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

@@ -1,6 +1,6 @@
-// hybrid_checkpoint_io_detail.h — what the model and optimizer parts of HybridCheckpointIO share:
+// mesh_checkpoint_io_detail.h — what the model and optimizer parts of MeshCheckpointIO share:
 // how a tensor-parallel shard sits in its full dense tensor, and a string all-gather.
-// Private to the plugin.
+// Private to libbooster.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,9 +13,9 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/dist/process_group.h"
 #include "booster/nn/tensor_parallel.h"
-#include "hybrid_state.h"
+#include "booster/parallel/mesh_model.h"
 
-namespace booster::hybrid::ckpt_detail {
+namespace booster::parallel::mesh_detail {
 
 // A tensor of the model as this rank holds it (local: its tp shard, before any pipeline release)
 // and as checkpoints hold it (full: the dense tensor, padding dropped).
@@ -34,7 +34,7 @@ struct Geometry {
 // The geometry of `tensor` named `name` in `state` (its local shape from state.local_shape, its spec
 // from nn::tensor_parallel_spec, which survives the pipeline release). Throws CheckpointError when
 // the spec does not fit the local shape.
-Geometry geometry_of(const ModelState& state, const std::string& name, const at::Tensor& tensor);
+Geometry geometry_of(const MeshModel& state, const std::string& name, const at::Tensor& tensor);
 
 // A run of a local flat range: `length` elements at local flat `local` that are full flat elements
 // [full, full + length), or padding (full == -1, not part of the dense tensor).
@@ -51,4 +51,4 @@ std::vector<std::string> all_gather_strings(dist::ProcessGroup& group, const std
 
 std::string shape_str(at::IntArrayRef shape);
 
-}  // namespace booster::hybrid::ckpt_detail
+}  // namespace booster::parallel::mesh_detail

@@ -1,6 +1,6 @@
-// hybrid_checkpoint_io.cpp — HybridCheckpointIO's model part and the helpers shared with the
-// optimizer part (see hybrid_checkpoint_io.h).
-#include "hybrid_checkpoint_io.h"
+// mesh_checkpoint_io.cpp — MeshCheckpointIO's model part and the helpers shared with the
+// optimizer part (see booster/parallel/mesh_checkpoint_io.h).
+#include "booster/parallel/mesh_checkpoint_io.h"
 
 #include <sys/stat.h>
 
@@ -18,17 +18,17 @@
 #include "booster/checkpoint/flat_checkpoint_io.h"
 #include "booster/core/flat_layout.h"
 #include "booster/io/atomic_write.h"
-#include "hybrid_checkpoint_io_detail.h"
+#include "mesh_checkpoint_io_detail.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 using checkpoint::CheckpointError;
 namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------------------------------------
-// Shared helpers (hybrid_checkpoint_io_detail.h)
+// Shared helpers (mesh_checkpoint_io_detail.h)
 
-namespace ckpt_detail {
+namespace mesh_detail {
 
 static int64_t product(const std::vector<int64_t>& s) {
   int64_t n = 1;
@@ -44,7 +44,7 @@ std::string shape_str(at::IntArrayRef shape) {
   return os.str();
 }
 
-Geometry geometry_of(const ModelState& state, const std::string& name, const at::Tensor& tensor) {
+Geometry geometry_of(const MeshModel& state, const std::string& name, const at::Tensor& tensor) {
   Geometry g;
   auto it = state.local_shape.find(name);
   g.local = it != state.local_shape.end() ? it->second : tensor.sizes().vec();
@@ -117,15 +117,15 @@ std::vector<std::string> all_gather_strings(dist::ProcessGroup& group, const std
   return out;
 }
 
-}  // namespace ckpt_detail
+}  // namespace mesh_detail
 
-using namespace ckpt_detail;
+using namespace mesh_detail;
 
-HybridCheckpointIO::HybridCheckpointIO(std::shared_ptr<dist::ProcessGroup> world, Topology topo,
-                                       std::shared_ptr<Registry> registry)
+MeshCheckpointIO::MeshCheckpointIO(std::shared_ptr<dist::ProcessGroup> world, MeshTopology topo,
+                                       std::shared_ptr<MeshModelRegistry> registry)
     : checkpoint::CheckpointIO(std::move(world)), topo_(std::move(topo)), registry_(std::move(registry)) {}
 
-std::shared_ptr<ModelState> HybridCheckpointIO::state_of(torch::nn::Module& model) const {
+std::shared_ptr<MeshModel> MeshCheckpointIO::state_of(torch::nn::Module& model) const {
   auto state = registry_->find(model);
   if (!state)
     throw CheckpointError("booster: hybrid_parallel: the model given to save_model / load_model is not a model this "
@@ -167,7 +167,7 @@ at::Tensor gather_full(const at::Tensor& local, const Geometry& g) {
 // FlatParameters in full precision, keyed by the parameter's TensorImpl (its own tensor is a view of
 // storage that is gathered only around forward and backward). Collective over the dp group. Holds
 // this rank's whole (tp-shard) model while the save runs. Empty for the other stages.
-std::map<const void*, at::Tensor> gathered_parameters(ModelState& state) {
+std::map<const void*, at::Tensor> gathered_parameters(MeshModel& state) {
   std::map<const void*, at::Tensor> out;
   if (!state.sharded) return out;
   for (const checkpoint::FlatSource& src : state.sharded->checkpoint_sources()) {
@@ -183,7 +183,7 @@ std::map<const void*, at::Tensor> gathered_parameters(ModelState& state) {
 
 // zero_stage 3: copies each parameter's loaded value (`loaded`, keyed by TensorImpl) into this
 // rank's pieces of the FlatParameter shards, then lets the runtime refresh what it derives from them.
-void scatter_into_shards(ModelState& state, const std::map<const void*, at::Tensor>& loaded) {
+void scatter_into_shards(MeshModel& state, const std::map<const void*, at::Tensor>& loaded) {
   at::NoGradGuard no_grad;
   for (const checkpoint::FlatSource& src : state.sharded->checkpoint_sources()) {
     at::Tensor shard = src.shard();
@@ -209,11 +209,11 @@ std::string failure_message(const std::string& dir, const std::vector<std::pair<
 
 }  // namespace
 
-void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
+void MeshCheckpointIO::save_model(torch::nn::Module& model, const std::string& path,
                                     const checkpoint::ModelSaveOptions& options) {
   // This save renames the per-stage files it wrote, so it cannot be staged (async_save.h).
   checkpoint::write_staged_now("hybrid_parallel's save_model renames the files it writes");
-  std::shared_ptr<ModelState> state = state_of(model);
+  std::shared_ptr<MeshModel> state = state_of(model);
   // The plan, identical on every rank: the tensors of the full model (ties written once), each
   // stage's tensors in registration order, each stage's files, the global file names.
   struct Item {
@@ -424,9 +424,9 @@ void HybridCheckpointIO::save_model(torch::nn::Module& model, const std::string&
 // ---------------------------------------------------------------------------------------------
 // load_model
 
-void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
+void MeshCheckpointIO::load_model(torch::nn::Module& model, const std::string& path,
                                     const checkpoint::ModelLoadOptions& options) {
-  std::shared_ptr<ModelState> state = state_of(model);
+  std::shared_ptr<MeshModel> state = state_of(model);
   std::vector<LoadTarget> targets;
   std::set<const void*> seen;
   // zero_stage 3: the parameters load into host buffers, then into the shards (scatter_into_shards).
@@ -459,4 +459,4 @@ void HybridCheckpointIO::load_model(torch::nn::Module& model, const std::string&
   if (state->sharded) scatter_into_shards(*state, staged);
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

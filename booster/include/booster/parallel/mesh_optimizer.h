@@ -1,4 +1,5 @@
-// hybrid_optimizer.h — the optimizer wrappers of the hybrid_parallel plugin. Both count each
+// mesh_optimizer.h — the optimizer wrappers of a model parallelized over a mesh (mesh_model.h; the
+// hybrid_parallel plugin's). They count each
 // gradient element exactly once in the global norm across the (dp, pp, tp) world (Megatron-LM's
 // clip_grad_norm over model-parallel ranks): a parameter replicated across the tp group (no
 // TensorParallelSpec: LayerNorm, RowParallelLinear's bias, position embeddings) counts on tp rank 0
@@ -11,7 +12,7 @@
 //                 counts its slice.
 //   zero_stage 2 (pp_size = 1): the same, and the ZeroOptimizer's reducer reduce-scatters the
 //                 gradients over dp during backward (ZeRO-2); each dp rank counts its slice.
-//   zero_stage 3: parallel::FullyShardOptimizer on the FlatParameter shards over dp
+//   zero_stage 3: FullyShardOptimizer on the FlatParameter shards over dp
 //                 (fully_shard.h); each dp rank counts its shard's pieces (FlatLayout::piece).
 // Under sequence_parallelism_mode = "split_gather" (Megatron-SP) a tp-replicated parameter's gradient
 // is a partial sum over this rank's sequence shard. zero_stage 0 and 1 sum the full gradients over
@@ -26,18 +27,19 @@
 #include <memory>
 #include <vector>
 
+#include "booster/export.h"
 #include "booster/parallel/fully_shard_optimizer.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "booster/wrappers/zero_optimizer.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 // Whether parameters()[i]'s gradient counts in this rank's norm contribution (dp aside).
 using NormFilter = std::function<bool(const at::Tensor& param)>;
 
-class HybridOptimizer : public OptimizerWrapper {
+class BOOSTER_API MeshOptimizer : public OptimizerWrapper {
  public:
-  HybridOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+  MeshOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                   OptimizerWrapperOptions options, std::shared_ptr<dist::ProcessGroup> world, bool dp_rank0,
                   NormFilter counts);
 
@@ -51,10 +53,10 @@ class HybridOptimizer : public OptimizerWrapper {
   NormFilter counts_;
 };
 
-class HybridZeroOptimizer : public ZeroOptimizer {
+class BOOSTER_API MeshZeroOptimizer : public ZeroOptimizer {
  public:
   // named_model_parameters: this stage's parameters (the optimizer holds exactly these).
-  HybridZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+  MeshZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                       OptimizerWrapperOptions options, ZeroOptions zero,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named_model_parameters,
                       std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
@@ -71,10 +73,10 @@ class HybridZeroOptimizer : public ZeroOptimizer {
   std::shared_ptr<dist::ProcessGroup> partial_tp_;
 };
 
-class HybridFsdpOptimizer : public parallel::FullyShardOptimizer {
+class BOOSTER_API MeshFsdpOptimizer : public FullyShardOptimizer {
  public:
-  HybridFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
-                      OptimizerWrapperOptions options, std::shared_ptr<parallel::FullyShardState> state,
+  MeshFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
+                      OptimizerWrapperOptions options, std::shared_ptr<FullyShardState> state,
                       std::shared_ptr<dist::ProcessGroup> world, NormFilter counts,
                       std::shared_ptr<dist::ProcessGroup> partial_tp = nullptr);
 
@@ -95,4 +97,4 @@ class HybridFsdpOptimizer : public parallel::FullyShardOptimizer {
   bool partial_summed_ = false;
 };
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

@@ -1,7 +1,9 @@
-// hybrid_state.h — what the hybrid_parallel plugin knows about one boosted model: the (dp, pp, tp)
-// mesh, which parameters and buffers this rank's pipeline stage holds, the parameters shared by
-// several stages (a tied embedding), and the pipeline stage. Shared by the plugin, its optimizer
-// wrappers and its checkpoint IO.
+// mesh_model.h — a model parallelized over a (dp, pp, sp, tp) mesh (ColossalAI's HybridParallelPlugin
+// layout, torchtitan's 3-D parallelism): the mesh's groups, which parameters and buffers this rank's
+// pipeline stage holds, the parameters shared by several stages (a tied embedding), the pipeline
+// stage and, under ZeRO-3, the sharded runtime. What the mesh's optimizer wrappers
+// (mesh_optimizer.h) and checkpoint IO (mesh_checkpoint_io.h) read; the hybrid_parallel plugin
+// fills it in from its options.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -16,11 +18,11 @@
 #include "booster/parallel/sharded_runtime.h"
 #include "booster/parallel/pipeline.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 // The mesh ColossalAI's HybridParallelPlugin builds: dims ("dp", "pp", "sp", "tp"), tp fastest; sp
 // is sequence_parallelism_mode = "all_to_all"'s group (size 1 otherwise).
-struct Topology {
+struct MeshTopology {
   std::shared_ptr<dist::ProcessMesh> mesh;
   // dp / dp_rank / dp_group: the replicas that average gradients: the mesh's dp x sp (sp replicas
   // hold the same parameters). data_group: the mesh's dp dim alone (ranks reading different data).
@@ -30,10 +32,7 @@ struct Topology {
   std::shared_ptr<dist::ProcessGroup> dp_group, pp_group, tp_group, sp_group, data_group;  // never null
 };
 
-// A parameter held by more than one pipeline stage (its gradients are summed across them).
-using SharedParameter = parallel::SharedParameter;
-
-struct ModelState {
+struct MeshModel {
   std::shared_ptr<torch::nn::Module> module;
   // Every parameter and buffer of the full model, registration order (names as in the dense
   // model); tensors of other stages are released (0 elements) when pp > 1.
@@ -45,21 +44,21 @@ struct ModelState {
   // name -> shape and dtype on a holding rank (tp shard shape), as before the release.
   std::map<std::string, std::vector<int64_t>> local_shape;
   std::vector<SharedParameter> shared;
-  std::unique_ptr<parallel::PipelineStage> runner;  // pp > 1: this rank's stage (booster/parallel/pipeline.h)
+  std::unique_ptr<PipelineStage> runner;  // pp > 1: this rank's stage (booster/parallel/pipeline.h)
   // zero_stage = 3: the runtime whose FlatParameters hold the parameters (their tensors are views of
   // gathered storage, valid only while gathered); null otherwise.
-  std::shared_ptr<parallel::ShardedRuntime> sharded;
+  std::shared_ptr<ShardedRuntime> sharded;
 };
 
 // The models a plugin boosted (the checkpoint IO finds a model's or an optimizer's state here).
-struct Registry {
-  std::map<const torch::nn::Module*, std::weak_ptr<ModelState>> states;
-  std::shared_ptr<ModelState> find(const torch::nn::Module& module) const {
+struct MeshModelRegistry {
+  std::map<const torch::nn::Module*, std::weak_ptr<MeshModel>> states;
+  std::shared_ptr<MeshModel> find(const torch::nn::Module& module) const {
     auto it = states.find(&module);
     return it == states.end() ? nullptr : it->second.lock();
   }
   // The state whose model holds `param` (an optimizer's parameter); null when none.
-  std::shared_ptr<ModelState> find_by_parameter(const at::Tensor& param) const {
+  std::shared_ptr<MeshModel> find_by_parameter(const at::Tensor& param) const {
     for (const auto& [m, weak] : states)
       if (auto s = weak.lock())
         for (const auto& [name, p] : s->named_parameters)
@@ -68,4 +67,4 @@ struct Registry {
   }
 };
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

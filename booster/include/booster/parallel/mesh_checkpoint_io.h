@@ -1,8 +1,8 @@
-// hybrid_checkpoint_io.h — checkpoints of the hybrid_parallel plugin, in the layout of every other
-// plugin (HF safetensors with the dense parameter names; the optimizer keyed by full parameter
+// mesh_checkpoint_io.h — checkpoints of a model parallelized over a (dp, pp, sp, tp) mesh
+// (mesh_model.h; the hybrid_parallel plugin's), in the layout of every other plugin (HF safetensors with the dense parameter names; the optimizer keyed by full parameter
 // name), so a checkpoint saved at one (dp, pp, tp) shape loads at any other and into any plugin.
 //
-// Model (hybrid_checkpoint_io.cpp):
+// Model (src/parallel/mesh/mesh_checkpoint_io.cpp):
 //  - save_model writes every parameter and buffer under its dense name in its full dense shape and
 //    the model's dtype: a tensor-parallel shard (nn::TensorParallelSpec) is all-gathered over its tp
 //    group along spec.dim, one tensor at a time, and its vocabulary padding (entries >= full_size)
@@ -25,7 +25,7 @@
 //    low_level_zero, torch_fsdp, another mesh shape). Errors: load_targets' (one CheckpointError
 //    naming every bad tensor, nothing changed). Local: no communication.
 //
-// Optimizer (hybrid_checkpoint_io_optimizer.cpp): the sharded format (checkpoint/sharded_state.h)
+// Optimizer (src/parallel/mesh/mesh_checkpoint_io_optimizer.cpp): the sharded format (checkpoint/sharded_state.h)
 // keyed by full parameter name with full shapes, so it loads into any plugin at any world size:
 //  - save_optimizer: every element of every state tensor is written exactly once, translated from
 //    this rank's tp shard to the full tensor's flattened coordinates (a shard split along dim > 0
@@ -43,19 +43,21 @@
 //    group, every named parameter one of the model's, full shapes, dtypes, coverage); then the
 //    state, group options and loss-scaler state are replaced. Errors: CheckpointError naming the
 //    file and the tensor; nothing changed then. Local: no communication.
-// The model / optimizer must be the ones this plugin boosted (CheckpointError otherwise).
+// The model / optimizer must be registered in the registry given to the constructor (CheckpointError
+// otherwise).
 #pragma once
 
 #include <memory>
 
 #include "booster/checkpoint/checkpoint_io.h"
-#include "hybrid_state.h"
+#include "booster/export.h"
+#include "booster/parallel/mesh_model.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
-class HybridCheckpointIO : public checkpoint::CheckpointIO {
+class BOOSTER_API MeshCheckpointIO : public checkpoint::CheckpointIO {
  public:
-  HybridCheckpointIO(std::shared_ptr<dist::ProcessGroup> world, Topology topo, std::shared_ptr<Registry> registry);
+  MeshCheckpointIO(std::shared_ptr<dist::ProcessGroup> world, MeshTopology topo, std::shared_ptr<MeshModelRegistry> registry);
 
   void save_model(torch::nn::Module& model, const std::string& path, const checkpoint::ModelSaveOptions& options) override;
   using CheckpointIO::load_model;
@@ -65,11 +67,11 @@ class HybridCheckpointIO : public checkpoint::CheckpointIO {
   void load_optimizer(checkpoint::CheckpointableOptimizer& optimizer, const std::string& path) override;
 
  private:
-  std::shared_ptr<ModelState> state_of(torch::nn::Module& model) const;
-  std::shared_ptr<ModelState> state_of(checkpoint::CheckpointableOptimizer& optimizer) const;
+  std::shared_ptr<MeshModel> state_of(torch::nn::Module& model) const;
+  std::shared_ptr<MeshModel> state_of(checkpoint::CheckpointableOptimizer& optimizer) const;
 
-  Topology topo_;
-  std::shared_ptr<Registry> registry_;
+  MeshTopology topo_;
+  std::shared_ptr<MeshModelRegistry> registry_;
 };
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel

@@ -1,6 +1,6 @@
-// hybrid_checkpoint_io_optimizer.cpp — HybridCheckpointIO's optimizer part: the sharded format
+// mesh_checkpoint_io_optimizer.cpp — MeshCheckpointIO's optimizer part: the sharded format
 // keyed by full parameter name, saved from tp shards / ZeRO slices / pipeline stages, and loaded
-// from either format by the full-coordinate ranges each rank keeps (see hybrid_checkpoint_io.h).
+// from either format by the full-coordinate ranges each rank keeps (see booster/parallel/mesh_checkpoint_io.h).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -13,15 +13,15 @@
 #include "booster/checkpoint/state_dict_io.h"
 #include "booster/optim/optimizer_registry.h"
 #include "booster/wrappers/zero_optimizer.h"
-#include "hybrid_checkpoint_io.h"
-#include "hybrid_checkpoint_io_detail.h"
+#include "booster/parallel/mesh_checkpoint_io.h"
+#include "mesh_checkpoint_io_detail.h"
 
-namespace booster::hybrid {
+namespace booster::parallel {
 
 using checkpoint::CheckpointError;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-using namespace ckpt_detail;
+using namespace mesh_detail;
 
 namespace {
 
@@ -44,9 +44,9 @@ std::pair<std::string, std::string> split_state_name(const std::string& name) {
 
 }  // namespace
 
-std::shared_ptr<ModelState> HybridCheckpointIO::state_of(checkpoint::CheckpointableOptimizer& optimizer) const {
+std::shared_ptr<MeshModel> MeshCheckpointIO::state_of(checkpoint::CheckpointableOptimizer& optimizer) const {
   const auto params = optimizer.parameters();
-  std::shared_ptr<ModelState> state;
+  std::shared_ptr<MeshModel> state;
   if (!params.empty()) {
     state = registry_->find_by_parameter(params.front());
   } else {  // a stage whose optimizer holds nothing: the plugin's only model
@@ -64,7 +64,7 @@ std::shared_ptr<ModelState> HybridCheckpointIO::state_of(checkpoint::Checkpointa
 // ---------------------------------------------------------------------------------------------
 // save_optimizer
 
-void HybridCheckpointIO::save_optimizer(checkpoint::CheckpointableOptimizer& wrapper, const std::string& path,
+void MeshCheckpointIO::save_optimizer(checkpoint::CheckpointableOptimizer& wrapper, const std::string& path,
                                         const checkpoint::OptimizerSaveOptions& options) {
   using checkpoint::OptimizerFormat;
   if (options.format == OptimizerFormat::kGathered || !options.use_safetensors)
@@ -75,7 +75,7 @@ void HybridCheckpointIO::save_optimizer(checkpoint::CheckpointableOptimizer& wra
                           " asks for gathered files. Save with the default format and turn the directory into the "
                           "gathered format with `booster ckpt consolidate DIR OUT` (it loads into every plugin "
                           "either way)");
-  std::shared_ptr<ModelState> state = state_of(wrapper);
+  std::shared_ptr<MeshModel> state = state_of(wrapper);
   auto& opt = wrapper.optimizer();
   const std::string type = opt_info(opt).name();  // every rank, before any collective
   const auto& names = wrapper.parameter_names();
@@ -187,8 +187,8 @@ void HybridCheckpointIO::save_optimizer(checkpoint::CheckpointableOptimizer& wra
 // ---------------------------------------------------------------------------------------------
 // load_optimizer
 
-void HybridCheckpointIO::load_optimizer(checkpoint::CheckpointableOptimizer& wrapper, const std::string& path) {
-  std::shared_ptr<ModelState> state = state_of(wrapper);
+void MeshCheckpointIO::load_optimizer(checkpoint::CheckpointableOptimizer& wrapper, const std::string& path) {
+  std::shared_ptr<MeshModel> state = state_of(wrapper);
   auto& opt = wrapper.optimizer();
   const OptimizerTypeInfo& info = opt_info(opt);
   const auto& names = wrapper.parameter_names();
@@ -339,4 +339,4 @@ void HybridCheckpointIO::load_optimizer(checkpoint::CheckpointableOptimizer& wra
   wrapper.load_state_dict(ws);
 }
 
-}  // namespace booster::hybrid
+}  // namespace booster::parallel
