@@ -1,12 +1,15 @@
-// hybrid_parallel_plugin.cpp — ColossalAI's HybridParallelPlugin in C++: Megatron-style tensor
-// parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group), pipeline parallelism
-// (a PipelineModule's layers split into stages, 1F1B / interleaved / ZB-V schedules, execute_pipeline) and
-// data parallelism over dp (zero_stage 0 and 1: gradients averaged after backward, and zero_stage = 1
-// shards the optimizer states across dp with the core's ZeroOptimizer; zero_stage = 2 at pp_size = 1:
-// the core's ZeRO-2 reduce-scatters the gradients over dp during backward, as
-// booster::parallel::shard_gradients does for low_level_zero; zero_stage = 3 at pp_size = 1:
-// booster::parallel::fully_shard's runtime over dp, FSDP x TP) and sequence parallelism (split_gather over tp,
-// all_to_all over sp; booster/nn/sequence_parallel.h), on a (dp, pp, sp, tp) mesh with tp fastest.
+// hybrid_parallel_plugin.cpp — ColossalAI's HybridParallelPlugin in C++: its options (names,
+// defaults and rules) and their composition on one (dp, pp, sp, tp) mesh, tp fastest: tensor
+// parallelism (booster/nn/tensor_parallel.h layers over the mesh's tp group: a model built with the
+// Booster's context, or built dense and sharded by [plugin.tp_plan] through parallel::parallelize),
+// pipeline parallelism (parallel::pipeline: 1F1B / interleaved / ZB-V schedules, execute_pipeline),
+// sequence parallelism (split_gather over tp, all_to_all over sp; booster/nn/sequence_parallel.h)
+// and data parallelism over dp: zero_stage 0 and 1 average the gradients after backward
+// (parallel::MeshModelHooks) and zero_stage 1 shards the optimizer states with the core's
+// ZeroOptimizer; zero_stage 2 (pp_size = 1) is the core's ZeRO-2 over dp; zero_stage 3 is
+// parallel::fully_shard's runtime over dp (FSDP x TP x PP). The model's description, optimizer
+// wrappers and checkpoints are the mesh-parallel model's (booster/parallel/mesh_model.h,
+// mesh_optimizer.h, mesh_checkpoint_io.h).
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -22,18 +25,19 @@
 #include "booster/nn/pipeline.h"
 #include "booster/optim/optimizer_state.h"
 #include "booster/parallel/fully_shard.h"
+#include "booster/parallel/mesh_checkpoint_io.h"
+#include "booster/parallel/mesh_model.h"
+#include "booster/parallel/mesh_optimizer.h"
 #include "booster/parallel/parallelize.h"
 #include "booster/plugin.h"
-#include "booster/parallel/mesh_checkpoint_io.h"
 #include "hybrid_estimate.h"
-#include "booster/parallel/mesh_optimizer.h"
-#include "booster/parallel/mesh_model.h"
 
 namespace booster::hybrid {
 
 using parallel::MeshCheckpointIO;
 using parallel::MeshFsdpOptimizer;
 using parallel::MeshModel;
+using parallel::MeshModelHooks;
 using parallel::MeshModelRegistry;
 using parallel::MeshOptimizer;
 using parallel::MeshTopology;
@@ -211,76 +215,6 @@ static HybridOptions parse_options(const Options& o, int world_size) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gradient synchronisation after backward
-
-class HybridHooks : public ModelHooks {
- public:
-  // dp_reduced_by_zero: zero_stage = 2's ZeroOptimizer reduce-scatters the gradients over dp during
-  // backward, so sync_gradients leaves dp alone.
-  HybridHooks(std::shared_ptr<MeshModel> state, MeshTopology topo, int64_t bucket_bytes, bool dp_reduced_by_zero)
-      : state_(std::move(state)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes), dp_reduced_by_zero_(dp_reduced_by_zero) {}
-  torch::nn::Module& module() override { return *state_->module; }
-  void pre_forward() override {
-    if (topo_.pp > 1)
-      throw PluginError("hybrid_parallel: the model is split into pp_size = " + std::to_string(topo_.pp) +
-                        " pipeline stages, so model.forward cannot run it whole; use booster.execute_pipeline(inputs, "
-                        "targets, model, criterion, optimizer) for training and execute_pipeline(..., nullptr) to "
-                        "evaluate");
-  }
-  void backward(const torch::Tensor& loss) override {
-    if (topo_.pp > 1)
-      throw PluginError("hybrid_parallel: booster.backward does not work on a pipelined model (pp_size = " +
-                        std::to_string(topo_.pp) + "): booster.execute_pipeline runs forward and backward of every "
-                        "micro-batch; call it instead of model.forward + booster.backward");
-    loss.backward();
-    sync_gradients();
-  }
-  // After the last backward of an iteration: average over dp, sum shared parameters over stages.
-  void sync_gradients() {
-    if (topo_.split_gather && !dp_reduced_by_zero_) {
-      // Megatron-SP: a tp-replicated parameter (no TensorParallelSpec) got its sequence shard's part.
-      // (zero_stage 2: MeshZeroOptimizer sums the reduced slices' pieces over tp instead.)
-      std::vector<at::Tensor> partial;
-      for (const auto& [name, p] : state_->named_parameters)
-        if (state_->held.at(name) && p.requires_grad() && p.grad().defined() && !nn::tensor_parallel_spec(p))
-          partial.push_back(p.grad());
-      allreduce_coalesced(*topo_.tp_group, partial, bucket_bytes_, false);  // core/replica.h
-    }
-    std::vector<at::Tensor> grads;
-    for (const auto& [name, p] : state_->named_parameters)
-      if (state_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
-    if (!dp_reduced_by_zero_) allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
-    if (state_->runner) state_->runner->sum_shared_gradients();
-  }
-  // dp/pp/tp sizes, this rank's pp coordinate, tensors held on its stage, model chunks, and with
-  // pp > 1 the last execute_pipeline's compute and wall time of this rank (microseconds), the
-  // messages it sent or received through shared-memory rings so far, and (zbv) the W passes so far
-  // that ran as a whole backward (split_backward.h's fallback).
-  std::map<std::string, int64_t> stats() const override {
-    int64_t held = 0;
-    for (const auto& [name, h] : state_->held) held += h;
-    std::map<std::string, int64_t> out{{"dp_size", topo_.dp / topo_.sp}, {"pp_size", topo_.pp}, {"tp_size", topo_.tp},
-                                       {"sp_size", topo_.split_gather ? topo_.tp : topo_.sp},
-                                       {"pp_rank", topo_.pp_rank}, {"tensors_on_stage", held},
-                                       {"model_chunks", state_->runner ? state_->runner->chunks() : 1}};
-    if (state_->runner) {  // the last execute_pipeline: compute time of this rank vs wall time (bubble)
-      out["pipeline_compute_us"] = static_cast<int64_t>(state_->runner->last_compute_seconds() * 1e6);
-      out["pipeline_wall_us"] = static_cast<int64_t>(state_->runner->last_wall_seconds() * 1e6);
-      out["pipeline_shm_messages"] = state_->runner->shared_memory_messages();
-      out["pipeline_w_fallbacks"] = state_->runner->weight_fallbacks();
-    }
-    return out;
-  }
-  const std::shared_ptr<MeshModel>& state() const { return state_; }
-
- private:
-  std::shared_ptr<MeshModel> state_;
-  MeshTopology topo_;
-  int64_t bucket_bytes_;
-  bool dp_reduced_by_zero_;
-};
-
-// ---------------------------------------------------------------------------------------------
 // Plugin
 
 class HybridParallelPlugin : public Plugin {
@@ -370,7 +304,6 @@ class HybridParallelPlugin : public Plugin {
   Configured configure_fully_sharded(const std::shared_ptr<torch::nn::Module>& model,
                                      const std::shared_ptr<torch::optim::Optimizer>& optimizer,
                                      const std::shared_ptr<MeshModel>& state);
-  NormFilter norm_filter(const std::shared_ptr<MeshModel>& state) const;
   // split_gather: the tp group over which zero_stage 2 and 3 sum the tp-replicated parameters'
   // partial gradients (booster/parallel/mesh_optimizer.h); null otherwise.
   std::shared_ptr<dist::ProcessGroup> partial_tp() const { return topo_.split_gather ? topo_.tp_group : nullptr; }
@@ -378,7 +311,7 @@ class HybridParallelPlugin : public Plugin {
   HybridOptions options_;
   MeshTopology topo_;
   std::shared_ptr<MeshModelRegistry> registry_ = std::make_shared<MeshModelRegistry>();
-  std::map<const torch::nn::Module*, std::weak_ptr<HybridHooks>> hooks_;
+  std::map<const torch::nn::Module*, std::weak_ptr<MeshModelHooks>> hooks_;
   std::map<const torch::nn::Module*, std::shared_ptr<MeshModel>> sharded_states_;  // zero_stage 3
 };
 
@@ -400,28 +333,6 @@ void HybridParallelPlugin::split_into_stages(MeshModel& state) {
   state.owner_stage = state.runner->owner_stage();
   state.held = state.runner->held();
   state.shared = state.runner->shared();
-}
-
-NormFilter HybridParallelPlugin::norm_filter(const std::shared_ptr<MeshModel>& state) const {
-  std::set<const void*> skip;  // counted on another rank
-  for (const auto& [name, p] : state->named_parameters)
-    if (topo_.tp_rank != 0 && !nn::tensor_parallel_spec(p)) skip.insert(p.unsafeGetTensorImpl());
-  for (const auto& s : state->shared)
-    if (topo_.pp_rank != s.stages.front()) skip.insert(s.param.unsafeGetTensorImpl());
-  return [skip](const at::Tensor& p) { return !skip.count(p.unsafeGetTensorImpl()); };
-}
-
-// The optimizer keeps this stage's parameters only: the other stages' (released) leave its groups.
-static void drop_other_stages(const MeshModel& state, torch::optim::Optimizer& optimizer) {
-  std::set<const void*> released;
-  for (const auto& [name, p] : state.named_parameters)
-    if (!state.held.at(name)) released.insert(p.unsafeGetTensorImpl());
-  for (auto& group : optimizer.param_groups()) {
-    auto& params = group.params();
-    params.erase(std::remove_if(params.begin(), params.end(),
-                                [&](const at::Tensor& p) { return released.count(p.unsafeGetTensorImpl()) > 0; }),
-                 params.end());
-  }
 }
 
 // [plugin.tp_plan]: shards the dense model's planned layers over the tp group (in place: the
@@ -449,16 +360,7 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
                                            std::shared_ptr<torch::optim::Optimizer> optimizer) {
   apply_tp_plan(*model, optimizer.get());
   options_.mixed->prepare_model(*model);
-  auto state = std::make_shared<MeshModel>();
-  state->module = model;
-  state->named_parameters = named_parameters_of(*model, false);
-  state->named_buffers = named_buffers_of(*model);
-  for (auto* list : {&state->named_parameters, &state->named_buffers})
-    for (const auto& [name, t] : *list) {
-      state->held[name] = true;
-      state->owner_stage[name] = 0;
-      state->local_shape[name] = t.sizes().vec();
-    }
+  auto state = parallel::make_mesh_model(model);
   if (topo_.pp > 1) split_into_stages(*state);
   // zero_stage 3 keeps fp32 shards and gathers them in bf16 (fully_shard's param_dtype).
   if (options_.precision == "bf16" && options_.zero_stage != 3) mixed_precision::cast_floating_point(*model, at::kBFloat16);
@@ -466,18 +368,18 @@ Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> mo
   sync_replicas(*topo_.dp_group, *model);
   if (options_.zero_stage == 3) return configure_fully_sharded(model, optimizer, state);
 
-  auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb),
+  auto hooks = std::make_shared<MeshModelHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb),
                                              options_.zero_stage == 2 && optimizer != nullptr);
   registry_->states[model.get()] = state;
   hooks_[model.get()] = hooks;
   Configured c;
   c.hooks = options_.mixed->wrap_hooks(hooks);
   if (!optimizer) return c;
-  drop_other_stages(*state, *optimizer);
+  parallel::drop_other_stages(*state, *optimizer);
   OptimizerWrapperOptions wo = options_.mixed->optimizer_options();
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
-  NormFilter counts = norm_filter(state);
+  NormFilter counts = parallel::mesh_norm_filter(*state, topo_);
   if (options_.zero_stage == 0) {
     wo.group = world();
     c.optimizer = std::make_shared<MeshOptimizer>(optimizer, c.hooks, wo, world(), topo_.dp_rank == 0, counts);
@@ -512,7 +414,7 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
   // Another stage's parameters (released to 0 elements) are neither stepped nor sharded here.
   for (const auto& [name, p] : state->named_parameters)
     if (!state->held.at(name)) const_cast<at::Tensor&>(p).set_requires_grad(false);
-  if (optimizer) drop_other_stages(*state, *optimizer);
+  if (optimizer) parallel::drop_other_stages(*state, *optimizer);
   std::shared_ptr<parallel::FullyShardState> runtime;
   try {
     runtime = std::make_shared<parallel::FullyShardState>(*model, optimizer.get(), fo, "hybrid_parallel");
@@ -528,11 +430,11 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
     // Pipelined: execute_pipeline drives the runtime (parameters gathered for the whole schedule,
     // gradients accumulated over the micro-batches, summed over the stages sharing a parameter,
     // then reduce-scattered over dp once); the hooks refuse a whole-model forward.
-    auto hooks = std::make_shared<HybridHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb), true);
+    auto hooks = std::make_shared<MeshModelHooks>(state, topo_, mib_to_bytes(options_.ddp_bucket_cap_mb), true);
     hooks_[model.get()] = hooks;
     c.hooks = options_.mixed->wrap_hooks(hooks);
   } else {
-    sharded_states_[model.get()] = state;  // the registry holds it weakly; no HybridHooks owns it here
+    sharded_states_[model.get()] = state;  // the registry holds it weakly; no MeshModelHooks owns it here
     c.hooks = options_.mixed->wrap_hooks(std::make_shared<parallel::ShardedModelHooks>(model, runtime));
   }
   if (!optimizer) return c;
@@ -540,8 +442,8 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
   wo.group = world();
-  c.optimizer = std::make_shared<MeshFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(), norm_filter(state),
-                                                     partial_tp());
+  c.optimizer = std::make_shared<MeshFsdpOptimizer>(optimizer, c.hooks, wo, runtime, world(),
+                                                    parallel::mesh_norm_filter(*state, topo_), partial_tp());
   std::map<const void*, std::string> names;
   for (const auto& [name, p] : state->named_parameters) names[p.unsafeGetTensorImpl()] = name;
   std::vector<std::string> ordered;
@@ -583,39 +485,7 @@ PipelineOutput HybridParallelPlugin::execute_pipeline(ModelHooks& hooks, const t
   o.train = optimizer != nullptr;
   o.return_loss = return_loss;
   o.return_outputs = return_outputs;
-  if (!state.sharded) {
-    PipelineOutput out = to_output(state.runner->run(inputs, targets, criterion, o));
-    if (o.train) mine->sync_gradients();
-    return out;
-  }
-  // zero_stage 3: the stage's FlatParameters stay gathered for the whole schedule and the
-  // micro-batches' gradients accumulate unreduced; after the schedule the shared parameters are
-  // summed over their stages and everything is reduce-scattered over dp once.
-  parallel::ShardedRuntime& runtime = *state.sharded;
-  const bool sync = runtime.require_grad_sync();
-  runtime.set_require_grad_sync(false);
-  runtime.hold_gathered(true);
-  PipelineOutput out;
-  try {
-    runtime.begin_forward();
-    out = to_output(state.runner->run(inputs, targets, criterion, o));
-    if (!o.train) {
-      at::NoGradGuard no_grad;
-      runtime.end_forward();  // no backward follows: frees what is gathered
-    }
-  } catch (...) {
-    runtime.hold_gathered(false);
-    runtime.abort_forward();
-    runtime.set_require_grad_sync(sync);
-    throw;
-  }
-  runtime.set_require_grad_sync(sync);
-  if (o.train && sync) {
-    mine->sync_gradients();
-    runtime.reduce_accumulated();
-  }
-  runtime.hold_gathered(false);  // the deferred end of backward frees the gathered stage
-  return out;
+  return to_output(parallel::run_mesh_pipeline(state, *mine, inputs, targets, criterion, o));
 }
 
 }  // namespace booster::hybrid

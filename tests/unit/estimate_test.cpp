@@ -249,7 +249,7 @@ TORCH_MODULE(FourUnitPipeline);
 }  // namespace
 
 // hybrid_parallel's zero_stage 2 and 3 rows: present exactly where the plugin accepts the
-// configuration (not with pp > 1 for 2, not with split_gather for 2 or 3, not at dp = 1), their
+// configuration (not with pp > 1 for 2, not at dp = 1; split_gather included), their
 // numbers the ZeRO-2 and FSDP FULL_SHARD formulas written out for a real model on 4 ranks with AdamW
 // (8 bytes of state per element): tp 2 holds 1394 elements (shard 697 over dp 2), pp 2 the stage
 // of layers 0-1 (1600, shard 800), all_to_all sp 2 all 2788 (shard 697 over dp x sp = 4).
@@ -269,10 +269,10 @@ TEST(Estimate, HybridZeroStage2And3RowsFollowTheZeroFormulas) {
   for (const std::string& key : {tp2 + "2" + fp32, tp2 + "3" + fp32, tp2 + "2" + fp32 + a2a, tp2 + "3" + fp32 + a2a,
                                  pp2 + "zero_stage = 3" + fp32, pp2 + "pp_style = \"zbv\", num_model_chunks = 2, zero_stage = 3" + fp32,
                                  h + "tp_size = 1, pp_size = 1, zero_stage = 2" + fp32 + a2a,
-                                 h + "tp_size = 1, pp_size = 1, zero_stage = 3" + fp32 + a2a, tp2 + "1" + fp32 + sg})
+                                 h + "tp_size = 1, pp_size = 1, zero_stage = 3" + fp32 + a2a, tp2 + "1" + fp32 + sg,
+                                 tp2 + "2" + fp32 + sg, tp2 + "3" + fp32 + sg})
     EXPECT_TRUE(rows.count(key)) << key;
   for (const std::string& key : {pp2 + "zero_stage = 2" + fp32, pp2 + "pp_style = \"zbv\", num_model_chunks = 2, zero_stage = 2" + fp32,
-                                 tp2 + "2" + fp32 + sg, tp2 + "3" + fp32 + sg,  // refused by the plugin
                                  h + "tp_size = 4, pp_size = 1, zero_stage = 2" + fp32,  // dp = 1
                                  h + "tp_size = 1, pp_size = 4, zero_stage = 3" + fp32,
                                  h + "tp_size = 2, pp_size = 2, zero_stage = 3" + fp32})

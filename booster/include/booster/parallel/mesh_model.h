@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <map>
 #include <memory>
@@ -15,8 +16,10 @@
 #include <vector>
 
 #include "booster/dist/process_mesh.h"
+#include "booster/export.h"
 #include "booster/parallel/sharded_runtime.h"
 #include "booster/parallel/pipeline.h"
+#include "booster/wrappers/model_hooks.h"
 
 namespace booster::parallel {
 
@@ -66,5 +69,56 @@ struct MeshModelRegistry {
     return nullptr;
   }
 };
+
+// A MeshModel of `module` before any split: every parameter (trainable or frozen) and buffer with
+// its dotted name, held on this rank, owned by stage 0, its local shape its current one.
+BOOSTER_API std::shared_ptr<MeshModel> make_mesh_model(std::shared_ptr<torch::nn::Module> module);
+
+// Removes from `optimizer`'s parameter groups the parameters of other pipeline stages (released:
+// not held here), so the optimizer keeps this stage's parameters only. Local.
+BOOSTER_API void drop_other_stages(const MeshModel& model, torch::optim::Optimizer& optimizer);
+
+// The model hooks of a MeshModel whose gradients are synchronised after backward (zero_stage 0-2,
+// and zero_stage 3 with pp > 1, where run_mesh_pipeline drives the runtime):
+//  - pre_forward / backward refuse a pipelined model (pp > 1: std::logic_error naming
+//    booster.execute_pipeline);
+//  - backward(loss) runs loss.backward() and sync_gradients();
+//  - sync_gradients(): under split_gather (unless dp_reduced_by_zero) the tp-replicated parameters'
+//    gradients (no TensorParallelSpec: partial sums over the rank's sequence shard) are summed over
+//    tp; every held gradient is averaged over dp (skipped when dp_reduced_by_zero: ZeRO-2's reducer
+//    or the ZeRO-3 runtime reduce over dp themselves); the parameters shared by several pipeline
+//    stages get their stages' sum (PipelineStage::sum_shared_gradients). Collective over tp, dp and
+//    pp in that order; coalesced in buffers of bucket_bytes (bytes).
+//  - stats(): dp_size, pp_size, tp_size, sp_size, pp_rank, tensors_on_stage, model_chunks, and with
+//    pp > 1 the last pipeline run's pipeline_compute_us / pipeline_wall_us, pipeline_shm_messages and
+//    pipeline_w_fallbacks.
+class BOOSTER_API MeshModelHooks : public ModelHooks {
+ public:
+  MeshModelHooks(std::shared_ptr<MeshModel> model, MeshTopology topo, int64_t bucket_bytes, bool dp_reduced_by_zero);
+  torch::nn::Module& module() override { return *model_->module; }
+  void pre_forward() override;
+  void backward(const torch::Tensor& loss) override;
+  void sync_gradients();
+  std::map<std::string, int64_t> stats() const override;
+  const std::shared_ptr<MeshModel>& model() const { return model_; }
+
+ private:
+  std::shared_ptr<MeshModel> model_;
+  MeshTopology topo_;
+  int64_t bucket_bytes_;
+  bool dp_reduced_by_zero_;
+};
+
+// Runs one pipeline iteration of a pipelined MeshModel (model.runner set) over `inputs` / `targets`
+// (the data-parallel rank's batch; options.microbatches micro-batches, PipelineStage::run's
+// shapes and rules). Training (options.train) ends with hooks.sync_gradients(). Under zero_stage 3
+// (model.sharded set) the stage's FlatParameters stay gathered for the whole schedule, the
+// micro-batches' gradients accumulate unreduced, and after the schedule the shared parameters are
+// summed over their stages and everything is reduce-scattered over dp once (inside no_sync: kept
+// local). Throws std::logic_error when the model is not pipelined; what PipelineStage::run throws
+// (the runtime is released first).
+BOOSTER_API PipelineResult run_mesh_pipeline(MeshModel& model, MeshModelHooks& hooks, const at::Tensor& inputs,
+                                             const at::Tensor& targets, const PipelineCriterion& criterion,
+                                             const PipelineRunOptions& options);
 
 }  // namespace booster::parallel

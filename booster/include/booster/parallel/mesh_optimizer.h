@@ -29,6 +29,7 @@
 
 #include "booster/export.h"
 #include "booster/parallel/fully_shard_optimizer.h"
+#include "booster/parallel/mesh_model.h"
 #include "booster/wrappers/optimizer_wrapper.h"
 #include "booster/wrappers/zero_optimizer.h"
 
@@ -36,6 +37,11 @@ namespace booster::parallel {
 
 // Whether parameters()[i]'s gradient counts in this rank's norm contribution (dp aside).
 using NormFilter = std::function<bool(const at::Tensor& param)>;
+
+// The filter above for `model` on this rank of `topo`: false for a tp-replicated parameter (no
+// TensorParallelSpec) on tp ranks other than 0, and for a shared parameter on stages other than its
+// first; true otherwise.
+BOOSTER_API NormFilter mesh_norm_filter(const MeshModel& model, const MeshTopology& topo);
 
 class BOOSTER_API MeshOptimizer : public OptimizerWrapper {
  public:

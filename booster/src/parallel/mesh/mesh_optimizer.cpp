@@ -1,6 +1,8 @@
 // mesh_optimizer.cpp — norm accounting of the mesh's optimizer wrappers (see booster/parallel/mesh_optimizer.h).
 #include "booster/parallel/mesh_optimizer.h"
 
+#include <set>
+
 #include "booster/core/flat_layout.h"
 #include "booster/core/replica.h"
 #include "booster/nn/tensor_parallel.h"
@@ -16,6 +18,15 @@ void sum_over(dist::ProcessGroup& tp, const std::vector<at::Tensor>& pieces) {
 }
 
 }  // namespace
+
+NormFilter mesh_norm_filter(const MeshModel& model, const MeshTopology& topo) {
+  std::set<const void*> skip;  // counted on another rank
+  for (const auto& [name, p] : model.named_parameters)
+    if (topo.tp_rank != 0 && !nn::tensor_parallel_spec(p)) skip.insert(p.unsafeGetTensorImpl());
+  for (const auto& s : model.shared)
+    if (topo.pp_rank != s.stages.front()) skip.insert(s.param.unsafeGetTensorImpl());
+  return [skip](const at::Tensor& p) { return !skip.count(p.unsafeGetTensorImpl()); };
+}
 
 MeshOptimizer::MeshOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<ModelHooks> hooks,
                                  OptimizerWrapperOptions options, std::shared_ptr<dist::ProcessGroup> world,
