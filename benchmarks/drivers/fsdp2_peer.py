@@ -4,7 +4,8 @@
 Both sides train the same MLP (nn.Sequential of Linears with ReLU between them), each Linear one shard
 unit (ours: booster::nn::Unit<torch::nn::Linear>; FSDP2: fully_shard on each Linear, then on the root,
 reshard_after_forward=True), 2 ranks on 127.0.0.1, 1 intra-op thread each (OMP_NUM_THREADS=1 too),
-AdamW (lr 1e-3, weight decay 0.01, betas 0.9/0.999, eps 1e-8), cross-entropy, fp32. Ours is
+AdamW (lr 1e-3, weight decay 0.01, betas 0.9/0.999, eps 1e-8; the peer steps it with LibTorch's
+arithmetic, its LibTorchAdamW, as ours steps torch::optim::AdamW), cross-entropy, fp32. Ours is
 build/bin/bench_fsdp_peer (benchmarks/bench_fsdp_peer.cpp), the peer benchmarks/peers/fsdp2_peer.py;
 every run is a fresh 2-process job. Both read the same initial weights and batches from files that
 this driver writes with torch.save (nn.Linear's initialisation from a fixed seed; x ~ N(0, 1), class
