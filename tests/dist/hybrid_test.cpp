@@ -404,8 +404,8 @@ TEST(HybridParallel, CheckpointZeroStage2DataTensor2x2MovesToAndFromOtherPlugins
 }
 
 // zero_stage 3's checkpoint (model gathered over dp, optimizer state from each dp rank's
-// FlatParameter shards) continues at another mesh shape and in torch_fsdp and low_level_zero; DDP's
-// and ZeRO-2's continue in it.
+// FlatParameter shards) continues at another mesh shape and in torch_fsdp, low_level_zero and
+// gemini; DDP's, ZeRO-2's and Gemini's continue in it.
 TEST(HybridParallel, CheckpointZeroStage3DataTensor2x2MovesToAndFromOtherPlugins) {
   const std::vector<std::string> zero3{"plugin.tp_size=2", "plugin.zero_stage=3"};
   check_resume({4, zero3}, {2, {"plugin.pp_size=2", "plugin.num_microbatches=2"}}, "dp2·tp2 zero_stage 3 -> pp2");
@@ -414,6 +414,9 @@ TEST(HybridParallel, CheckpointZeroStage3DataTensor2x2MovesToAndFromOtherPlugins
                "dp2·tp2 zero_stage 3 -> low_level_zero stage 2, 2 ranks");
   check_resume({1, {"plugin=torch_ddp"}}, {4, zero3}, "torch_ddp 1 rank -> dp2·tp2 zero_stage 3");
   check_resume({4, {"plugin.tp_size=2", "plugin.zero_stage=2"}}, {4, zero3}, "dp2·tp2 zero_stage 2 -> zero_stage 3");
+  const std::vector<std::string> gemini{"plugin=gemini", "plugin.precision=\"fp32\""};
+  check_resume({4, zero3}, {2, gemini}, "dp2·tp2 zero_stage 3 -> gemini 2 ranks");
+  check_resume({2, gemini}, {4, zero3}, "gemini 2 ranks -> dp2·tp2 zero_stage 3");
   const std::vector<std::string> zero3_pp{"plugin.pp_size=2", "plugin.zero_stage=3", "plugin.num_microbatches=2"};
   check_resume({4, zero3_pp}, {4, zero3}, "dp2·pp2 zero_stage 3 -> dp2·tp2 zero_stage 3");
   check_resume({1, {"plugin=torch_ddp"}}, {4, zero3_pp}, "torch_ddp 1 rank -> dp2·pp2 zero_stage 3");

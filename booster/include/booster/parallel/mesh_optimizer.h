@@ -74,6 +74,8 @@ class BOOSTER_API MeshZeroOptimizer : public ZeroOptimizer {
   void on_gradients_prepared() override;  // split_gather: the replicated pieces summed over tp
 
  private:
+  std::vector<at::Tensor> gradient_pieces(const std::function<bool(const at::Tensor&)>& keep) const;
+
   std::shared_ptr<dist::ProcessGroup> world_;
   NormFilter counts_;
   std::shared_ptr<dist::ProcessGroup> partial_tp_;
@@ -96,6 +98,7 @@ class BOOSTER_API MeshFsdpOptimizer : public FullyShardOptimizer {
 
  private:
   void sum_partial_over_tp();  // split_gather: once per step
+  std::vector<at::Tensor> gradient_pieces(const std::function<bool(const at::Tensor&)>& keep) const;
 
   std::shared_ptr<dist::ProcessGroup> world_;
   NormFilter counts_;

@@ -1,6 +1,7 @@
 // mesh_optimizer.cpp — norm accounting of the mesh's optimizer wrappers (see booster/parallel/mesh_optimizer.h).
 #include "booster/parallel/mesh_optimizer.h"
 
+#include <functional>
 #include <set>
 
 #include "booster/core/flat_layout.h"
@@ -11,6 +12,22 @@
 namespace booster::parallel {
 
 namespace {
+
+using ParamFilter = std::function<bool(const at::Tensor& param)>;
+
+// Appends to `out` the pieces of `grad` (a [shard_numel] gradient shard of `layout`, this rank
+// `rank`) that hold parameters `keep` selects; tensor j of the layout is params[index[j]]. The
+// padding after the last piece is never included.
+void append_pieces(const at::Tensor& grad, const FlatLayout& layout, int rank, const std::vector<size_t>& index,
+                   const std::vector<torch::Tensor>& params, const ParamFilter& keep, std::vector<at::Tensor>& out) {
+  if (!grad.defined()) return;
+  for (size_t j = 0; j < index.size(); ++j) {
+    const FlatLayout::Piece piece = layout.piece(j, rank);
+    if (piece.length > 0 && keep(params[index[j]])) out.push_back(grad.narrow(0, piece.shard_offset, piece.length));
+  }
+}
+
+bool replicated_over_tp(const at::Tensor& param) { return !nn::tensor_parallel_spec(param); }
 
 // Sums `pieces` (views of reduced gradient shards) over `tp`, in place, in buffers of 25 MiB.
 void sum_over(dist::ProcessGroup& tp, const std::vector<at::Tensor>& pieces) {
@@ -62,44 +79,20 @@ MeshZeroOptimizer::MeshZeroOptimizer(std::shared_ptr<torch::optim::Optimizer> op
   if (zero.stage == 1) set_require_grad_sync(false);
 }
 
-void MeshZeroOptimizer::on_gradients_prepared() {
-  if (!partial_tp_) return;
+// The slices' gradients (one per optimizer group), cut into the pieces of the parameters `keep` selects.
+std::vector<at::Tensor> MeshZeroOptimizer::gradient_pieces(const std::function<bool(const at::Tensor&)>& keep) const {
   std::vector<at::Tensor> pieces;
-  const int rank = options_.group->rank();
   const auto params = parameters();
-  for (size_t g = 0; g < num_groups(); ++g) {
-    const at::Tensor& slice = master_slice(g);
-    if (!slice.grad().defined()) continue;
-    const FlatLayout& layout = this->layout(g);
-    const auto& indices = layout_parameters(g);
-    for (size_t j = 0; j < indices.size(); ++j) {
-      const FlatLayout::Piece piece = layout.piece(j, rank);
-      if (piece.length == 0 || nn::tensor_parallel_spec(params[indices[j]])) continue;
-      pieces.push_back(slice.grad().narrow(0, piece.shard_offset, piece.length));
-    }
-  }
-  sum_over(*partial_tp_, pieces);
+  for (size_t g = 0; g < num_groups(); ++g)
+    append_pieces(master_slice(g).grad(), layout(g), options_.group->rank(), layout_parameters(g), params, keep, pieces);
+  return pieces;
 }
 
-std::vector<torch::Tensor> MeshZeroOptimizer::norm_gradients() const {
-  // The slices' gradients (one per optimizer group), cut into each parameter's piece so that
-  // replicated parameters can be left out.
-  std::vector<torch::Tensor> grads;
-  const int rank = options_.group->rank();
-  const auto params = parameters();
-  for (size_t g = 0; g < num_groups(); ++g) {
-    const at::Tensor& slice = master_slice(g);
-    if (!slice.grad().defined()) continue;
-    const FlatLayout& layout = this->layout(g);
-    const auto& indices = layout_parameters(g);
-    for (size_t j = 0; j < indices.size(); ++j) {
-      FlatLayout::Piece piece = layout.piece(j, rank);
-      if (piece.length == 0 || !counts_(params[indices[j]])) continue;
-      grads.push_back(slice.grad().narrow(0, piece.shard_offset, piece.length));
-    }
-  }
-  return grads;
+void MeshZeroOptimizer::on_gradients_prepared() {
+  if (partial_tp_) sum_over(*partial_tp_, gradient_pieces(replicated_over_tp));
 }
+
+std::vector<torch::Tensor> MeshZeroOptimizer::norm_gradients() const { return gradient_pieces(counts_); }
 
 MeshFsdpOptimizer::MeshFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                          std::shared_ptr<ModelHooks> hooks, OptimizerWrapperOptions options,
@@ -111,24 +104,20 @@ MeshFsdpOptimizer::MeshFsdpOptimizer(std::shared_ptr<torch::optim::Optimizer> op
       counts_(std::move(counts)),
       partial_tp_(std::move(partial_tp)) {}
 
+// Each shard's reduced gradient, cut into the pieces of the parameters `keep` selects.
+std::vector<at::Tensor> MeshFsdpOptimizer::gradient_pieces(const std::function<bool(const at::Tensor&)>& keep) const {
+  std::vector<at::Tensor> pieces;
+  const auto params = parameters();
+  for (const Shard& s : shards())
+    append_pieces(s.flat->local_grad(), s.flat->layout(), s.flat->group().rank(), s.param_index, params, keep, pieces);
+  return pieces;
+}
+
 void MeshFsdpOptimizer::sum_partial_over_tp() {
   if (!partial_tp_ || partial_summed_) return;
   partial_summed_ = true;
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> pieces;
-  const auto params = parameters();
-  for (const Shard& s : shards()) {
-    const at::Tensor& grad = s.flat->local_grad();
-    if (!grad.defined()) continue;
-    const FlatLayout& layout = s.flat->layout();
-    const int rank = s.flat->group().rank();
-    for (size_t j = 0; j < s.param_index.size(); ++j) {
-      const FlatLayout::Piece piece = layout.piece(j, rank);
-      if (piece.length == 0 || nn::tensor_parallel_spec(params[s.param_index[j]])) continue;
-      pieces.push_back(grad.narrow(0, piece.shard_offset, piece.length));
-    }
-  }
-  sum_over(*partial_tp_, pieces);
+  sum_over(*partial_tp_, gradient_pieces(replicated_over_tp));
 }
 
 bool MeshFsdpOptimizer::step() {
@@ -150,23 +139,7 @@ void MeshFsdpOptimizer::zero_grad() {
 
 dist::ProcessGroup* MeshFsdpOptimizer::norm_group() const { return world_->size() > 1 ? world_.get() : nullptr; }
 
-std::vector<torch::Tensor> MeshFsdpOptimizer::norm_gradients() const {
-  // Each shard's reduced gradient, cut into its parameters' pieces so that tp-replicated ones are
-  // counted on tp rank 0 only (the padding after the last piece is left out).
-  std::vector<torch::Tensor> grads;
-  const auto params = parameters();
-  for (const Shard& s : shards()) {
-    const at::Tensor& grad = s.flat->local_grad();
-    if (!grad.defined()) continue;
-    const FlatLayout& layout = s.flat->layout();
-    const int rank = s.flat->group().rank();
-    for (size_t j = 0; j < s.param_index.size(); ++j) {
-      const FlatLayout::Piece piece = layout.piece(j, rank);
-      if (piece.length == 0 || !counts_(params[s.param_index[j]])) continue;
-      grads.push_back(grad.narrow(0, piece.shard_offset, piece.length));
-    }
-  }
-  return grads;
-}
+// tp-replicated parameters count on tp rank 0 only, shared ones on their first stage (counts_).
+std::vector<torch::Tensor> MeshFsdpOptimizer::norm_gradients() const { return gradient_pieces(counts_); }
 
 }  // namespace booster::parallel
