@@ -1,4 +1,4 @@
-// A plugin as built against the previous plugin ABI (14, before Plugin::traits()): the loader must
+// A plugin as built against the previous plugin ABI (BOOSTER_PLUGIN_ABI_VERSION - 1): the loader must
 // refuse it, naming both versions and the porting guide.
 #include <torch/version.h>
 

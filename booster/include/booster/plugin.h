@@ -46,8 +46,8 @@ class CheckpointIO;
 // A loss function: (output, target) -> scalar loss.
 using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
 
-// Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper or the descriptor change
-// layout or meaning. A plugin built against another value is refused at load time.
+// Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper, a public class a plugin may
+// derive from (the optimizer wrappers) or the descriptor change layout or meaning. A plugin built against another value is refused at load time.
 // 11: Plugin::supported_devices; MemoryReport's device split (*_on_device, pinned_host_bytes,
 // located, device and its allocator figures) and EstimateRequest::device / MemoryEstimate::device_bytes,
 // which plugins fill in and return by value.
@@ -59,7 +59,8 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // support_no_sync and default_malloc; checkpoint_io() returning null replaces control_checkpoint_io;
 // prepare_dataloader is not virtual; CheckpointIO takes a checkpoint::CheckpointableOptimizer
 // (OptimizerWrapper implements it). docs/plugins.md ("Porting a plugin") lists the edits.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 15;
+// 16: ZeroOptimizer has a protected virtual on_gradients_prepared (its vtable grew).
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 16;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {
