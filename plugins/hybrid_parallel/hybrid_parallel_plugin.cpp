@@ -80,15 +80,14 @@ static parallel::ParallelizePlan parse_tp_plan(const Options& o) {
   parallel::ParallelizePlan plan;
   if (!o.has("tp_plan")) return plan;
   const Options table = o.table("tp_plan");
-  for (const auto& pattern : table.keys()) {
-    const std::string style = table.get_choice(
-        pattern, "colwise", {"colwise", "colwise_gather_output", "rowwise", "rowwise_split_input", "vocab_parallel"});
-    if (style == "colwise") plan.emplace_back(pattern, parallel::colwise());
-    if (style == "colwise_gather_output") plan.emplace_back(pattern, parallel::colwise(true));
-    if (style == "rowwise") plan.emplace_back(pattern, parallel::rowwise());
-    if (style == "rowwise_split_input") plan.emplace_back(pattern, parallel::rowwise(false));
-    if (style == "vocab_parallel") plan.emplace_back(pattern, parallel::vocab_parallel());
-  }
+  static const std::map<std::string, parallel::ParallelStyle> styles{
+      {"colwise", parallel::colwise()}, {"colwise_gather_output", parallel::colwise(true)},
+      {"rowwise", parallel::rowwise()}, {"rowwise_split_input", parallel::rowwise(false)},
+      {"vocab_parallel", parallel::vocab_parallel()}};
+  std::vector<std::string> names;
+  for (const auto& [name, style] : styles) names.push_back(name);
+  for (const auto& pattern : table.keys())
+    plan.emplace_back(pattern, styles.at(table.get_choice(pattern, "colwise", names)));
   if (plan.empty())
     throw PluginError("hybrid_parallel: " + o.where("tp_plan") + ": [plugin.tp_plan] is empty; list \"pattern\" = "
                       "\"style\" entries (e.g. \"h.*.fc\" = \"colwise\") or remove the table");

@@ -54,6 +54,8 @@ TEST(HybridParallel, BadInputIsAClearErrorOnEveryRank) {
       {"sequence_not_divisible_all_to_all", {"sequence length T = 7 is not divisible by sp_size = 2", "all_to_all"}},
       {"data_iter_form", {"no error"}},
       {"tp_plan_bad_style", {"plugin.tp_plan.\"h.*.fc\" = \"columnwise\" is not one of", "vocab_parallel"}},
+      {"tp_plan_empty", {"[plugin.tp_plan] is empty", "\"h.*.fc\" = \"colwise\""}},
+      {"tp_plan_optimizer_with_state", {"the optimizer already has state", "boost before the first step"}},
       {"tp_plan_no_match", {"[plugin.tp_plan]", "the pattern 'h.*.mlp' matches no sub-module"}}};
   for (int r = 0; r < 2; ++r) {
     std::map<std::string, std::string> got;

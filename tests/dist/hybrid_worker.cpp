@@ -77,6 +77,23 @@ int run_errors() {
   attempt("tp_plan_bad_style", [&] {
     booster::Booster b(config_with("tp_size = 2\n[plugin.tp_plan]\n\"h.*.fc\" = \"columnwise\"\n"));
   });
+  attempt("tp_plan_empty", [&] { booster::Booster b(config_with("tp_size = 2\n[plugin.tp_plan]\n")); });
+  attempt("tp_plan_optimizer_with_state", [&] {
+    booster::Booster b(config_with("tp_size = 2\n[plugin.tp_plan]\n\"h.*.fc\" = \"colwise\"\n"));
+    torch::manual_seed(7);
+    TinyLM dense;
+    auto sgd = make_lm_optimizer("sgd", dense->parameters());  // momentum: a step leaves state
+    tiny_lm_loss(dense->forward(make_token_batches(1, 2, 3).tokens[0]), make_token_batches(1, 2, 3).targets[0], {})
+        .backward();
+    sgd->step();
+    const auto before = dense->h[0]->as<TinyBlock>()->fc->weight.clone();
+    try {
+      b.boost(dense, sgd);
+    } catch (...) {
+      if (!torch::equal(before, dense->h[0]->as<TinyBlock>()->fc->weight)) throw std::runtime_error("weights changed");
+      throw;
+    }
+  });
   attempt("tp_plan_no_match", [&] {
     booster::Booster b(config_with("tp_size = 2\n[plugin.tp_plan]\n\"h.*.fc\" = \"colwise\"\n\"h.*.mlp\" = \"rowwise\"\n"));
     torch::manual_seed(7);
