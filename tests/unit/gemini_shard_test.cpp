@@ -3,7 +3,8 @@
 // several chunks give the same parameters (fp32, tolerance 1e-5 absolute + 1e-5 relative: the order
 // of the gradient sums and the fused CPU Adam kernel's rounding differ), the optimizer state
 // gathered from the master shards equals the reference's, and the same holds with the optimizer side
-// in an offload_dir file. Bad input: no group, no model, an offload_dir that does not exist.
+// in an offload_dir file. Bad input: no group, no model, a parameter off the CPU, an offload_dir that
+// does not exist.
 #include "booster/parallel/gemini.h"
 
 #include <gmock/gmock.h>
@@ -130,6 +131,10 @@ TEST(GeminiShard, WithoutAGroupOrModelOrWithAMissingOffloadDirItIsAClearError) {
   booster::parallel::GeminiShardOptions options;
   EXPECT_THAT([&] { booster::parallel::gemini_shard(net.ptr(), nullptr, options); },
               ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("gemini needs a data-parallel group")));
+  auto off_cpu = std::make_shared<torch::nn::Module>();
+  off_cpu->register_parameter("w", torch::empty({2}, at::TensorOptions().device(at::kMeta)));
+  EXPECT_THAT([&] { booster::parallel::gemini_shard(off_cpu, nullptr, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("parameter 'w' is on meta")));
   EXPECT_THAT([&] { booster::parallel::gemini_shard(nullptr, nullptr, options, {}, {}, "my_trainer"); },
               ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("my_trainer: the model is null")));
   const auto errors = booster::testing::run_thread_ranks(1, [&](const Group& g) {

@@ -103,7 +103,7 @@ struct GeminiShardOptions {
 // and write the float32 master shards. Collective over options.group (every rank must call it with
 // the same model structure). optimizer_options: clipping and loss scaling as OptimizerWrapper's; its
 // group is set to options.group. `owner` names the caller in errors.
-// Throws std::invalid_argument without a group, for an optimizer type that is not registered, a
+// Throws std::invalid_argument without a group, for a parameter not on the CPU, for an optimizer type that is not registered, a
 // trainable parameter missing from the optimizer, an optimizer parameter the model does not own,
 // nested units or parameters shared by two units; std::runtime_error for an offload_dir that cannot
 // be used (missing, not a directory, read-only, full: nothing is changed), and at the first forward
