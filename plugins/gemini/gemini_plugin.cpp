@@ -1,6 +1,6 @@
 // gemini_plugin.cpp — the Gemini plugin (`plugin = "gemini"`, ColossalAI's GeminiPlugin): ZeRO-3
 // over chunks with heterogeneous memory placement. This file maps the [plugin] options (ColossalAI's
-// names and defaults, plus memory_budget_mb and offload_dir for CPU builds), checks that the ranks
+// names and defaults, plus memory_budget_mb and offload_dir), checks that the ranks
 // start from the same weights, and calls booster/parallel/gemini.h's gemini_shard, which builds the
 // chunks, the optimizer on the master shards and the checkpoint IO.
 #include <torch/cuda.h>
@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "booster/core/replica.h"
+#include "booster/device.h"
 #include "booster/dist/process_group.h"
 #include "booster/logging.h"
 #include "booster/mixed_precision/precision.h"
@@ -31,7 +32,8 @@ struct GeminiOptions {
   int64_t hidden_dim = 0;  // 0: ColossalAI's None (search interval 1024)
   int64_t max_prefetch = 0;
   bool enable_gradient_accumulation = false;
-  double memory_budget_mb = 0;  // auto: 0 = the machine's available memory
+  double memory_budget_mb = 0;  // auto: 0 = the compute device's memory (CPU: the available memory)
+  bool pin_memory_set = false, pin_memory = false;  // ColossalAI's pin_memory: see configure()
   double gpu_margin_mem_ratio = 0.0;  // auto: share of the compute margin for optimizer sides
   std::string offload_dir;
   double max_norm = 0.0, norm_type = 2.0;
@@ -65,9 +67,8 @@ static GeminiOptions parse_options(const Options& o) {
     throw PluginError(w + o.where("communication_dtype") + ": gemini takes communication_dtype = \"fp8\" only; its "
                       "chunks travel in the compute dtype, so set precision = \"" + t.communication_dtype +
                       "\" for that wire dtype instead");
-  if (o.has("pin_memory") && o.get_bool("pin_memory", false))
-    throw PluginError(w + o.where("pin_memory") + ": pin_memory = true needs CUDA (page-locked host memory for "
-                      "device copies); this build runs on CPU, where there is nothing to pin. Remove it.");
+  t.pin_memory_set = o.has("pin_memory");
+  t.pin_memory = o.get_bool("pin_memory", true);
   if (o.has("tp_size") && o.get_int("tp_size", 1, 1) != 1)
     throw PluginError(w + o.where("tp_size") + ": tensor parallelism inside Gemini is not supported; use plugin = "
                       "\"hybrid_parallel\" for tp_size > 1, or remove tp_size");
@@ -118,6 +119,8 @@ class GeminiPlugin : public Plugin {
     t.precisions = {"fp16", "bf16", "fp32"};
     t.controls_precision = true;
     t.supports_no_sync = true;
+    // cuda: chunks and the compute tier on the device, the host tier in (pinned) host memory.
+    t.devices = {"cpu", "cuda"};
     return t;
   }
 
@@ -208,15 +211,29 @@ class GeminiPlugin : public Plugin {
 
   Configured configure(std::shared_ptr<torch::nn::Module> model,
                        std::shared_ptr<torch::optim::Optimizer> optimizer) override {
-    for (const auto& p : model->parameters())
-      if (!p.device().is_cpu())
-        throw PluginError("gemini: parameter on " + p.device().str() + "; this build runs Gemini on CPU tensors only");
+    c10::Device device(c10::kCPU);
+    for (const auto& p : model->parameters()) device = p.device();
+    if (device.is_cpu() && options_.precision == "fp16")
+      throw PluginError("gemini: precision = \"fp16\" (ColossalAI's default) needs the model on a CUDA device "
+                        "(booster.device = \"cuda\"); on the CPU LibTorch has no fp16 kernels for most ops. Set "
+                        "plugin.precision = \"bf16\" (bf16 chunks, fp32 master shards) or \"fp32\".");
+    // On CUDA the host tier is always page-locked (gemini.h): pin_memory = true says so, false is refused.
+    if (device.is_cpu() && options_.pin_memory_set && options_.pin_memory)
+      throw PluginError("gemini: pin_memory = true needs a CUDA compute device (page-locked host memory for device "
+                        "copies); on the CPU the host tier is the compute memory and there is nothing to pin. Remove "
+                        "it, or set booster.device = \"cuda\".");
+    if (!device.is_cpu() && options_.pin_memory_set && !options_.pin_memory)
+      throw PluginError("gemini: pin_memory = false: on " + device.str() + " Gemini's host tier is always "
+                        "page-locked (its copies to and from the device need it); remove pin_memory or set it to true.");
+    // bf16: autocast on the model's device type (CPU or CUDA).
+    if (options_.precision == "bf16") options_.mixed->prepare_model(*model);
     // Chunks shard rank-local values: the ranks must start from the same model (rank 0's is taken).
     sync_replicas(*world(), *model);
 
     parallel::GeminiShardOptions config;
     config.group = world();
-    config.compute_dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    // fp16 / bf16 chunks with float32 master shards (built from the full-precision values).
+    config.compute_dtype = mixed_precision::dtype_from_name(options_.precision);
     config.fp8_communication = options_.communication_dtype == "fp8";
     config.search_range = std::llround(options_.search_range_m * (1 << 20));
     config.min_chunk_size = std::llround(options_.min_chunk_size_m * (1 << 20));
@@ -227,15 +244,15 @@ class GeminiPlugin : public Plugin {
     config.offload_param_frac = options_.offload_param_frac;
     config.warmup_non_model_data_ratio = options_.warmup_non_model_data_ratio;
     config.steady_cuda_cap_ratio = options_.steady_cuda_cap_ratio;
-    config.memory_budget_bytes = options_.memory_budget_mb > 0
-                                     ? static_cast<int64_t>(options_.memory_budget_mb * (1 << 20))
-                                     : available_memory_bytes();
+    config.memory_budget_bytes = options_.memory_budget_mb > 0 ? static_cast<int64_t>(options_.memory_budget_mb * (1 << 20))
+                                 : device.is_cpu()            ? available_memory_bytes()
+                                                              : device_memory(device).total;
     config.offload_dir = options_.offload_dir;
     config.margin_mem_ratio = options_.gpu_margin_mem_ratio;
     config.max_prefetch = static_cast<int>(options_.max_prefetch);
     config.enable_gradient_accumulation = options_.enable_gradient_accumulation;
 
-    OptimizerWrapperOptions wo;
+    OptimizerWrapperOptions wo = options_.mixed ? options_.mixed->optimizer_options() : OptimizerWrapperOptions{};  // fp16: a loss scaler
     wo.max_norm = options_.max_norm;
     wo.norm_type = options_.norm_type;
     parallel::HooksDecorator decorate;

@@ -256,7 +256,8 @@ int run() {
     // after `steps` steps (actual tensors). On a CUDA device also the allocator's peak over boost()
     // and the steps above what was allocated before the model was built (device_peak_bytes), and
     // the estimate's device bytes of this plugin's row number estimate_row=K (its rows in order;
-    // activations counted as 0: the batch's are under 0.1% of the model states).
+    // activations counted as 0: the batch's are under 0.1% of the model states). save_params=1: the
+    // full parameters after the steps to out/rankR.pt (as the train scenario).
     int64_t width = iarg("width", 512);
     const c10::Device device = booster.device();
     int64_t device_start = 0;
@@ -298,6 +299,7 @@ int run() {
       write_stats(prefix + "_device.txt", {{"device_peak_bytes", booster::device_memory(device).peak_allocated - device_start},
                                            {"estimate_device_bytes", estimate}});
     }
+    if (iarg("save_params", 0)) save_named(prefix + ".pt", full_parameters(config, booster, boosted.model));
     write_stats(prefix + ".txt", {{"numel", numel},
                                   {"planned_parameters", planned.parameters},
                                   {"planned_gradients", planned.gradients},

@@ -288,6 +288,7 @@ TEST(Gemini, BadOptionsAreClearErrors) {
       {{"plugin.gpu_margin_mem_ratio=0.5"}, "applies to placement_policy = \"auto\" only"},
       {{"plugin.placement_policy=\"auto\"", "plugin.gpu_margin_mem_ratio=1.5"}, "gpu_margin_mem_ratio"},
       {{"plugin.precision=\"fp16\""}, "needs a CUDA device"},
+      {{"plugin.pin_memory=true"}, "pin_memory = true needs a CUDA compute device"},
   };
   for (const auto& c : cases) {
     auto sets = gemini_sets(c.sets);

@@ -3,8 +3,10 @@
 // several chunks give the same parameters (fp32, tolerance 1e-5 absolute + 1e-5 relative: the order
 // of the gradient sums and the fused CPU Adam kernel's rounding differ), the optimizer state
 // gathered from the master shards equals the reference's, and the same holds with the optimizer side
-// in an offload_dir file. Bad input: no group, no model, a parameter off the CPU, an offload_dir that
-// does not exist.
+// in an offload_dir file, and with a loss scaler (fp16's step on fp32 chunks: an overflowing
+// iteration is skipped on every rank, the scale backs off, the clean steps equal the reference). Bad
+// input: no group, no model, a parameter on a device that is neither the CPU nor CUDA, parameters on
+// two devices, an offload_dir that does not exist.
 #include "booster/parallel/gemini.h"
 
 #include <gmock/gmock.h>
@@ -13,6 +15,7 @@
 
 #include <filesystem>
 
+#include "booster/mixed_precision/grad_scaler.h"
 #include "booster/optim/optimizer_registry.h"
 #include "booster/wrappers/model_wrapper.h"
 #include "common/thread_ranks.h"
@@ -63,22 +66,53 @@ struct Reference {
   }
 };
 
-// Trains on rank g with `options` and compares with the reference.
-void train_and_compare(const Group& g, booster::parallel::GeminiShardOptions options, const Reference& ref) {
+// Trains on rank g with `options` and compares with the reference. With a loss scaler, the losses
+// go through the optimizer wrapper's backward (scaled) and one iteration whose gradients are NaN on
+// rank 1 comes first: it must be skipped on both ranks.
+void train_and_compare(const Group& g, booster::parallel::GeminiShardOptions options, const Reference& ref,
+                       std::shared_ptr<booster::mixed_precision::GradScaler> scaler = nullptr) {
   Net net;
   auto opt = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.05).weight_decay(0.01));
   const int64_t offloaded = options.offload_optim_frac > 0 ? 3 : 0;
-  auto sharded = booster::parallel::gemini_shard(net.ptr(), opt, std::move(options));
+  booster::OptimizerWrapperOptions wo;
+  wo.scaler = scaler;
+  auto sharded = booster::parallel::gemini_shard(net.ptr(), opt, std::move(options), wo);
   ASSERT_TRUE(sharded.optimizer);
   ASSERT_TRUE(sharded.checkpoint_io);
   EXPECT_EQ(sharded.runtime->stats().at("chunk_size"), 20);
   EXPECT_EQ(sharded.runtime->stats().at("chunks"), 3);
   EXPECT_EQ(sharded.runtime->stats().at("chunks_optim_offloaded"), offloaded);
   booster::ModelWrapper<NetImpl> model(net.ptr(), sharded.hooks);
+  if (scaler) {
+    const double scale = scaler->scale();
+    sharded.optimizer->zero_grad();
+    const at::Tensor loss = model.forward(input(g->rank(), 0)).pow(2).sum();
+    sharded.optimizer->backward(g->rank() == 1 ? loss * std::nan("") : loss);
+    EXPECT_FALSE(sharded.optimizer->step());  // skipped on both ranks
+    EXPECT_EQ(sharded.optimizer->skipped_steps(), 1);
+    EXPECT_EQ(sharded.optimizer->loss_scale(), scale / 2);
+    // The float32 masters are still the initial weights.
+    const Net fresh;
+    const auto initial = fresh->named_parameters();
+    for (const auto& src : sharded.runtime->checkpoint_sources()) {
+      const at::Tensor flat = src.gather_full();
+      const auto& l = src.flat->layout();
+      for (size_t j = 0; j < src.flat->params().size(); ++j)
+        EXPECT_TRUE(at::equal(flat.narrow(0, l.offsets[j], l.numels[j]),
+                              initial[src.flat->params()[j].first].reshape({-1})))
+            << src.flat->params()[j].first;
+    }
+  }
   for (int step = 0; step < kSteps; ++step) {
     sharded.optimizer->zero_grad();
-    sharded.hooks->backward(model.forward(input(g->rank(), step)).pow(2).sum());
-    sharded.optimizer->step();
+    const at::Tensor loss = model.forward(input(g->rank(), step)).pow(2).sum();
+    if (scaler) {
+      sharded.optimizer->backward(loss);
+      EXPECT_TRUE(sharded.optimizer->step());
+    } else {
+      sharded.hooks->backward(loss);
+      sharded.optimizer->step();
+    }
   }
   // The float32 masters, gathered by the checkpoint sources, equal the reference's parameters.
   std::map<std::string, at::Tensor> full;
@@ -126,6 +160,17 @@ TEST(GeminiShard, OptimizerSideInAnOffloadFileEqualsSingleProcess) {
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
 }
 
+TEST(GeminiShard, ALossScalerSkipsAnOverflowOnEveryRankAndTheCleanStepsEqualSingleProcess) {
+  const Reference ref;
+  const auto errors = booster::testing::run_thread_ranks(2, [&](const Group& g) {
+    booster::mixed_precision::DynamicGradScalerOptions so;
+    so.initial_scale = 1024;
+    so.hysteresis = 1;
+    train_and_compare(g, small_chunks(g), ref, std::make_shared<booster::mixed_precision::DynamicGradScaler>(so));
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+}
+
 TEST(GeminiShard, WithoutAGroupOrModelOrWithAMissingOffloadDirItIsAClearError) {
   Net net;
   booster::parallel::GeminiShardOptions options;
@@ -135,6 +180,12 @@ TEST(GeminiShard, WithoutAGroupOrModelOrWithAMissingOffloadDirItIsAClearError) {
   off_cpu->register_parameter("w", torch::empty({2}, at::TensorOptions().device(at::kMeta)));
   EXPECT_THAT([&] { booster::parallel::gemini_shard(off_cpu, nullptr, options); },
               ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("parameter 'w' is on meta")));
+  auto two_devices = std::make_shared<torch::nn::Module>();
+  two_devices->register_parameter("a", torch::zeros({2}));
+  two_devices->register_parameter("b", torch::empty({2}, at::TensorOptions().device(at::kMeta)));
+  EXPECT_THAT([&] { booster::parallel::gemini_shard(two_devices, nullptr, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  ::testing::HasSubstr("parameter 'b' is on meta and others on cpu")));
   EXPECT_THAT([&] { booster::parallel::gemini_shard(nullptr, nullptr, options, {}, {}, "my_trainer"); },
               ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("my_trainer: the model is null")));
   const auto errors = booster::testing::run_thread_ranks(1, [&](const Group& g) {

@@ -90,7 +90,9 @@ void FlatParameter::unshard_async() {
   allocate_storage();
   at::NoGradGuard no_grad;
   Pending p;
-  p.input = options_.compute_dtype == local_shard_.scalar_type() ? local_shard_ : local_shard_.to(options_.compute_dtype);
+  // A shard kept on another device (an offloaded shard in host memory) travels to the buffer's device
+  // first; the collective reads and writes one device.
+  p.input = local_shard_.to(full_.device(), options_.compute_dtype);
   at::Tensor out = full_;  // the collective's output argument
   p.work = options_.fp8_communication && group_->size() > 1 ? dist::fp8_all_gather_into_tensor(*group_, out, p.input)
                                       : group_->all_gather_into_tensor(out, p.input);
@@ -148,7 +150,7 @@ void FlatParameter::reduce_gradients() {
     options_.replicate_group->allreduce(shard_grad, dist::ReduceOp::AVG).wait();
   if (shard_grad.scalar_type() != local_shard_.scalar_type()) shard_grad = shard_grad.to(local_shard_.scalar_type());
   if (local_grad_.defined())
-    local_grad_.add_(shard_grad);
+    local_grad_.add_(shard_grad.to(local_grad_.device()));  // its owner may keep it on another device
   else
     local_grad_ = shard_grad;
 }
@@ -156,8 +158,8 @@ void FlatParameter::reduce_gradients() {
 at::Tensor FlatParameter::gather_full() {
   at::NoGradGuard no_grad;
   if (aliased_) return full_.clone();
-  at::Tensor out = at::empty({layout_.padded_numel}, local_shard_.options());
-  group_->all_gather_into_tensor(out, local_shard_).wait();
+  at::Tensor out = at::empty({layout_.padded_numel}, local_shard_.options().device(full_.device()));
+  group_->all_gather_into_tensor(out, local_shard_.to(full_.device())).wait();
   return out;
 }
 

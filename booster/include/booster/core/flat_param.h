@@ -12,7 +12,10 @@
 //    dtype is the compute dtype (options.compute_dtype, FSDP's MixedPrecision.param_dtype; default
 //    the parameters' own dtype), so the parameters have that dtype from construction on.
 //  - local_shard() ([shard_numel], the parameters' ORIGINAL dtype: full precision, owned) holds this
-//    rank's values at every moment; the optimizer updates it.
+//    rank's values at every moment; the optimizer updates it. Its owner may move it to another device
+//    (Gemini keeps an offloaded shard in host memory beside a CUDA buffer): unshard() and gather_full()
+//    copy it to the flat buffer's device first (a blocking copy); local_grad() stays on the flat
+//    buffer's device.
 //  - SHARDED (the resting state): the flat buffer's storage has no memory (0 bytes, no data pointer:
 //    the C++ counterpart of FSDP's `_free_storage`, storage.resize_(0)); a parameter must not be
 //    read then (the owner unshards before every use).
@@ -126,7 +129,8 @@ class BOOSTER_API FlatParameter {
   void reduce_gradients();
 
   // Collective over the shard group: the whole flat parameter in full precision, [padded_numel],
-  // shard_dtype(), a new tensor (the unit's values for a checkpoint). Any state.
+  // shard_dtype(), a new tensor on the flat buffer's device (the unit's values for a checkpoint).
+  // Any state.
   at::Tensor gather_full();
   // Local: takes this rank's shard of `flat` ([padded_numel] or [numel], any floating dtype: cast)
   // into local_shard(), and into the gathered buffer when UNSHARDED. Throws std::invalid_argument

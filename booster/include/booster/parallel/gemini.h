@@ -76,7 +76,7 @@ namespace booster::parallel {
 // The options of gemini_shard: ColossalAI's GeminiPlugin options in elements and bytes.
 struct GeminiShardOptions {
   std::shared_ptr<dist::ProcessGroup> group;  // data-parallel ranks (chunks shard over it)
-  at::ScalarType compute_dtype = at::kFloat;  // fp32 or bf16
+  at::ScalarType compute_dtype = at::kFloat;  // fp32, bf16, or fp16 (CUDA)
   int64_t search_range = 32 << 20;            // elements
   int64_t search_interval = 1024;             // elements (hidden_dim)
   int64_t min_chunk_size = 32 << 20;          // elements

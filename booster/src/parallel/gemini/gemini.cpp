@@ -13,11 +13,6 @@ ShardedModel gemini_shard(std::shared_ptr<torch::nn::Module> model, std::shared_
                           GeminiShardOptions options, OptimizerWrapperOptions optimizer_options,
                           const HooksDecorator& decorate, const std::string& owner) {
   if (!model) throw std::invalid_argument("booster: " + owner + ": the model is null");
-  for (const auto& item : model->named_parameters())
-    if (!item.value().device().is_cpu())
-      throw std::invalid_argument("booster: " + owner + ": parameter '" + item.key() + "' is on " +
-                                  item.value().device().str() + "; gemini_shard keeps chunks in CPU memory only "
-                                  "(Gemini on CUDA is not built): move the model to the CPU first");
   auto group = options.group;
   auto state = std::make_shared<gemini::GeminiState>(*model, optimizer.get(), std::move(options));
   ShardOptimizerFactory make_optimizer;

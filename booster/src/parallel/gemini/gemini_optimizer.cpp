@@ -67,7 +67,26 @@ std::vector<at::Tensor> GeminiOptimizer::state_tensors(const at::Tensor& master)
 bool GeminiOptimizer::step() {
   at::NoGradGuard no_grad;
   bind();
-  if (options_.max_norm > 0) clip_grad_by_norm(options_.max_norm, options_.norm_type);
+  if (!loss_scaling_) {
+    update_chunks(1.0);
+    return true;
+  }
+  // fp16: the loss scaler decorates the step (overflow agreed over the group, skip or run with 1/scale).
+  return loss_scaling_->step(
+      local_gradients(), unscaled_, [&](double inv_scale) { update_chunks(inv_scale); },
+      [&] {
+        zero_grad();
+        unscaled_ = false;
+      });
+}
+
+void GeminiOptimizer::update_chunks(double inv_scale) {
+  if (options_.max_norm > 0) {
+    clip_grad_by_norm(options_.max_norm, options_.norm_type);  // divides by the loss scale too
+    inv_scale = 1.0;
+  } else if (unscaled_) {
+    inv_scale = 1.0;
+  }
   if (state_->config().margin_mem_ratio > 0) {
     // Master (4 bytes) + the optimizer's planned states + the gradient shard, per master element.
     int64_t masters = 0;
@@ -82,16 +101,24 @@ bool GeminiOptimizer::step() {
     std::vector<at::Tensor> states = state_tensors(c.master);
     state_->fetch_optim(c, states);
     at::Tensor shard = state_->begin_param_write(c);
-    // bf16 chunks under the Adam family: one kernel pass reads the gradient shard as it is and writes
-    // the bf16 parameter shard next to the master (bit-identical to the unfused path below).
-    const bool fused = shard.scalar_type() == at::kBFloat16 &&
+    // bf16 chunks under the Adam family, every piece on the CPU: one kernel pass reads the gradient
+    // shard as it is and writes the bf16 parameter shard next to the master (bit-identical to the
+    // unfused path below).
+    const bool on_cpu = c.master.device().is_cpu() && grad.device().is_cpu() && shard.device().is_cpu();
+    const bool fused = on_cpu && inv_scale == 1.0 && shard.scalar_type() == at::kBFloat16 &&
                        optim::step_parameter_with_cpu_adam_kernel(*optimizer_, c.master, grad, shard);
     if (fused) {
       state_->note_fused_param_write();
     } else {
-      c.master.mutable_grad() = grad.to(at::kFloat);
-      // Only this master has a gradient: the others are skipped. The Adam family steps through the
-      // CPU Adam kernel on the optimizer's own state (bit-identical to LibTorch's step).
+      // The gradient where the master is (an offloaded optimizer side: host memory), in float32,
+      // divided by the loss scale there (an fp16 gradient is not divided in fp16).
+      at::Tensor g = grad.to(c.master.device(), at::kFloat);
+      if (inv_scale != 1.0) g = g * inv_scale;
+      c.master.mutable_grad() = g;
+      // Only this master has a gradient: the others are skipped. The Adam family on the CPU steps
+      // through the CPU Adam kernel on the optimizer's own state (bit-identical to LibTorch's step);
+      // a master on the device steps through the optimizer's own step (HybridAdam: the multi-tensor
+      // device kernel).
       if (!optim::step_with_cpu_adam_kernel(*optimizer_)) optimizer_->step();
       c.master.mutable_grad() = at::Tensor();
       shard.copy_(c.master);
@@ -106,7 +133,6 @@ bool GeminiOptimizer::step() {
   state_->freeze_layout();
   state_->note_gradients_consumed();
   unscaled_ = false;
-  return true;
 }
 
 void GeminiOptimizer::zero_grad() {

@@ -12,8 +12,12 @@
 //  - A master's gradient is its chunk's reduced gradient shard (the average over the data-parallel
 //    ranks) in float32; a chunk without a gradient in a step is skipped, as LibTorch skips a parameter
 //    without .grad().
-//  - step(): global-norm clipping (sum of squares over the group, every element once), then per chunk:
-//    its optimizer side in memory (offload file: read), the optimizer's step on its master alone, the
+//  - step(): with fp16, decorated by the loss scaler (overflow agreed over the group: the step is
+//    skipped and the gradients dropped; else the gradients divided by the scale, in float32 where
+//    the master is, or while clipping); global-norm clipping (sum of squares over the group, every
+//    element once), then per chunk: its optimizer side in memory (offload file: read; moved to the
+//    device when gpu_margin_mem_ratio placed it there), its gradient shard where the master is
+//    (device or host), the optimizer's step on its master alone, the
 //    parameter shard refreshed from the master (cast to the compute dtype; for bf16 chunks under the
 //    Adam family written in the same kernel pass, optim::step_parameter_with_cpu_adam_kernel, reading
 //    the bf16 gradient shard as it is) and the chunk released, so the next forward gathers the new
@@ -53,6 +57,9 @@ class GeminiOptimizer : public parallel::ShardOptimizer {
 
  private:
   void bind();  // param groups and shards from the state's current chunks
+  // The step proper: clipping (or the division by the loss scale, inv_scale), then every chunk's
+  // update (see "step()" above).
+  void update_chunks(double inv_scale);
   std::vector<at::Tensor> state_tensors(const at::Tensor& master) const;  // in key order; empty: none
   Chunk& chunk_of(const Shard& s) const { return state_->chunks()[s.flat_index]; }
 

@@ -8,6 +8,7 @@
 
 #include "booster/logging.h"
 #include "booster/core/cpu_byte_counter.h"
+#include "booster/device.h"
 #include "gemini_detail.h"
 #include "gemini_state.h"
 
@@ -44,6 +45,19 @@ void GeminiState::place_static() {
 // ---------------------------------------------------------------------------------------------
 // Memory accounting and placement
 
+at::Tensor GeminiState::to_host(const at::Tensor& t) const {
+  if (device_.is_cpu() || !t.defined() || t.device().is_cpu()) return t;
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t);
+  return host;
+}
+
+int64_t GeminiState::device_allocated_bytes() const { return device_.is_cpu() ? 0 : device_memory(device_).allocated; }
+
+void GeminiState::gradient_to_optim_tier(Chunk& c) {
+  if (c.optim_tier == Tier::kOffload && c.flat->local_grad().defined()) c.flat->local_grad() = to_host(c.flat->local_grad());
+}
+
 int64_t GeminiState::compute_model_bytes() const {
   int64_t total = 0;
   for (const auto& c : chunks_) {
@@ -73,8 +87,13 @@ void GeminiState::sample_memory() {
   const int64_t model = compute_model_bytes();
   compute_peak_ = std::max(compute_peak_, model);
   if (warmed_up_ || !config_.auto_placement) return;
-  // Non-model data: CPU tensor memory allocated since boost() that is not model data of this state.
-  const int64_t non_model = counted_cpu_bytes() + OffloadFile::mapped_bytes() - model_bytes_in_memory() - baseline_non_model_;
+  // Non-model data: compute memory allocated since boost() that is not model data of this state (CPU:
+  // tensor bytes counted by the allocator hook; CUDA: the caching allocator's allocated bytes, where
+  // the compute tier's model data is compute_model_bytes()).
+  const int64_t non_model =
+      device_.is_cpu()
+          ? counted_cpu_bytes() + OffloadFile::mapped_bytes() - model_bytes_in_memory() - baseline_non_model_
+          : device_allocated_bytes() - model - baseline_non_model_;
   non_model_peak_ = std::max(non_model_peak_, non_model);
 }
 
@@ -122,6 +141,7 @@ void GeminiState::make_room(int64_t need, const std::vector<size_t>& in_use) {
       c.flat->reshard();
     } else {
       c.param_tier = Tier::kOffload;
+      c.flat->local_shard() = to_host(c.flat->local_shard());
       if (file_) {
         if (c.param_slot < 0) c.param_slot = file_->reserve(bytes_of(c.flat->local_shard()));
         if (c.param_dirty) file_->swap_out(c.flat->local_shard(), c.param_slot);
@@ -159,11 +179,22 @@ void GeminiState::place_optim_in_margin(double bytes_per_element) {
 // The optimizer side
 
 void GeminiState::fetch_optim(Chunk& c, std::vector<at::Tensor>& states) {
-  if (!file_ || c.optim_slot < 0) return;
-  const int64_t size = c.master.numel() * 4;
-  file_->swap_in(c.master, c.optim_slot);
-  for (size_t k = 0; k < states.size() && static_cast<int64_t>(k + 1) * size < c.optim_slot_size; ++k)
-    if (!OffloadFile::resident(states[k])) file_->swap_in(states[k], c.optim_slot + static_cast<int64_t>(k + 1) * size);
+  if (file_ && c.optim_slot >= 0) {
+    const int64_t size = c.master.numel() * 4;
+    file_->swap_in(c.master, c.optim_slot);
+    for (size_t k = 0; k < states.size() && static_cast<int64_t>(k + 1) * size < c.optim_slot_size; ++k)
+      if (!OffloadFile::resident(states[k])) file_->swap_in(states[k], c.optim_slot + static_cast<int64_t>(k + 1) * size);
+  }
+  if (c.optim_tier != Tier::kCompute || c.master.device() == device_) return;
+  // Moved to the compute tier (gpu_margin_mem_ratio): master, states and gradient go to the device
+  // once; the file's slot is no longer used.
+  at::NoGradGuard no_grad;
+  c.master.set_data(c.master.to(device_));
+  for (at::Tensor& t : states)
+    if (t.defined() && t.device() != device_) t.set_data(t.to(device_));
+  if (c.flat->local_grad().defined()) c.flat->local_grad() = c.flat->local_grad().to(device_);
+  c.optim_slot = -1;
+  c.master_dirty = false;
 }
 
 

@@ -25,6 +25,21 @@ using detail::mib;
 
 GeminiState::GeminiState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, GeminiShardOptions config)
     : ShardedRuntime(model, optimizer, "gemini"), config_(std::move(config)) {
+  // The compute device: every parameter's (chunks are flat buffers of one device).
+  bool first = true;
+  for (const auto& item : model.named_parameters(true)) {
+    const c10::Device d = item.value().device();
+    if (first) device_ = d;
+    first = false;
+    if (d != device_)
+      throw std::invalid_argument("booster: gemini: parameter '" + item.key() + "' is on " + d.str() +
+                                  " and others on " + device_.str() +
+                                  "; Gemini packs parameters into chunks on one compute device: move the whole "
+                                  "model to one device first");
+    if (!d.is_cpu() && !d.is_cuda())
+      throw std::invalid_argument("booster: gemini: parameter '" + item.key() + "' is on " + d.str() +
+                                  "; Gemini's compute device is the CPU or a CUDA device");
+  }
   if (!config_.group) throw std::invalid_argument("booster: gemini needs a data-parallel group");
   if (config_.auto_placement) install_cpu_byte_counter();  // before any chunk memory is allocated
   if (!config_.offload_dir.empty()) {
@@ -89,7 +104,7 @@ void GeminiState::build_chunks(const parallel::NamedParameters& order) {
       std::vector<int64_t> sizes;
       for (const auto& [name, p] : members) sizes.push_back(p.numel());
       const FlatLayout layout = make_flat_layout(sizes, config_.group->size());
-      at::Tensor full = at::zeros({layout.padded_numel}, at::kFloat);
+      at::Tensor full = at::zeros({layout.padded_numel}, at::TensorOptions(at::kFloat).device(device_));
       for (size_t j = 0; j < members.size(); ++j)
         full.narrow(0, layout.offsets[j], layout.numels[j]).copy_(members[j].second.detach().reshape({-1}));
       c.master = full.narrow(0, layout.shard_begin(config_.group->rank()), layout.shard_numel).clone();
@@ -115,7 +130,10 @@ void GeminiState::build_chunks(const parallel::NamedParameters& order) {
   } else {
     place_static();
   }
+  // The offload tier's pieces to host memory (a no-op on a CPU compute device), then to the file.
   for (auto& c : chunks_) {
+    if (c.optim_tier == Tier::kOffload) c.master = to_host(c.master);
+    if (c.param_tier == Tier::kOffload && !c.flat->is_aliased()) c.flat->local_shard() = to_host(c.flat->local_shard());
     if (!file_) continue;
     if (c.optim_tier == Tier::kOffload) {
       c.optim_slot_size = 3 * bytes_of(c.master);  // master + two state tensors (Adam)
@@ -131,7 +149,9 @@ void GeminiState::build_chunks(const parallel::NamedParameters& order) {
 }
 
 void GeminiState::on_install() {
-  baseline_non_model_ = counted_cpu_bytes() + OffloadFile::mapped_bytes() - model_bytes_in_memory();
+  baseline_non_model_ = device_.is_cpu()
+                            ? counted_cpu_bytes() + OffloadFile::mapped_bytes() - model_bytes_in_memory()
+                            : device_allocated_bytes() - compute_model_bytes();
   if (config_.auto_placement) {
     int64_t largest = 0;
     for (const auto& unit_chunks : unit_flats_) {
@@ -278,6 +298,7 @@ void GeminiState::on_gradients_ready(size_t ci) {
   for (size_t u : units) multi = multi || forward_calls_[u] > 1;
   if (multi) return;  // its units run again in this backward: reduced and released at the end
   reduce(ci);
+  gradient_to_optim_tier(chunks_[ci]);
   active_units_.erase(std::remove_if(active_units_.begin(), active_units_.end(),
                                      [&](size_t u) { return std::find(units.begin(), units.end(), u) != units.end(); }),
                       active_units_.end());
@@ -287,6 +308,7 @@ void GeminiState::on_gradients_ready(size_t ci) {
 
 void GeminiState::on_finish_backward() {
   active_units_.clear();
+  for (auto& c : chunks_) gradient_to_optim_tier(c);  // the chunks reduced at the end of backward
   release_all_but_kept();
   if (require_sync_) backward_since_step_ = true;
   finish_iteration_order();
@@ -327,12 +349,12 @@ void GeminiState::rebuild_in_first_use_order() {
     const FlatLayout& l = c.flat->layout();
     std::vector<at::Tensor> none;
     fetch_optim(c, none);
-    at::Tensor full = at::empty({l.padded_numel}, at::kFloat);
-    c.flat->group().all_gather_into_tensor(full, c.master).wait();
+    at::Tensor full = at::empty({l.padded_numel}, at::TensorOptions(at::kFloat).device(device_));
+    c.flat->group().all_gather_into_tensor(full, c.master.to(device_)).wait();
     at::Tensor full_grad;
     if (c.flat->local_grad().defined()) {
-      full_grad = at::empty({l.padded_numel}, c.flat->local_grad().options());
-      c.flat->group().all_gather_into_tensor(full_grad, c.flat->local_grad()).wait();
+      full_grad = at::empty({l.padded_numel}, c.flat->local_grad().options().device(device_));
+      c.flat->group().all_gather_into_tensor(full_grad, c.flat->local_grad().to(device_)).wait();
     }
     for (size_t j = 0; j < c.flat->params().size(); ++j) {
       at::Tensor p = c.flat->params()[j].second;
@@ -355,6 +377,7 @@ void GeminiState::rebuild_in_first_use_order() {
       if (it != grads.end()) flat.narrow(0, l.offsets[j], l.numels[j]).copy_(it->second);
     }
     c.flat->local_grad() = flat.narrow(0, l.shard_begin(c.flat->group().rank()), l.shard_numel).clone();
+    if (c.optim_tier == Tier::kOffload) c.flat->local_grad() = to_host(c.flat->local_grad());
   }
   rebuilt_ = true;
 }
@@ -399,8 +422,9 @@ std::vector<checkpoint::FlatSource> GeminiState::checkpoint_sources() {
     sources.push_back({chunk->flat, at::kFloat,
                        [chunk, master, this] {
                          const FlatLayout& l = chunk->flat->layout();
-                         at::Tensor full = at::empty({l.padded_numel}, at::kFloat);
-                         chunk->flat->group().all_gather_into_tensor(full, master()).wait();
+                         // On the compute device (NCCL's): an offloaded master travels there.
+                         at::Tensor full = at::empty({l.padded_numel}, at::TensorOptions(at::kFloat).device(device_));
+                         chunk->flat->group().all_gather_into_tensor(full, master().to(device_)).wait();
                          release_clean_master(*chunk);  // a save only reads it
                          return full;
                        },

@@ -59,12 +59,22 @@ class GeminiState : public parallel::ShardedRuntime {
 
   std::vector<Chunk>& chunks() { return chunks_; }
   const GeminiShardOptions& config() const { return config_; }
+  // The compute device (the parameters' device at construction): gathered chunks, parameter shards
+  // of the compute tier, gradient shards and the optimizer side of the compute tier live there.
+  const c10::Device& device() const { return device_; }
+  // A copy of t in host memory: page-locked when the compute device is an accelerator (its copies
+  // to and from the device need it); t itself when the compute device is the CPU (then the offload
+  // tier's host memory is the compute memory: only offload_dir moves bytes).
+  at::Tensor to_host(const at::Tensor& t) const;
   OffloadFile* offload_file() const { return file_.get(); }
   // Incremented whenever the chunks are (re)built: pointers into chunks() are valid within one.
   int64_t generation() const { return generation_; }
 
   // The optimizer side of chunk c in memory: its master shard resident (read back from the offload
   // file when it is there). States are the optimizer's state tensors of c (may be empty).
+  // The master and states then live where c.optim_tier says: a chunk moved to the compute tier (by
+  // gpu_margin_mem_ratio) has them moved to the compute device here (Tensor::set_data: the optimizer
+  // keeps its keys).
   void fetch_optim(Chunk& c, std::vector<at::Tensor>& states);
   // Frees an offloaded master shard read only since its last store (the file holds these values).
   void release_clean_master(Chunk& c);
@@ -130,13 +140,18 @@ class GeminiState : public parallel::ShardedRuntime {
   void prefetch_after(size_t c);
   void release(size_t c);
   void ensure_param_resident(Chunk& c);
+  // A reduced gradient shard whose optimizer side is offloaded goes to host memory (ColossalAI moves
+  // the gradient chunk to the optimizer's device); no-op on a CPU compute device.
+  void gradient_to_optim_tier(Chunk& c);
   void make_room(int64_t need, const std::vector<size_t>& in_use);
   int64_t compute_model_bytes() const;
+  int64_t device_allocated_bytes() const;  // the caching allocator's allocated bytes (accelerator)
   int64_t model_bytes_in_memory() const;
   void sample_memory();
   void rebuild_in_first_use_order();
 
   GeminiShardOptions config_;
+  c10::Device device_{c10::kCPU};
   std::unique_ptr<OffloadFile> file_;
   std::vector<Chunk> chunks_;
   int64_t chunk_size_ = 0;
