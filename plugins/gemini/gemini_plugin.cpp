@@ -132,7 +132,10 @@ class GeminiPlugin : public Plugin {
   // shard it in chunks of about an eighth of it (min_chunk_size_m and search_range_m = 0 in their
   // options). Rows: the default placement (everything in memory), and the optimizer side (master +
   // states) in an offload_dir file, stepped one chunk at a time (options carry offload_dir="" for
-  // the caller to fill in).
+  // the caller to fill in). On cuda a third row per chunking offloads the optimizer side to pinned
+  // host memory (offload_optim_frac = 1.0); the rows place on the device the parameter shards, the
+  // gathered chunks, the backward's buffers, the activations and whatever is not offloaded
+  // (device_bytes), the rest in host memory.
   std::vector<MemoryEstimate> estimate_memory(const EstimateRequest& r) const override {
     if (r.precision == "fp16" && !torch::cuda::is_available()) return {};
     const int64_t min_chunk = static_cast<int64_t>(GeminiOptions{}.min_chunk_size_m * (1 << 20));
@@ -163,7 +166,12 @@ class GeminiPlugin : public Plugin {
     const int64_t shard = (r.parameters + N - 1) / N;
     const int64_t chunk_shard = (chunk + N - 1) / N;
     const int64_t optim_side = 4 * shard + static_cast<int64_t>(r.optimizer_state_bytes_per_parameter * shard + 0.5);
-    for (bool offload : {false, true}) {
+    const bool cuda = r.device == "cuda";
+    // 0: everything in compute memory; 1: the optimizer side in the offload_dir file; 2 (cuda): the
+    // optimizer side in pinned host memory.
+    for (int where : cuda ? std::vector<int>{0, 2, 1} : std::vector<int>{0, 1}) {
+      const bool offload = where == 1;
+      const bool host = where == 2;
       MemoryEstimate e;
       e.states.parameters = (one_chunk ? r.parameters : shard) * e_bytes + r.buffer_bytes;
       e.states.gradients = shard * e_bytes;
@@ -176,12 +184,28 @@ class GeminiPlugin : public Plugin {
                            (offload ? optim_side / std::max<int64_t>(1, (r.parameters + chunk - 1) / chunk) : 0);
       e.transient = std::max(backward, step);
       e.activations = r.activation_bytes;
+      if (cuda && where == 0) place_on_device(r, e);
+      if (cuda && where != 0) {
+        // On the device: parameter shards, buffers, the backward's gathered chunks and gradient
+        // buffers, activations. In host memory (pinned): gradient shards, master shards and states
+        // (offload_dir: in the file), the step's temporaries.
+        e.states.device = r.device;
+        e.states.parameters_on_device = e.states.parameters;
+        e.states.pinned_host_bytes = e.states.gradients + e.states.master_weights + e.states.optimizer_states;
+        e.states.located = true;
+        e.device_bytes = e.states.parameters + backward + e.activations;
+      }
       e.communication_volume = 3;
       e.configuration = "precision = \"" + r.precision + "\"";
       e.options = {"precision=\"" + r.precision + "\""};
       if (!chunk_options.empty()) {
         e.configuration += ", chunks of " + std::to_string(chunk) + " elements (" + chunk_options[0] + ")";
         e.options.insert(e.options.end(), chunk_options.begin(), chunk_options.end());
+      }
+      if (host) {
+        e.configuration += ", offload_optim_frac = 1 (pinned host memory)";
+        e.options.push_back("offload_optim_frac=1.0");
+        e.note = "master weights, optimizer states and gradient shards live in pinned host memory; the CPU Adam kernel steps them";
       }
       if (offload) {
         e.configuration += ", offload_optim_frac = 1, offload_dir = (a directory)";

@@ -10,7 +10,8 @@
 //   - a torch_fsdp checkpoint saved on the GPU continues on the CPU under torch_ddp, and one saved on
 //     the CPU continues on the GPU under torch_fsdp: equal to the uninterrupted CPU run within the
 //     fp32 tolerance above (GPU and CPU float32 kernels differ in the last bits);
-//   - the peak device memory of torch_fsdp FULL_SHARD and low_level_zero stage 2 per rank
+//   - the peak device memory of torch_fsdp FULL_SHARD, low_level_zero stage 2 and gemini (static;
+//     optimizer side in pinned host memory) per rank
 //     (the caching allocator's peak over boost() and 3 AdamW steps) against the estimate's device
 //     bytes for the same model and configuration: within 10%;
 //   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B), pp2 x tp2 and dp2 x tp2 with zero_stage 2 and 3
@@ -161,6 +162,10 @@ TEST(GpuMemory, ShardedPluginsPeakDeviceMemoryIsWithinTenPercentOfTheEstimate) {
       {"torch_fsdp FULL_SHARD, 2 ranks", 2, fsdp_on_gpu("FULL_SHARD", {kOverGloo}), 0},
       {"low_level_zero stage 2, 2 ranks", 2,
        {kOnGpu, kOverGloo, "booster.plugin=\"low_level_zero\"", "plugin.precision=\"fp32\"", "plugin.stage=2"}, 1},
+      // Gemini's rows on cuda: everything on the device (0), the optimizer side in pinned host memory (1).
+      {"gemini static, 2 ranks", 2, {kOnGpu, kOverGloo, "booster.plugin=\"gemini\"", "plugin.precision=\"fp32\""}, 0},
+      {"gemini static, optimizer side in pinned host memory, 2 ranks", 2,
+       {kOnGpu, kOverGloo, "booster.plugin=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.offload_optim_frac=1.0"}, 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

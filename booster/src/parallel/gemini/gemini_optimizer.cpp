@@ -146,29 +146,34 @@ void GeminiOptimizer::zero_grad() {
 
 
 void GeminiOptimizer::visit_memory(MemoryVisitor& visitor) const {
-  // Steady state as placed: what lives in memory (an offload file's share is not counted). Gemini's
-  // chunks live in host memory.
+  // Steady state as placed: what lives in memory (an offload file's share is not counted). The
+  // compute tier is the compute device's memory (CUDA: on the device), the offload tier host memory
+  // (CUDA: pinned); a chunk's gradient shard lives with its optimizer side.
   const bool disk = state_->offload_file() != nullptr;
-  int64_t masters = 0;
+  const bool accelerator = !state_->device().is_cpu();
+  auto visit = [&](MemoryCategory category, int64_t bytes, Tier tier) {
+    const bool on_device = accelerator && tier == Tier::kCompute;
+    visitor.visit_planned(category, bytes, on_device, accelerator && !on_device);
+  };
+  int64_t masters_compute = 0, masters_host = 0, total_masters = 0;
   for (const auto& c : state_->chunks()) {
     const int64_t shard = c.flat->layout().shard_numel;
     const int64_t compute = shard * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype()));
     if (!c.flat->is_aliased() && !(disk && c.param_tier == Tier::kOffload))
-      visitor.visit_planned(MemoryCategory::kParameters, compute, false);
+      visit(MemoryCategory::kParameters, compute, c.param_tier);
     if (c.group < 0) continue;
-    visitor.visit_planned(MemoryCategory::kGradients, compute, false);
-    if (!(disk && c.optim_tier == Tier::kOffload)) {
-      visitor.visit_planned(MemoryCategory::kMasterWeights, shard * 4, false);
-      masters += shard;
-    }
+    total_masters += shard;
+    visit(MemoryCategory::kGradients, compute, c.optim_tier);
+    if (disk && c.optim_tier == Tier::kOffload) continue;
+    visit(MemoryCategory::kMasterWeights, shard * 4, c.optim_tier);
+    (c.optim_tier == Tier::kCompute ? masters_compute : masters_host) += shard;
   }
-  // Planned states per element of the masters kept in memory (the registry's count).
-  int64_t total_masters = 0;
-  for (const auto& c : state_->chunks())
-    if (c.group >= 0) total_masters += c.flat->layout().shard_numel;
+  // Planned states per element of the masters kept in memory (the registry's count), where they are.
   const int64_t planned = optimizer_state_bytes(*optimizer_);
-  visitor.visit_planned(MemoryCategory::kOptimizerStates, total_masters > 0 ? planned * masters / total_masters : 0,
-                        false);
+  if (total_masters > 0) {
+    visit(MemoryCategory::kOptimizerStates, planned * masters_compute / total_masters, Tier::kCompute);
+    visit(MemoryCategory::kOptimizerStates, planned * masters_host / total_masters, Tier::kOffload);
+  }
 }
 
 }  // namespace booster::parallel::gemini
