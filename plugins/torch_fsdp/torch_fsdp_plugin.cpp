@@ -12,6 +12,7 @@
 #include "booster/core/replica.h"
 #include "booster/dist/process_group.h"
 #include "booster/dist/process_mesh.h"
+#include "booster/mixed_precision/grad_scaler.h"
 #include "booster/mixed_precision/precision.h"
 #include "booster/parallel/fully_shard.h"
 #include "booster/plugin.h"
@@ -28,8 +29,11 @@ struct FsdpOptions {
   bool forward_prefetch = false;
   bool limit_all_gathers = true;
   bool sync_module_states = false;
-  bool cpu_offload = false;  // CPU: a no-op (the shards live in host memory); CUDA: refused (not built)
+  bool cpu_offload = false;  // CPU: a no-op (the shards live in host memory); CUDA: shards in pinned host memory
   std::string param_dtype, reduce_dtype, buffer_dtype;  // [plugin.mixed_precision]; "" = unchanged
+  // [plugin.mixed_precision] initial_scale, growth_factor, ... (DynamicGradScaler's names and
+  // defaults): the loss scaler of fp16 parameters or gradients.
+  mixed_precision::DynamicGradScalerOptions scaler;
   double max_norm = 0.0;
   double norm_type = 2.0;
   // "" | "fp8": float8 e4m3 parameter all-gathers and gradient reduce-scatters (dist/fp8.h);
@@ -63,12 +67,15 @@ static FsdpOptions parse_options(const Options& o) {
     t.param_dtype = mp.get_choice("param_dtype", "", {"", "fp32", "bf16", "fp16"});
     t.reduce_dtype = mp.get_choice("reduce_dtype", "", {"", "fp32", "bf16", "fp16"});
     t.buffer_dtype = mp.get_choice("buffer_dtype", "", {"", "fp32", "bf16", "fp16"});
+    t.scaler = mixed_precision::DynamicGradScaler::from_options(mp);
+    if (t.param_dtype == "fp16" || t.reduce_dtype == "fp16") {
+      try {
+        mixed_precision::DynamicGradScaler check(t.scaler);  // validates the values
+      } catch (const std::invalid_argument& e) {
+        throw ConfigError(mp.where("initial_scale") + ": " + e.what());
+      }
+    }
     mp.check_unknown();
-    for (const std::string* d : {&t.param_dtype, &t.reduce_dtype, &t.buffer_dtype})
-      if (*d == "fp16")
-        throw ConfigError(mp.where("param_dtype") + ": fp16 is not supported by torch_fsdp yet (on the CPU LibTorch "
-                          "has no fp16 kernels for most ops; on CUDA the loss scaler over the shards is not built); "
-                          "use \"bf16\" or \"fp32\" in [plugin.mixed_precision]");
   }
   return t;
 }
@@ -210,10 +217,13 @@ class TorchFSDPPlugin : public Plugin {
                           "; FSDP flattens each unit into one buffer, so every parameter must be on one device "
                           "(the Booster moves the model to booster.device: leave it there)");
     }
-    if (device && !device->is_cpu() && options_.cpu_offload)
-      throw PluginError("torch_fsdp: cpu_offload = true on " + device->str() +
-                        " is not supported yet (the shards and the optimizer step stay on the device); remove "
-                        "it, or use plugin = \"gemini\" (offload_optim_frac) or \"low_level_zero\" (cpu_offload)");
+    const bool fp16 = options_.param_dtype == "fp16" || options_.reduce_dtype == "fp16" || options_.buffer_dtype == "fp16";
+    if (fp16 && (!device || device->is_cpu()))
+      throw PluginError("torch_fsdp: [plugin.mixed_precision] fp16 needs the model on a CUDA device (booster.device = "
+                        "\"cuda\"); on the CPU LibTorch has no fp16 kernels for most ops: use \"bf16\" or \"fp32\"");
+    // bf16: autocast on the model's device type (the fp16 component's would cast the model to half;
+    // the shards keep full precision, so it is not called).
+    if (mixed_ && options_.param_dtype == "bf16") mixed_->prepare_model(*model);
     make_replicas_identical(*world(), *model, options_.sync_module_states);
     if (!options_.buffer_dtype.empty()) {
       const at::ScalarType dtype = mixed_precision::dtype_from_name(options_.buffer_dtype);
@@ -239,7 +249,11 @@ class TorchFSDPPlugin : public Plugin {
     config.replicate_group = mesh_->group("replicate");
 
     config.world = world();
+    config.cpu_offload = options_.cpu_offload;
     OptimizerWrapperOptions wo;
+    // fp16 parameters or gradients: the dynamic loss scaler (ColossalAI's defaults) decorates the step.
+    if (options_.param_dtype == "fp16" || options_.reduce_dtype == "fp16")
+      wo.scaler = std::make_shared<mixed_precision::DynamicGradScaler>(options_.scaler);
     wo.max_norm = options_.max_norm;
     wo.norm_type = options_.norm_type;
     parallel::HooksDecorator decorate;

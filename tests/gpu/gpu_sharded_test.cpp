@@ -5,6 +5,7 @@
 //     over Gloo (collectives staged through host memory), against single-process LibTorch trained
 //     on the same GPU (dist_test_util.h's check_train: 1e-5 absolute + 1e-4 relative per element
 //     after 4 steps, fp32; the differences are the order of the gradient sums);
+//   - torch_fsdp with cpu_offload (shards in pinned host memory) against the same reference;
 //   - torch_fsdp with bf16 compute (param_dtype) against LibTorch under CUDA bf16 autocast: SGD, the
 //     bf16 tolerance of gpu_test.cpp's TorchDdpBf16AutocastOneAndTwoRanks (2e-2 relative + 1e-3);
 //   - a torch_fsdp checkpoint saved on the GPU continues on the CPU under torch_ddp, and one saved on
@@ -98,6 +99,18 @@ TEST(GpuFsdp, ClippingAndNoSyncAccumulationOnTheGpu) {
   TrainCase c = reference_on_gpu({2, "sgd", fsdp_on_gpu("FULL_SHARD", {kOverGloo, "plugin.max_norm=0.05"}), 2});
   c.max_norm = 0.05;
   check_train(c);
+}
+
+// cpu_offload: the shards and gradient shards in pinned host memory, the step on the host (CPU Adam
+// kernel), a copy to the GPU for each all-gather.
+TEST(GpuFsdp, CpuOffloadEqualsSingleProcessOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  check_train(reference_on_gpu({1, "adamw", fsdp_on_gpu("FULL_SHARD", {"plugin.cpu_offload=true"}), 1}));
+  check_train(reference_on_gpu({2, "adamw", fsdp_on_gpu("FULL_SHARD", {kOverGloo, "plugin.cpu_offload=true"}), 1}));
+  TrainCase clip = reference_on_gpu({2, "sgd", fsdp_on_gpu("SHARD_GRAD_OP", {kOverGloo, "plugin.cpu_offload=true",
+                                                                               "plugin.max_norm=0.05"}), 2});
+  clip.max_norm = 0.05;
+  check_train(clip);
 }
 
 TEST(GpuFsdp, Bf16ComputeEqualsLibTorchAutocastOnTheGpu) {

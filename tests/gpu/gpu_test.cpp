@@ -9,7 +9,7 @@
 //     staged through host memory (process_group_device.cpp);
 //   - torch_ddp and low_level_zero (stages 1, 2) training on the GPU, 1 rank on NCCL and 2 ranks
 //     sharing the GPU over Gloo, against single-process LibTorch trained on the same GPU (fp32, bf16;
-//     fp16 with 2 ranks against 1 rank; gemini's fp16 too);
+//     fp16 with 2 ranks against 1 rank; torch_fsdp's and gemini's fp16 too);
 //   - the device errors a user can meet there.
 // Tolerance of the training comparisons: dist_test_util.h's (1e-5 absolute + 1e-4 relative per
 // element after 4 steps, fp32): the ranks differ from the reference only in the order of the
@@ -329,7 +329,7 @@ std::vector<at::Tensor> train_mlp(int world, const std::vector<std::string>& set
 }  // namespace
 
 // fp16 (fp16 weights, fp32 masters, the dynamic loss scaler from 1024) under torch_ddp,
-// low_level_zero stages 1 and 2 and gemini with 2 ranks sharing the GPU over Gloo, against the same training on
+// low_level_zero stages 1 and 2, torch_fsdp and gemini with 2 ranks sharing the GPU over Gloo, against the same training on
 // 1 rank (NCCL), which GpuFp16.* checks against PyTorch's GradScaler. The ranks compute fp16
 // gradients of half the batch and sum them in another order, so the fp32 masters differ by float
 // rounding and the fp16 weights by at most 2 fp16 ulps of each tensor's largest weight
@@ -347,6 +347,9 @@ TEST(GpuTraining, Fp16TwoRanksSharingTheGpuEqualOneRank) {
       {"torch_ddp", {kCuda, "booster.mixed_precision=\"fp16\"", "mixed_precision.initial_scale=1024"}},
       {"low_level_zero stage 1", {kCuda, kZero, "plugin.precision=\"fp16\"", "plugin.initial_scale=1024", "plugin.stage=1"}},
       {"low_level_zero stage 2", {kCuda, kZero, "plugin.precision=\"fp16\"", "plugin.initial_scale=1024", "plugin.stage=2"}},
+      // torch_fsdp: fp16 gathered parameters and gradients, fp32 shards.
+      {"torch_fsdp", {kCuda, "booster.plugin=\"torch_fsdp\"", "plugin.sync_module_states=true",
+                      "plugin.mixed_precision.param_dtype=\"fp16\"", "plugin.mixed_precision.initial_scale=1024"}},
       // Gemini: fp16 chunks (2 of the MLP's 4 layers each), fp32 master shards, the scaler decorating its step.
       {"gemini", {kCuda, "booster.plugin=\"gemini\"", "plugin.precision=\"fp16\"", "plugin.initial_scale=1024",
                   "plugin.min_chunk_size_m=0.0005", "plugin.search_range_m=0", "plugin.hidden_dim=16"}}};

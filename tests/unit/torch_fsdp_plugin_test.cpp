@@ -84,8 +84,14 @@ TEST(TorchFsdpPlugin, OptionErrorsNameTheKeyAndTheFix) {
                                                HasSubstr("set plugin.shard_group_size to a divisor of 1"))));
   EXPECT_THAT([] { make_fsdp("shard_group_size = 2\n"); },
               ThrowsMessage<ConfigError>(HasSubstr("shard_group_size applies to sharding_strategy = \"HYBRID_SHARD\"")));
-  EXPECT_THAT([] { make_fsdp("[plugin.mixed_precision]\nparam_dtype = \"fp16\"\n"); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("fp16 is not supported by torch_fsdp yet"), HasSubstr("bf16"))));
+  // fp16 needs CUDA: refused at boost() for a CPU model, naming the fix; a bad loss-scaler value at once.
+  EXPECT_THAT([] {
+    Booster b = make_fsdp("[plugin.mixed_precision]\nparam_dtype = \"fp16\"\n");
+    TwoUnits net;
+    b.boost(net);
+  }, ThrowsMessage<PluginError>(AllOf(HasSubstr("fp16 needs the model on a CUDA device"), HasSubstr("bf16"))));
+  EXPECT_THAT([] { make_fsdp("[plugin.mixed_precision]\nparam_dtype = \"fp16\"\ninitial_scale = -1.0\n"); },
+              ThrowsMessage<ConfigError>(HasSubstr("initial_scale")));
   EXPECT_THAT([] { make_fsdp("backward_prefetch = \"BACKWARD_PREE\"\n"); },
               ThrowsMessage<ConfigError>(HasSubstr("BACKWARD_PRE")));
   EXPECT_THAT([] { make_fsdp("[plugin.mixed_precision]\nparm_dtype = \"bf16\"\n"); },

@@ -47,7 +47,8 @@ class CheckpointIO;
 using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
 
 // Bumped whenever Plugin, PluginContext, ModelHooks, OptimizerWrapper, a public class a plugin may
-// derive from (the optimizer wrappers) or the descriptor change layout or meaning. A plugin built against another value is refused at load time.
+// derive from (the optimizer wrappers), an options struct a plugin fills in and passes by value (the
+// booster/parallel functions' options, FlatParameterOptions) or the descriptor change layout or meaning. A plugin built against another value is refused at load time.
 // 11: Plugin::supported_devices; MemoryReport's device split (*_on_device, pinned_host_bytes,
 // located, device and its allocator figures) and EstimateRequest::device / MemoryEstimate::device_bytes,
 // which plugins fill in and return by value.
@@ -60,7 +61,9 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // prepare_dataloader is not virtual; CheckpointIO takes a checkpoint::CheckpointableOptimizer
 // (OptimizerWrapper implements it). docs/plugins.md ("Porting a plugin") lists the edits.
 // 16: ZeroOptimizer has a protected virtual on_gradients_prepared (its vtable grew).
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 16;
+// 17: FullyShardOptions::cpu_offload and FlatParameterOptions::keep_shard_apart (FSDP's cpu_offload on
+// CUDA); FullyShardState has more members.
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 17;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {

@@ -39,7 +39,7 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, at::Tensor>> par
                                               "floating-point, got ") + c10::toString(t));
   layout_ = make_flat_layout(numels, group_->size());
   at::Tensor flat = flatten_into_views(tensors, layout_);  // throws for mixed dtypes / devices
-  aliased_ = group_->size() == 1 && options_.compute_dtype == original;
+  aliased_ = group_->size() == 1 && options_.compute_dtype == original && !options_.keep_shard_apart;
   if (aliased_) {
     full_ = flat;
     local_shard_ = flat;

@@ -15,7 +15,10 @@ FullyShardState::FullyShardState(torch::nn::Module& model, torch::optim::Optimiz
                                  const std::string& owner)
     : ShardedRuntime(model, optimizer, owner), config_(std::move(config)) {
   if (!config_.shard_group) throw std::invalid_argument("booster: " + owner + ": FSDP needs a shard group");
+  // cpu_offload: the shards go to pinned host memory below (on a CPU model they are there already).
+  offload_ = config_.cpu_offload;
   FlatParameterOptions mixed, full;
+  mixed.keep_shard_apart = full.keep_shard_apart = offload_;
   mixed.compute_dtype = config_.param_dtype;
   mixed.reduce_dtype = config_.reduce_dtype;
   mixed.replicate_group = full.replicate_group = config_.replicate_group;
@@ -42,8 +45,25 @@ FullyShardState::FullyShardState(torch::nn::Module& model, torch::optim::Optimiz
       flats.push_back(std::move(s));
     }
   }
+  if (offload_) {
+    at::NoGradGuard no_grad;
+    for (auto& s : flats) s.flat->local_shard() = to_pinned_host(s.flat->local_shard());
+  }
   set_flats(std::move(flats));
   backward_done_.assign(units_.size(), 0);
+}
+
+at::Tensor FullyShardState::to_pinned_host(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t);
+  return host;
+}
+
+void FullyShardState::offload_gradient(size_t f) {
+  if (!offload_) return;
+  at::Tensor& g = flats_[f].flat->local_grad();
+  if (g.defined() && !g.device().is_cpu()) g = to_pinned_host(g);
 }
 
 bool FullyShardState::reshards_after_forward() const {
@@ -114,6 +134,7 @@ void FullyShardState::on_pre_backward(size_t u) {
 
 void FullyShardState::on_gradients_ready(size_t f) {
   reduce(f);
+  offload_gradient(f);
   maybe_post_backward(flats_[f].units.front());
 }
 
@@ -140,6 +161,7 @@ void FullyShardState::on_post_backward(size_t u) {
 }
 
 void FullyShardState::on_finish_backward() {
+  for (size_t f = 0; f < flats_.size(); ++f) offload_gradient(f);  // the ones reduced at the end
   std::fill(backward_done_.begin(), backward_done_.end(), 0);
   release_all();
 }

@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "booster/optim/cpu_adam.h"
 #include "booster/optim/optimizer_registry.h"
 
 namespace booster::parallel {
@@ -56,7 +57,12 @@ void FullyShardOptimizer::clip_grad_by_value(double clip_value) {
 bool FullyShardOptimizer::step() {
   at::NoGradGuard no_grad;
   attach_grads();
-  const bool stepped = OptimizerWrapper::step();  // overflow skip, clip, the optimizer on the shards
+  // Overflow skip, clip, the optimizer on the shards; in host memory (cpu_offload) the Adam family
+  // through the CPU Adam kernel.
+  const bool stepped = state_->offloads() ? step_with([](torch::optim::Optimizer& optimizer) {
+    if (!optim::step_with_cpu_adam_kernel(optimizer)) optimizer.step();
+  })
+                                          : OptimizerWrapper::step();
   state_->release_all();                          // the next forward gathers the updated shards
   return stepped;
 }
@@ -75,18 +81,18 @@ void FullyShardOptimizer::visit_memory(MemoryVisitor& visitor) const {
   bool accelerator = false;
   for (const auto& s : state_->flats()) {
     FlatParameter& f = *s.flat;
-    accelerator = accelerator || !f.local_shard().device().is_cpu();
+    accelerator = accelerator || !f.params().front().second.device().is_cpu();
     if (f.is_aliased()) continue;  // the module's storage (Booster counts it)
     // The shard is the full-precision weight: "parameters" when the compute dtype is the same,
     // the master copy of the low-precision gathered parameters otherwise.
     visitor.visit(f.compute_dtype() == f.shard_dtype() ? MemoryCategory::kParameters : MemoryCategory::kMasterWeights,
-                  f.local_shard(), false);
+                  f.local_shard(), accelerator);
   }
   for (const auto& s : shards_) {
     const at::Tensor& shard = s.flat->local_shard();
     visitor.visit_planned(MemoryCategory::kGradients,
                           s.flat->layout().shard_numel * static_cast<int64_t>(shard.element_size()),
-                          !shard.device().is_cpu());
+                          !shard.device().is_cpu(), accelerator && shard.device().is_cpu());
   }
   visitor.visit(MemoryCategory::kOptimizerStates, optimizer_state_places(*optimizer_, accelerator, false));
 }

@@ -25,7 +25,7 @@
 //    so resharding after forward and unsharding before backward gives the same gradients as never
 //    freeing (tested).
 //  - A shard group of ONE rank with the compute dtype equal to the parameters' dtype (FSDP's
-//    NO_SHARD): local_shard() is the flat buffer itself; it is never freed, unshard() and reshard()
+//    NO_SHARD), unless options.keep_shard_apart: local_shard() is the flat buffer itself; it is never freed, unshard() and reshard()
 //    change nothing and the state stays UNSHARDED.
 //  - Gradients: reduce_gradients() packs every parameter's .grad() into a flat buffer of the reduce
 //    dtype, reduce-scatters it with AVG over the shard group, averages the shard over the replicate
@@ -67,6 +67,10 @@ struct FlatParameterOptions {
   // dist::fp8_reduce_scatter_in_place. The replicate group's allreduce and gather_full (checkpoints)
   // stay exact. No effect on a shard group of one rank.
   bool fp8_communication = false;
+  // Keep local_shard() a tensor of its own even for a shard group of one rank with the compute dtype
+  // equal to the parameters' (no NO_SHARD aliasing): its owner may then move the shard to another
+  // device (FSDP's cpu_offload), and the flat buffer is freed and gathered as for a sharded one.
+  bool keep_shard_apart = false;
 };
 
 class BOOSTER_API FlatParameter {

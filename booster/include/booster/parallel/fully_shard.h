@@ -65,6 +65,13 @@ struct FullyShardOptions {
   // Every rank taking part (the checkpoint IO and the optimizer wrapper's overflow agreement are
   // collective over it); null: shard_group.
   std::shared_ptr<dist::ProcessGroup> world;
+  // FSDP's CPUOffload(offload_params=True) on an accelerator: every FlatParameter's local shard and
+  // reduced gradient shard live in pinned host memory (the shard is copied to the device for each
+  // all-gather; the gradient shard is copied to the host after each reduction), and the optimizer
+  // steps the shards there (the Adam family through the CPU Adam kernel, optim/cpu_adam.h). No
+  // FlatParameter aliases its buffer (FlatParameterOptions::keep_shard_apart). On a CPU model the
+  // shards are in host memory already: nothing moves, the rest is the same.
+  bool cpu_offload = false;
 };
 
 // The FSDP layout on the sharded runtime: one FlatParameter per (unit, optimizer parameter group or
@@ -81,6 +88,8 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
                   const std::string& owner = "fully_shard");
 
   const FullyShardOptions& config() const { return config_; }
+  // config().cpu_offload: the shards and gradient shards live in host memory.
+  bool offloads() const { return offload_; }
   // The runtime's counters plus flat_parameters and max_gathered_units (the most units with a
   // gathered FlatParameter at one moment).
   std::map<std::string, int64_t> stats() const override;
@@ -101,8 +110,13 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   void maybe_post_backward(size_t u);
   void note_gathered();
   bool reshards_after_forward() const;
+  // cpu_offload: a copy in pinned host memory (t itself when it is on the CPU already); the reduced
+  // gradient shard of FlatParameter f moved there.
+  static at::Tensor to_pinned_host(const at::Tensor& t);
+  void offload_gradient(size_t f);
 
   FullyShardOptions config_;
+  bool offload_ = false;
   std::vector<char> backward_done_;  // per unit: post_backward ran in this pass
   int64_t max_gathered_units_ = 0;
 };
