@@ -1,6 +1,7 @@
 // device.cpp — [booster] device and the CUDA support library (contract in booster/device.h).
 #include "booster/device.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 #include <dlfcn.h>
@@ -122,6 +123,13 @@ DeviceMemory device_memory(const c10::Device& device) {
 
 void reset_device_peak(const c10::Device& device) {
   if (device.is_cuda()) at::accelerator::resetPeakStats(device.index());
+}
+
+at::Tensor pinned_host_copy(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t);
+  return host;
 }
 
 }  // namespace booster

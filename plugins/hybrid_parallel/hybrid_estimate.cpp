@@ -61,7 +61,6 @@ std::vector<MemoryEstimate> hybrid_estimate_memory(const EstimateRequest& r, int
             if (zero >= 1 && replicas == 1) continue;  // ZeRO over one rank shards nothing: zero_stage 0's row
             // The plugin's refusals (hybrid_parallel_plugin.cpp, parse_options).
             if (zero == 2 && pp > 1) continue;
-            if (zero == 3 && r.precision == "fp16") continue;
             MemoryEstimate e;
             if (zero == 0) {
               e = replicated_estimate(r, local, bytes, true, 0, largest);

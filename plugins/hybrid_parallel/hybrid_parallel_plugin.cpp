@@ -170,9 +170,6 @@ static HybridOptions parse_options(const Options& o, int world_size) {
     throw PluginError(where + "zero_stage = 2 needs pp_size = 1 (ColossalAI's rule: sharded gradients would be "
                       "reduce-scattered once per micro-batch of the pipeline), and pp_size = " +
                       std::to_string(t.pp_size) + ". Use zero_stage = 1 with pipelines, or set pp_size = 1");
-  if (t.zero_stage == 3 && t.precision == "fp16")
-    throw PluginError(where + "zero_stage = 3 with precision = \"fp16\" is not supported yet (the loss scaler over "
-                      "the shards is not built); set plugin.precision = \"bf16\" or \"fp32\"");
   if (world_size % (t.tp_size * t.pp_size) != 0)
     throw PluginError(where + "tp_size * pp_size = " + std::to_string(t.tp_size) + " * " + std::to_string(t.pp_size) +
                       " = " + std::to_string(t.tp_size * t.pp_size) + " does not divide the world size " +
@@ -358,10 +355,19 @@ void HybridParallelPlugin::apply_tp_plan(torch::nn::Module& model, const torch::
 Configured HybridParallelPlugin::configure(std::shared_ptr<torch::nn::Module> model,
                                            std::shared_ptr<torch::optim::Optimizer> optimizer) {
   apply_tp_plan(*model, optimizer.get());
-  options_.mixed->prepare_model(*model);
+  // zero_stage 3 keeps fp32 shards and gathers them in fp16 (fully_shard's param_dtype): the model is
+  // not cast to half, only checked to be on CUDA.
+  if (options_.precision == "fp16" && options_.zero_stage == 3) {
+    for (const auto& p : model->parameters())
+      if (p.device().is_cpu())
+        throw PluginError("hybrid_parallel: precision = \"fp16\" needs the model on a CUDA device (booster.device = "
+                          "\"cuda\"); on the CPU set plugin.precision = \"bf16\" or \"fp32\"");
+  } else {
+    options_.mixed->prepare_model(*model);
+  }
   auto state = parallel::make_mesh_model(model);
   if (topo_.pp > 1) split_into_stages(*state);
-  // zero_stage 3 keeps fp32 shards and gathers them in bf16 (fully_shard's param_dtype).
+  // zero_stage 3 keeps fp32 shards and gathers them in bf16 / fp16 (fully_shard's param_dtype).
   if (options_.precision == "bf16" && options_.zero_stage != 3) mixed_precision::cast_floating_point(*model, at::kBFloat16);
   // dp replicas identical at start (tp shards and stages differ, so over the dp group only).
   sync_replicas(*topo_.dp_group, *model);
@@ -406,8 +412,8 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
   parallel::FullyShardOptions fo;
   fo.shard_group = topo_.dp_group;
   fo.world = world();
-  if (options_.precision == "bf16") {
-    fo.param_dtype = at::kBFloat16;
+  if (options_.precision == "bf16" || options_.precision == "fp16") {
+    fo.param_dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
     fo.reduce_dtype = at::kFloat;
   }
   // Another stage's parameters (released to 0 elements) are neither stepped nor sharded here.
@@ -437,7 +443,8 @@ Configured HybridParallelPlugin::configure_fully_sharded(const std::shared_ptr<t
     c.hooks = options_.mixed->wrap_hooks(std::make_shared<parallel::ShardedModelHooks>(model, runtime));
   }
   if (!optimizer) return c;
-  OptimizerWrapperOptions wo;
+  OptimizerWrapperOptions wo = options_.mixed->optimizer_options();  // fp16: the loss scaler
+  wo.master_weights = false;  // the fp32 shards are the masters
   wo.max_norm = options_.max_norm;
   wo.norm_type = options_.norm_type;
   wo.group = world();

@@ -92,6 +92,7 @@ struct HybridCase {
   int64_t short_step = -1;  // a step with shorter sequences (hybrid_worker's short_step)
   int64_t blocks = kLayers;  // TinyLM's MLP blocks (pipeline layers: blocks + 2)
   bool tp_plan = false;      // TinyLM built dense and sharded by [plugin.tp_plan] (hybrid_worker's tp_plan=1)
+  bool fp16 = false;         // precision = "fp16" (CUDA), compared within bf16's tolerances
 };
 
 inline void check_hybrid(const HybridCase& c) {
@@ -109,7 +110,8 @@ inline void check_hybrid(const HybridCase& c) {
     args.push_back("short_step=" + std::to_string(c.short_step));
     what += " short_step=" + std::to_string(c.short_step);
   }
-  args.push_back(std::string("set=plugin.precision=") + (c.bf16 ? "bf16" : "fp32"));
+  args.push_back(std::string("set=plugin.precision=") + (c.fp16 ? "fp16" : c.bf16 ? "bf16" : "fp32"));
+  const bool low = c.bf16 || c.fp16;
   if (c.blocks != kLayers) {
     args.push_back("blocks=" + std::to_string(c.blocks));
     what += " blocks=" + std::to_string(c.blocks);
@@ -121,7 +123,7 @@ inline void check_hybrid(const HybridCase& c) {
   auto results = run_hybrid(c.world, args);
   expect_all_ok(results);
   const Reference ref = reference_lm(steps, batch, c.optimizer, c.max_norm, c.short_step, c.blocks);
-  expect_model_close(dir.file("model"), ref, c.bf16 ? 3e-2 : kAtol, c.bf16 ? 0 : kRtol, what);
+  expect_model_close(dir.file("model"), ref, low ? 3e-2 : kAtol, low ? 0 : kRtol, what);
   // Losses (last stage) and clipping norms (every rank) match the reference's.
   int ranks_with_loss = 0;
   for (int r = 0; r < c.world; ++r) {
@@ -129,12 +131,12 @@ inline void check_hybrid(const HybridCase& c) {
     if (!log["loss"].empty()) {
       ++ranks_with_loss;
       for (int64_t s = 0; s < steps; ++s)
-        EXPECT_NEAR(log["loss"][s], ref.losses[s], c.bf16 ? 2e-2 : 1e-5) << what << " rank " << r << " step " << s;
+        EXPECT_NEAR(log["loss"][s], ref.losses[s], low ? 2e-2 : 1e-5) << what << " rank " << r << " step " << s;
     }
     if (c.max_norm > 0) {
       ASSERT_EQ(log["norm"].size(), static_cast<size_t>(steps)) << what << " rank " << r;
       for (int64_t s = 0; s < steps; ++s) {
-        EXPECT_NEAR(log["norm"][s], ref.norms[s], (c.bf16 ? 2e-2 : 1e-5) * ref.norms[s]) << what << " rank " << r;
+        EXPECT_NEAR(log["norm"][s], ref.norms[s], (low ? 2e-2 : 1e-5) * ref.norms[s]) << what << " rank " << r;
         EXPECT_GT(ref.norms[s], c.max_norm) << "the test should make clipping active";
       }
     }

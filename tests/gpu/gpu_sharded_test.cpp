@@ -15,8 +15,8 @@
 //     optimizer side in pinned host memory) per rank
 //     (the caching allocator's peak over boost() and 3 AdamW steps) against the estimate's device
 //     bytes for the same model and configuration: within 10%;
-//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B), pp2 x tp2 and dp2 x tp2 with zero_stage 2 and 3
-//     over Gloo, against the dense TinyLM
+//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B), pp2 x tp2 and dp2 x tp2 with zero_stage 2 and 3,
+//     and fp16 with zero_stage 1 and 3, over Gloo, against the dense TinyLM
 //     trained on the CPU (hybrid_test_util.h, the tolerances of hybrid_test.cpp).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -210,6 +210,31 @@ TEST(GpuHybrid, TensorAndPipelineParallelEqualSingleProcess) {
   // zero_stage 2 and 3 composed with tp on the GPU (dp2·tp2).
   check_hybrid({4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=2"}, "adamw", 0.05});
   check_hybrid({4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=3"}, "adamw", 0.05});
+}
+
+// fp16 (the dynamic loss scaler, fp32 masters) with zero_stage 1 over dp2·tp2 and zero_stage 3 (fp32
+// shards gathered in fp16) over dp2·tp2 and dp2·pp2, within the bf16 tolerances of hybrid_test.cpp.
+TEST(GpuHybrid, Fp16WithZeroStages1And3) {
+  SKIP_WITHOUT_GPU();
+  HybridCase c{4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=1"}, "adamw"};
+  c.fp16 = true;
+  check_hybrid(c);
+  c.sets = {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=3"};
+  check_hybrid(c);
+  c.sets = {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.num_microbatches=4", "plugin.zero_stage=3"};
+  check_hybrid(c);
+}
+
+// tp_size x pp_size not dividing the world on cuda: the same clear error on every rank as on the CPU.
+TEST(GpuHybrid, AMeshThatDoesNotDivideTheWorldIsAClearError) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  auto results = run_hybrid(2, {"out=" + dir.path(), "steps=1", "batch=8", "optimizer=sgd", "set=" + kOnGpu,
+                                "set=" + kOverGloo, "set=plugin.tp_size=3"});
+  for (const auto& r : results) {
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.output, ::testing::HasSubstr("does not divide the world size 2"));
+  }
 }
 
 TEST(GpuHybrid, OneRankOnNccl) {

@@ -8,6 +8,7 @@
 // optimizer kernels. It is loaded on demand, once, and never unloaded.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -55,5 +56,12 @@ struct DeviceMemory {
 };
 BOOSTER_API DeviceMemory device_memory(const c10::Device& device);
 BOOSTER_API void reset_device_peak(const c10::Device& device);
+
+// `t` (any dtype and shape) copied into page-locked host memory (the accelerator's host allocator),
+// synchronously on the current stream: an accelerator's host tier (FSDP's cpu_offload, Gemini's
+// offload tier), whose copies to and from the device need pinned memory. A CPU tensor (or an
+// undefined one) is returned as it is. Throws c10::Error when pinned memory cannot be allocated or
+// the copy fails.
+BOOSTER_API at::Tensor pinned_host_copy(const at::Tensor& t);
 
 }  // namespace booster

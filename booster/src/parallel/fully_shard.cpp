@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "booster/device.h"
 #include "booster/parallel/fully_shard_optimizer.h"
 
 namespace booster::parallel {
@@ -47,23 +48,16 @@ FullyShardState::FullyShardState(torch::nn::Module& model, torch::optim::Optimiz
   }
   if (offload_) {
     at::NoGradGuard no_grad;
-    for (auto& s : flats) s.flat->local_shard() = to_pinned_host(s.flat->local_shard());
+    for (auto& s : flats) s.flat->local_shard() = pinned_host_copy(s.flat->local_shard());
   }
   set_flats(std::move(flats));
   backward_done_.assign(units_.size(), 0);
 }
 
-at::Tensor FullyShardState::to_pinned_host(const at::Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
-  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  host.copy_(t);
-  return host;
-}
-
 void FullyShardState::offload_gradient(size_t f) {
   if (!offload_) return;
   at::Tensor& g = flats_[f].flat->local_grad();
-  if (g.defined() && !g.device().is_cpu()) g = to_pinned_host(g);
+  if (g.defined() && !g.device().is_cpu()) g = pinned_host_copy(g);
 }
 
 bool FullyShardState::reshards_after_forward() const {

@@ -110,9 +110,7 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   void maybe_post_backward(size_t u);
   void note_gathered();
   bool reshards_after_forward() const;
-  // cpu_offload: a copy in pinned host memory (t itself when it is on the CPU already); the reduced
-  // gradient shard of FlatParameter f moved there.
-  static at::Tensor to_pinned_host(const at::Tensor& t);
+  // cpu_offload: the reduced gradient shard of FlatParameter f moved to pinned host memory.
   void offload_gradient(size_t f);
 
   FullyShardOptions config_;

@@ -21,6 +21,10 @@
 #include "booster/parallel/pipeline.h"
 #include "booster/wrappers/model_hooks.h"
 
+namespace booster {
+class GradientReducer;
+}
+
 namespace booster::parallel {
 
 // The mesh ColossalAI's HybridParallelPlugin builds: dims ("dp", "pp", "sp", "tp"), tp fastest; sp
@@ -83,18 +87,24 @@ BOOSTER_API void drop_other_stages(const MeshModel& model, torch::optim::Optimiz
 //  - pre_forward / backward refuse a pipelined model (pp > 1: std::logic_error naming
 //    booster.execute_pipeline);
 //  - backward(loss) runs loss.backward() and sync_gradients();
+//  - the dp average overlapped with backward: with pp_size = 1 (and not dp_reduced_by_zero) the held
+//    trainable parameters are averaged over dp by a GradientReducer (core/grad_reducer.h: DDP's
+//    buckets of bucket_bytes, the first at most 1 MiB, each allreduced as soon as its gradients are ready; unused parameters
+//    count as zeros), which ends within loss.backward();
 //  - sync_gradients(): under split_gather (unless dp_reduced_by_zero) the tp-replicated parameters'
 //    gradients (no TensorParallelSpec: partial sums over the rank's sequence shard) are summed over
-//    tp; every held gradient is averaged over dp (skipped when dp_reduced_by_zero: ZeRO-2's reducer
-//    or the ZeRO-3 runtime reduce over dp themselves); the parameters shared by several pipeline
-//    stages get their stages' sum (PipelineStage::sum_shared_gradients). Collective over tp, dp and
-//    pp in that order; coalesced in buffers of bucket_bytes (bytes).
-//  - stats(): dp_size, pp_size, tp_size, sp_size, pp_rank, tensors_on_stage, model_chunks, and with
-//    pp > 1 the last pipeline run's pipeline_compute_us / pipeline_wall_us, pipeline_shm_messages and
-//    pipeline_w_fallbacks.
+//    tp (the sum over tp and the average over dp commute); with pp > 1 every held gradient is averaged
+//    over dp here, after the schedule (skipped when dp_reduced_by_zero: ZeRO-2's reducer or the ZeRO-3
+//    runtime reduce over dp themselves); the parameters shared by several pipeline stages get their
+//    stages' sum (PipelineStage::sum_shared_gradients). Collective over tp, dp and pp in that order;
+//    coalesced in buffers of bucket_bytes (bytes).
+//  - stats(): dp_size, pp_size, tp_size, sp_size, pp_rank, tensors_on_stage, model_chunks, with the
+//    reducer its buckets and buckets_launched_during_backward, and with pp > 1 the last pipeline
+//    run's pipeline_compute_us / pipeline_wall_us, pipeline_shm_messages and pipeline_w_fallbacks.
 class BOOSTER_API MeshModelHooks : public ModelHooks {
  public:
   MeshModelHooks(std::shared_ptr<MeshModel> model, MeshTopology topo, int64_t bucket_bytes, bool dp_reduced_by_zero);
+  ~MeshModelHooks() override;
   torch::nn::Module& module() override { return *model_->module; }
   void pre_forward() override;
   void backward(const torch::Tensor& loss) override;
@@ -107,6 +117,7 @@ class BOOSTER_API MeshModelHooks : public ModelHooks {
   MeshTopology topo_;
   int64_t bucket_bytes_;
   bool dp_reduced_by_zero_;
+  std::unique_ptr<GradientReducer> reducer_;  // the overlapped dp average (pp_size = 1)
 };
 
 // Runs one pipeline iteration of a pipelined MeshModel (model.runner set) over `inputs` / `targets`

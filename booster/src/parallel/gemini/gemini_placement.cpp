@@ -45,12 +45,7 @@ void GeminiState::place_static() {
 // ---------------------------------------------------------------------------------------------
 // Memory accounting and placement
 
-at::Tensor GeminiState::to_host(const at::Tensor& t) const {
-  if (device_.is_cpu() || !t.defined() || t.device().is_cpu()) return t;
-  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  host.copy_(t);
-  return host;
-}
+at::Tensor GeminiState::to_host(const at::Tensor& t) const { return device_.is_cpu() ? t : pinned_host_copy(t); }
 
 int64_t GeminiState::device_allocated_bytes() const { return device_.is_cpu() ? 0 : device_memory(device_).allocated; }
 

@@ -8,6 +8,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "booster/core/grad_reducer.h"
 #include "booster/core/replica.h"
 #include "booster/nn/tensor_parallel.h"
 
@@ -41,7 +42,20 @@ void drop_other_stages(const MeshModel& model, torch::optim::Optimizer& optimize
 
 MeshModelHooks::MeshModelHooks(std::shared_ptr<MeshModel> model, MeshTopology topo, int64_t bucket_bytes,
                                bool dp_reduced_by_zero)
-    : model_(std::move(model)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes), dp_reduced_by_zero_(dp_reduced_by_zero) {}
+    : model_(std::move(model)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes), dp_reduced_by_zero_(dp_reduced_by_zero) {
+  if (topo_.pp > 1 || dp_reduced_by_zero_ || !topo_.dp_group || topo_.dp_group->size() <= 1) return;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& [name, p] : model_->named_parameters)
+    if (model_->held.at(name) && p.requires_grad()) params.emplace_back(name, p);
+  if (params.empty()) return;
+  ReducerOptions ro;
+  ro.bucket_cap_bytes = bucket_bytes_;
+  ro.first_bucket_bytes = std::min(ro.first_bucket_bytes, bucket_bytes_);  // PyTorch's 1 MiB, never above the cap
+  ro.find_unused_parameters = true;  // as the allreduce after backward: a missing gradient is no hang
+  reducer_ = std::make_unique<GradientReducer>(std::move(params), topo_.dp_group, ro);
+}
+
+MeshModelHooks::~MeshModelHooks() = default;
 
 void MeshModelHooks::pre_forward() {
   if (topo_.pp > 1)
@@ -73,7 +87,7 @@ void MeshModelHooks::sync_gradients() {
   std::vector<at::Tensor> grads;
   for (const auto& [name, p] : model_->named_parameters)
     if (model_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
-  if (!dp_reduced_by_zero_) allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
+  if (!dp_reduced_by_zero_ && !reducer_) allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
   if (model_->runner) model_->runner->sum_shared_gradients();
 }
 
@@ -84,6 +98,8 @@ std::map<std::string, int64_t> MeshModelHooks::stats() const {
                                      {"sp_size", topo_.split_gather ? topo_.tp : topo_.sp},
                                      {"pp_rank", topo_.pp_rank}, {"tensors_on_stage", held},
                                      {"model_chunks", model_->runner ? model_->runner->chunks() : 1}};
+  if (reducer_)
+    for (const auto& [key, value] : reducer_->stats()) out[key] = value;
   if (model_->runner) {  // the last pipeline run: compute time of this rank vs wall time (bubble)
     out["pipeline_compute_us"] = static_cast<int64_t>(model_->runner->last_compute_seconds() * 1e6);
     out["pipeline_wall_us"] = static_cast<int64_t>(model_->runner->last_wall_seconds() * 1e6);
