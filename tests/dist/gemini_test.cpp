@@ -119,6 +119,22 @@ TEST(Gemini, AutoPlacementUnderATightBudgetEvictsAndMatches) {
                                         "plugin.warmup_non_model_data_ratio=0.6"}), 1});
 }
 
+// auto: a warm-up share of the budget below the model data (warmup_non_model_data_ratio = 0.99 of a
+// 1 MiB budget) evicts parameter shards during the first iteration; after it the measured non-model
+// peak leaves room, so each evicted shard comes back to compute memory at its next use. Training
+// equals single-process LibTorch.
+TEST(Gemini, AutoPlacementBringsEvictedShardsBackWhenThereIsRoom) {
+  auto stats = check_train({2, "adamw",
+                            gemini_sets({"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=1",
+                                         "plugin.warmup_non_model_data_ratio=0.99"}),
+                            1});
+  std::cout << "[ compare  ] auto, warm-up share 0.01: evictions " << stats["evictions"] << ", shards restored "
+            << stats["param_shards_restored"] << ", parameter shards offloaded at the end "
+            << stats["chunks_param_offloaded"] << std::endl;
+  EXPECT_GT(stats["evictions"], 0);
+  EXPECT_GT(stats["param_shards_restored"], 0);
+}
+
 // gpu_margin_mem_ratio (auto): with a budget far above the model, every chunk's optimizer side moves
 // back into the margin at the first step (none stays offloaded); with a tight budget what moves fits in
 // ratio * margin. Training equals single-process LibTorch either way.

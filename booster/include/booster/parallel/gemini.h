@@ -49,14 +49,23 @@
 // before a chunk is gathered, chunks not in use are evicted (gathered ones released, parameter shards
 // moved to the offload tier) while compute model data + the chunk > memory_budget *
 // steady_cuda_cap_ratio - the measured non-model peak, evicting the chunk whose next use (in the
-// recorded access order) is farthest first (Belady). During the warm-up the non-model share is
+// recorded access order) is farthest first (Belady); an evicted parameter shard comes back to compute
+// memory at its next use when it fits there beside the gathered chunk without evicting anything else
+// (ColossalAI moves an accessed chunk to the device). During the warm-up the non-model share is
 // warmup_non_model_data_ratio of that capacity (ColossalAI's AutoPlacementPolicy). At the first
 // optimizer step after the warm-up, gpu_margin_mem_ratio (ColossalAI's GeminiOptimizer) moves the
 // optimizer side of chunks back to the compute tier, in chunk order, each while its bytes still fit in
 // ratio * margin, margin = memory_budget * steady_cuda_cap_ratio - non-model peak - compute model
 // peak (both measured in the warm-up); the budget counts them from then on.
-// On CPU builds compute and host memory are both RAM: only offload_dir moves bytes out of the
-// process; host placement is bookkeeping (what the budget counts).
+// The compute device is the parameters' (all on one device). On the CPU compute and host memory are
+// both RAM: only offload_dir moves bytes out of the process; host placement is bookkeeping (what the
+// budget counts). On a CUDA device (ColossalAI's meaning) compute memory is the GPU: gathered chunks,
+// compute-tier parameter shards, and the optimizer side (master shard, states) and gradient shard of
+// compute-tier chunks live there; the offload tier is pinned host memory (or the offload_dir file). An
+// offloaded parameter shard is copied to the device for each all-gather (FlatParameter::unshard); a
+// reduced gradient shard goes to the host at once when its optimizer side is there; non-model memory
+// is the caching allocator's allocated bytes minus the compute model data; memory_budget_bytes is
+// the device's budget. The copies are blocking (on the current stream).
 //
 // Every rank runs the same units in the same order (the collectives are matched by order).
 #pragma once
@@ -94,16 +103,21 @@ struct GeminiShardOptions {
 };
 
 // Packs `model`'s parameters into chunks sharded over options.group (the parameters become views of
-// the chunk buffers, cast to options.compute_dtype, a float32 or bfloat16 CPU tensor each), places
-// them, and wraps `optimizer` (may be null) to step the float32 master shards one chunk at a time
-// (any elementwise optimizer of optim/optimizer_registry.h; the Adam family through the fused CPU
-// Adam kernel). Returns the runtime (its stats(): chunk_size, chunks, chunks_kept_gathered,
-// chunks_param_offloaded, chunks_optim_offloaded, evictions, offload bytes, memory peaks), the model
+// the chunk buffers, cast to options.compute_dtype: float32, bfloat16, or float16 (CUDA), on the
+// parameters' device, the CPU or a CUDA device), places them, and wraps `optimizer` (may be null) to
+// step the float32 master shards one chunk at a time (any elementwise optimizer of
+// optim/optimizer_registry.h; masters in host memory of the Adam family through the fused CPU Adam
+// kernel, masters on a device through the optimizer's own step: HybridAdam's is the multi-tensor CUDA
+// kernel). With optimizer_options.scaler (fp16) the step is skipped on every rank when a gradient shard
+// overflows anywhere, else the gradients are divided by the scale in float32. Returns the runtime (its
+// stats(): chunk_size, chunks, chunks_kept_gathered, chunks_param_offloaded, chunks_optim_offloaded,
+// evictions, param_shards_restored, offload bytes, memory peaks), the model
 // hooks, the optimizer wrapper and a checkpoint IO over options.group whose model checkpoints read
 // and write the float32 master shards. Collective over options.group (every rank must call it with
 // the same model structure). optimizer_options: clipping and loss scaling as OptimizerWrapper's; its
 // group is set to options.group. `owner` names the caller in errors.
-// Throws std::invalid_argument without a group, for a parameter not on the CPU, for an optimizer type that is not registered, a
+// Throws std::invalid_argument without a group, for parameters on two devices or on a device other than
+// the CPU or CUDA (named), for an optimizer type that is not registered, a
 // trainable parameter missing from the optimizer, an optimizer parameter the model does not own,
 // nested units or parameters shared by two units; std::runtime_error for an offload_dir that cannot
 // be used (missing, not a directory, read-only, full: nothing is changed), and at the first forward

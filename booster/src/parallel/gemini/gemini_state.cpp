@@ -174,8 +174,17 @@ void GeminiState::before_gather(size_t ci) {
   Chunk& c = chunks_[ci];
   std::vector<size_t> in_use = forward_chunks_in_use();
   in_use.push_back(ci);
-  make_room(c.flat->layout().padded_numel * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype())), in_use);
+  const int64_t gathered = c.flat->layout().padded_numel * static_cast<int64_t>(c10::elementSize(c.flat->compute_dtype()));
+  make_room(gathered, in_use);
   ensure_param_resident(c);
+  // auto: a parameter shard evicted earlier comes back to compute memory when it fits beside the
+  // gathered chunk without evicting anything else (ColossalAI moves an accessed chunk to the device).
+  if (config_.auto_placement && c.param_tier == Tier::kOffload && !c.flat->is_aliased() &&
+      compute_model_bytes() + gathered + bytes_of(c.flat->local_shard()) <= model_capacity()) {
+    c.param_tier = Tier::kCompute;
+    c.flat->local_shard() = c.flat->local_shard().to(device_);  // the file's copy (if any) stays valid
+    ++restored_;
+  }
 }
 
 void GeminiState::access(size_t ci) {
@@ -397,6 +406,7 @@ std::map<std::string, int64_t> GeminiState::stats() const {
           {"chunks_param_offloaded", param_off},
           {"chunks_optim_offloaded", optim_off},
           {"evictions", evictions_},
+          {"param_shards_restored", restored_},
           {"offload_bytes_written", file_ ? file_->bytes_written() : 0},
           {"offload_bytes_read", file_ ? file_->bytes_read() : 0},
           {"compute_model_bytes_peak", compute_peak_},

@@ -97,7 +97,8 @@ class GeminiState : public parallel::ShardedRuntime {
   // fused_param_writes).
   void note_fused_param_write() { ++fused_param_writes_; }
   // The runtime's counters plus chunk_size, chunks, chunks_kept_gathered, chunks_param_offloaded,
-  // chunks_optim_offloaded, evictions, offload_bytes_written, offload_bytes_read,
+  // chunks_optim_offloaded, evictions, param_shards_restored (auto: evicted parameter shards brought
+  // back to compute memory at their next use), offload_bytes_written, offload_bytes_read,
   // compute_model_bytes_peak, non_model_bytes_peak, rebuilt (1 when the chunks were rebuilt in
   // first-use order), margin_bytes and optim_bytes_in_margin (gpu_margin_mem_ratio: the margin
   // measured, the optimizer-side bytes moved into it), fused_param_writes (see
@@ -168,7 +169,7 @@ class GeminiState : public parallel::ShardedRuntime {
   int64_t margin_bytes_ = 0, optim_in_margin_bytes_ = 0;
   int64_t generation_ = 0;
   int64_t non_model_peak_ = 0;
-  int64_t evictions_ = 0, fused_param_writes_ = 0;
+  int64_t evictions_ = 0, fused_param_writes_ = 0, restored_ = 0;
   int64_t compute_peak_ = 0;
 };
 
