@@ -27,67 +27,51 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpu_test_util.h"
-#include "dist/dist_common.h"
-#include "dist/dist_test_util.h"
+#include "gpu/gpu_dist_util.h"
 
 using namespace booster::testing;
 using ::testing::HasSubstr;
 
 namespace {
 
-const c10::Device kGpu(c10::kCUDA, 0);
-const std::string kOnGpu = "booster.device=\"cuda\"";
-const std::string kOverGloo = "distributed.backend=\"gloo\"";
-
 // gemini on the GPU in fp32 with gemini_test.cpp's small chunks (5 chunks of 1024 elements).
 std::vector<std::string> gemini_on_gpu(std::vector<std::string> more = {}) {
-  std::vector<std::string> s{kOnGpu, "booster.plugin=\"gemini\"", "plugin.precision=\"fp32\"",
-                             "plugin.min_chunk_size_m=0.0005", "plugin.search_range_m=0", "plugin.hidden_dim=16"};
+  std::vector<std::string> s{kOnGpu,
+                             "booster.plugin=\"gemini\"",
+                             "plugin.precision=\"fp32\"",
+                             "plugin.min_chunk_size_m=0.0005",
+                             "plugin.search_range_m=0",
+                             "plugin.hidden_dim=16"};
   s.insert(s.end(), more.begin(), more.end());
   return s;
-}
-
-TrainCase on_gpu(TrainCase c) {
-  c.device = kGpu;
-  return c;
-}
-
-std::map<std::string, int64_t> stats_of(const std::string& path) {
-  std::map<std::string, int64_t> out;
-  std::istringstream in(read_file(path));
-  std::string k;
-  int64_t v;
-  while (in >> k >> v) out[k] = v;
-  return out;
 }
 
 }  // namespace
 
 TEST(GpuGemini, StaticPlacementEqualsSingleProcessOnTheGpu) {
   SKIP_WITHOUT_GPU();
-  TrainCase one = on_gpu({1, "adamw", gemini_on_gpu(), 1});
+  TrainCase one = reference_on_gpu({1, "adamw", gemini_on_gpu(), 1});
   one.rank0_output_has = "device cuda:0, world size 1 (nccl)";
   check_train(one);
-  auto two = check_train(on_gpu({2, "adamw", gemini_on_gpu({kOverGloo}), 1}));
+  auto two = check_train(reference_on_gpu({2, "adamw", gemini_on_gpu({kOverGloo}), 1}));
   EXPECT_EQ(two["chunks"], 5);
   EXPECT_EQ(two["chunks_optim_offloaded"], 0);
   // Optimizer sides and parameter shards in pinned host memory: the masters step through the CPU
   // Adam kernel, the shards are copied to the GPU for every all-gather.
-  auto host = check_train(on_gpu({2, "adamw",
-                                  gemini_on_gpu({kOverGloo, "plugin.offload_optim_frac=1.0",
-                                                 "plugin.offload_param_frac=1.0"}),
-                                  1}));
+  auto host = check_train(reference_on_gpu(
+      {2, "adamw", gemini_on_gpu({kOverGloo, "plugin.offload_optim_frac=1.0", "plugin.offload_param_frac=1.0"}), 1}));
   EXPECT_EQ(host["chunks_optim_offloaded"], host["chunks"]);
   EXPECT_EQ(host["chunks_param_offloaded"], host["chunks"]);
   TempDir off;
-  auto disk = check_train(on_gpu({2, "sgd",
-                                  gemini_on_gpu({kOverGloo, "plugin.offload_optim_frac=0.5", "plugin.offload_param_frac=0.5",
-                                                 "plugin.offload_dir=\"" + off.path() + "\""}),
-                                  1}));
+  auto disk = check_train(
+      reference_on_gpu({2, "sgd",
+                        gemini_on_gpu({kOverGloo, "plugin.offload_optim_frac=0.5", "plugin.offload_param_frac=0.5",
+                                       "plugin.offload_dir=\"" + off.path() + "\""}),
+                        1}));
   EXPECT_GT(disk["offload_bytes_written"], 0);
   // Clipping across chunks on the device and in host memory.
-  TrainCase clip = on_gpu({2, "sgd", gemini_on_gpu({kOverGloo, "plugin.offload_optim_frac=0.5", "plugin.max_norm=0.05"}), 1});
+  TrainCase clip = reference_on_gpu(
+      {2, "sgd", gemini_on_gpu({kOverGloo, "plugin.offload_optim_frac=0.5", "plugin.max_norm=0.05"}), 1});
   clip.max_norm = 0.05;
   check_train(clip);
 }
@@ -96,21 +80,21 @@ TEST(GpuGemini, AutoPlacementEqualsSingleProcessOnTheGpu) {
   SKIP_WITHOUT_GPU();
   // Optimizer sides offloaded to host memory (auto's start), then all moved back to the device by
   // gpu_margin_mem_ratio at the first step (master and AdamW state moved with Tensor::set_data).
-  auto margin = check_train(on_gpu({2, "adamw",
-                                    gemini_on_gpu({kOverGloo, "plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64",
-                                                   "plugin.gpu_margin_mem_ratio=1.0"}),
+  auto margin =
+      check_train(reference_on_gpu({2, "adamw",
+                                    gemini_on_gpu({kOverGloo, "plugin.placement_policy=\"auto\"",
+                                                   "plugin.memory_budget_mb=64", "plugin.gpu_margin_mem_ratio=1.0"}),
                                     1}));
   EXPECT_EQ(margin["chunks_optim_offloaded"], 0);
   EXPECT_GT(margin["optim_bytes_in_margin"], 0);
-  auto host = check_train(on_gpu({2, "adamw",
-                                  gemini_on_gpu({kOverGloo, "plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64"}),
-                                  1}));
+  auto host = check_train(reference_on_gpu(
+      {2, "adamw", gemini_on_gpu({kOverGloo, "plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64"}), 1}));
   EXPECT_EQ(host["chunks_optim_offloaded"], host["chunks"]);
   TempDir off;
-  check_train(on_gpu({1, "adamw",
-                      gemini_on_gpu({"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64",
-                                     "plugin.offload_dir=\"" + off.path() + "\""}),
-                      1}));
+  check_train(reference_on_gpu({1, "adamw",
+                                gemini_on_gpu({"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=64",
+                                               "plugin.offload_dir=\"" + off.path() + "\""}),
+                                1}));
   // A budget too small for one unit's chunks: a clear error on every rank.
   TempDir dir;
   std::vector<std::string> args{"scenario=train", "out=" + dir.path(), "steps=2", "batch=4", "optimizer=adamw"};
@@ -124,15 +108,7 @@ TEST(GpuGemini, AutoPlacementEqualsSingleProcessOnTheGpu) {
 
 TEST(GpuGemini, Bf16ChunksEqualLibTorchAutocastOnTheGpu) {
   SKIP_WITHOUT_GPU();
-  for (int world : {1, 2}) {
-    auto sets = gemini_on_gpu({"plugin.precision=\"bf16\""});
-    if (world == 2) sets.push_back(kOverGloo);
-    TrainCase c = on_gpu({world, "sgd", sets, 1});
-    c.autocast_bf16 = true;
-    c.rtol = 2e-2;
-    c.atol = 1e-3;
-    check_train(c);
-  }
+  check_bf16_against_autocast(gemini_on_gpu({"plugin.precision=\"bf16\""}));
 }
 
 // dist_worker's "memory" scenario (a 3-layer MLP of width 2048, 4.3M parameters, AdamW, 3 steps) on
@@ -156,9 +132,9 @@ TEST(GpuGemini, AModelLargerThanTheGpuBudgetTrainsWithItsStatesOffloaded) {
   const int64_t budget_mb = 48;
   run(capped.path(), {"plugin.placement_policy=\"auto\"", "plugin.memory_budget_mb=" + std::to_string(budget_mb),
                       "plugin.warmup_non_model_data_ratio=0.3"});
-  const auto numel = stats_of(capped.file("rank0.txt"))["numel"];
-  const auto device = stats_of(capped.file("rank0_device.txt"));
-  const auto unbounded = stats_of(free_run.file("rank0_device.txt"));
+  const auto numel = read_stats(capped.file("rank0.txt"))["numel"];
+  const auto device = read_stats(capped.file("rank0_device.txt"));
+  const auto unbounded = read_stats(free_run.file("rank0_device.txt"));
   const double states = 16.0 * static_cast<double>(numel);
   std::cout << "[ memory   ] gemini auto, budget " << budget_mb << " MiB, model states " << states / (1 << 20)
             << " MiB: device peak " << device.at("device_peak_bytes") / double(1 << 20) << " MiB (without a budget "
@@ -168,18 +144,6 @@ TEST(GpuGemini, AModelLargerThanTheGpuBudgetTrainsWithItsStatesOffloaded) {
   expect_close(load_tensors(capped.file("rank0.pt")), load_tensors(free_run.file("rank0.pt")),
                "auto under the budget against no budget", 2e-2, 1e-3);
 }
-
-namespace {
-// dist_worker's "resume" scenario (AdamW on the MLP, global batches of 8 rows, steps [start, stop)).
-void resume_run(int world, const std::string& out, int64_t start, int64_t stop, const std::string& io_arg,
-                const std::vector<std::string>& sets) {
-  std::filesystem::create_directories(out);
-  std::vector<std::string> args{"scenario=resume", "steps=6", "global=8", "optimizer=adamw", "out=" + out,
-                                "start=" + std::to_string(start), "stop=" + std::to_string(stop), io_arg};
-  for (const auto& s : sets) args.push_back("set=" + s);
-  expect_all_ok(run_workers(world, args));
-}
-}  // namespace
 
 TEST(GpuGemini, CheckpointsMoveBetweenTheGpuAndTheCpu) {
   SKIP_WITHOUT_GPU();

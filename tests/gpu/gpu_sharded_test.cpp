@@ -27,9 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpu_test_util.h"
-#include "dist/dist_common.h"
-#include "dist/dist_test_util.h"
+#include "gpu/gpu_dist_util.h"
 #include "dist/hybrid_test_util.h"
 
 namespace booster::testing {
@@ -44,31 +42,12 @@ using namespace booster::testing;
 
 namespace {
 
-const c10::Device kGpu(c10::kCUDA, 0);
-const std::string kOnGpu = "booster.device=\"cuda\"";
-const std::string kOverGloo = "distributed.backend=\"gloo\"";
-
 // torch_fsdp on the GPU; the train scenario initialises ranks > 0 differently: sync_module_states.
 std::vector<std::string> fsdp_on_gpu(const std::string& strategy, std::vector<std::string> more = {}) {
   std::vector<std::string> s{kOnGpu, "booster.plugin=\"torch_fsdp\"", "plugin.sharding_strategy=\"" + strategy + "\"",
                              "plugin.sync_module_states=true"};
   s.insert(s.end(), more.begin(), more.end());
   return s;
-}
-
-// A check_train case whose reference trains on the GPU.
-TrainCase reference_on_gpu(TrainCase c) {
-  c.device = kGpu;
-  return c;
-}
-
-std::map<std::string, int64_t> read_stats(const std::string& path) {
-  std::map<std::string, int64_t> out;
-  std::istringstream in(read_file(path));
-  std::string k;
-  int64_t v;
-  while (in >> k >> v) out[k] = v;
-  return out;
 }
 
 }  // namespace
@@ -117,29 +96,8 @@ TEST(GpuFsdp, Bf16ComputeEqualsLibTorchAutocastOnTheGpu) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::string> bf16{"plugin.mixed_precision.param_dtype=\"bf16\"",
                                       "plugin.mixed_precision.reduce_dtype=\"fp32\""};
-  for (int world : {1, 2}) {
-    auto sets = fsdp_on_gpu("FULL_SHARD", bf16);
-    if (world == 2) sets.push_back(kOverGloo);
-    TrainCase c = reference_on_gpu({world, "sgd", sets, 1});
-    c.autocast_bf16 = true;
-    c.rtol = 2e-2;
-    c.atol = 1e-3;
-    check_train(c);
-  }
+  check_bf16_against_autocast(fsdp_on_gpu("FULL_SHARD", bf16));
 }
-
-namespace {
-// dist_worker's "resume" scenario (AdamW on the MLP, global batches of 8 rows, steps [start, stop)).
-void resume_run(int world, const std::string& out, int64_t start, int64_t stop, const std::string& io_arg,
-                const std::vector<std::string>& sets) {
-  std::filesystem::create_directories(out);
-  std::vector<std::string> args{"scenario=resume", "steps=6", "global=8", "optimizer=adamw", "out=" + out,
-                                "start=" + std::to_string(start), "stop=" + std::to_string(stop), io_arg};
-  for (const auto& s : sets) args.push_back("set=" + s);
-  expect_all_ok(run_workers(world, args));
-}
-
-}  // namespace
 
 TEST(GpuFsdp, CheckpointsMoveBetweenTheGpuAndTheCpu) {
   SKIP_WITHOUT_GPU();
