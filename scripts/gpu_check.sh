@@ -16,7 +16,7 @@
 #   lib/      libbooster*.so* and every other shared library they load that the GPU machine lacks
 #             (spdlog, fmt, toml++, zlib, ...), not LibTorch, CUDA, NCCL, glibc, libstdc++, libgcc, libgomp
 #   data/     fashion-mnist/*.gz, gpt/kjv.txt (`bible` Genesis..Ruth, 1.1 MB; Ruth is the held-out book)
-#   configs/  ddp.toml, gpt_ddp.toml          peer/  gpu_peer_fashion_mnist.py, gpu_peer_gpt.py, gpu_peer_profile.py (the
+#   configs/  ddp.toml, gpt_ddp.toml, gpt_fsdp.toml  peer/  gpu_peer_fashion_mnist.py, gpu_peer_gpt.py, gpu_peer_profile.py (the
 #                                                    PyTorch peers of fashion_mnist and gpt)
 #   run.sh    a copy of scripts/gpu_run.sh    MANIFEST  commit, build settings, every file with its size
 # Every ELF file's RUNPATH is rewritten to $ORIGIN-relative paths (no /work/main or venv path at run
@@ -157,7 +157,7 @@ done
 command -v bible >/dev/null || die "'bible' not found (apt-get install bible-kjv)"
 bible -f Gen1:1-Ruth4:22 >"$bundle/data/gpt/kjv.txt"
 grep -q '^Ruth4:22 ' "$bundle/data/gpt/kjv.txt" || die "bible -f Gen1:1-Ruth4:22 gave no Ruth 4:22"
-cp examples/configs/ddp.toml examples/configs/gpt_ddp.toml "$bundle/configs/"
+cp examples/configs/ddp.toml examples/configs/gpt_ddp.toml examples/configs/gpt_fsdp.toml "$bundle/configs/"
 cp scripts/gpu_peer_fashion_mnist.py scripts/gpu_peer_gpt.py scripts/gpu_peer_profile.py scripts/gpu_trace_summary.py "$bundle/peer/"
 cp scripts/gpu_run.sh "$bundle/run.sh"
 chmod +x "$bundle/run.sh"

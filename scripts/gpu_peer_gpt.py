@@ -226,6 +226,10 @@ def main():
     ap.add_argument("--adamw_impl", choices=["default", "for-loop", "foreach", "fused"], default="default",
                     help="torch.optim.AdamW implementation (default: PyTorch's choice, foreach on CUDA)")
     ap.add_argument("--log_interval", type=int, default=50)
+    ap.add_argument("--fully_shard", action="store_true",
+                    help="FSDP2 at world size 1: fully_shard on every block and the root (a one-rank process "
+                         "group, nccl on cuda, gloo on cpu), bf16 parameters with fp32 reduction when the config's "
+                         "precision is bf16 (the torch_fsdp peer: gpt_fsdp.toml's [plugin.mixed_precision])")
     a = ap.parse_args()
     if a.warmup_steps < 0 or a.steps < 1:
         ap.error("--warmup_steps must be >= 0 and --steps >= 1")
@@ -253,6 +257,16 @@ def main():
 
     model = GPT(c, c["seed"]).to(device)
     model.train()
+    if a.fully_shard:
+        import torch.distributed as dist
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, device_id=device if device.type == "cuda" else None)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+            else MixedPrecisionPolicy()
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -283,7 +297,7 @@ def main():
           "batch %d x %d = %d tokens per step, %s, AdamW %s lr %g betas (%g, %g) wd %g, max_norm %g; "
           "train %d bytes, validation %d bytes (%s); config: %s; %d warm-up + %d measured steps" %
           (torch.__version__, device, name, n_params, c["n_layer"], c["n_embd"], c["n_head"], T, c["gelu"], B, T,
-           B * T, "bf16 autocast" if bf16 else "fp32", a.adamw_impl, c["lr"], c["beta1"], c["beta2"],
+           B * T, ("bf16 autocast" if bf16 else "fp32") + (", fully_shard" if a.fully_shard else ""), a.adamw_impl, c["lr"], c["beta1"], c["beta2"],
            c["weight_decay"], c["max_norm"], len(train_bytes), len(val_bytes), ",".join(val_books), source,
            a.warmup_steps, a.steps), flush=True)
 

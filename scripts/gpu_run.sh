@@ -24,6 +24,8 @@
 #               eager on cuda; its tokens/s over the same steps as gpt's last eval window (twice, the
 #               faster run counts), and ours/PyTorch (see step_gpt_peer for what is measured); once
 #               more with PyTorch's fused AdamW, for reference
+#   gpt_fsdp, gpt_fsdp_peer  the GPT example under torch_fsdp (configs/gpt_fsdp.toml, world size 1) and
+#               PyTorch's fully_shard on the same model (peer/gpu_peer_gpt.py --fully_shard), one run each
 #   bench_cuda_kernels bin/bench_cuda_kernels --out FILE (its markdown table goes into the results)
 #   profile     Kineto traces of a few steps of each example and peer, summarised (step_profile)
 # With no GPU visible, env fails and the GPU-only steps are SKIPs. GPU_CHECK_SMOKE=1 (a test of this
@@ -215,12 +217,12 @@ step_fashion_mnist() {
 gpt_steps=300 gpt_eval=100
 ((smoke)) && gpt_steps=6 gpt_eval=3
 gpt_win_tok="" gpt_win_last=""
-gpt_run() {  # gpt_run OPTIMIZER: ours once; sets gpt_tok (all steps), gpt_bpb, gpt_win (last window: "step tokens/s")
+gpt_run() {  # gpt_run OPTIMIZER [CONFIG]: ours once (CONFIG default gpt_ddp.toml); sets gpt_tok (all steps), gpt_bpb, gpt_win (last window: "step tokens/s")
   local args=(--set 'booster.device="cuda"' --set "distributed.backend=\"$backend\"" --set train.eval_windows=64
               --set train.final_eval_windows=256 --set train.sample_length=100)
   ((smoke)) && args=(--set train.eval_windows=4 --set train.final_eval_windows=8 --set train.sample_length=10)
   args+=(--set "train.max_steps=$gpt_steps" --set "train.eval_interval=$gpt_eval" --set "train.optimizer=\"$1\"")
-  tmb "$here/bin/gpt" --config "$here/configs/gpt_ddp.toml" --output_dir "$work/gpt" \
+  tmb "$here/bin/gpt" --config "$here/configs/${2:-gpt_ddp.toml}" --output_dir "$work/gpt" \
     --set "train.corpus=\"$here/data/gpt/kjv.txt\"" --set 'train.val_books="Ruth"' --set train.max_minutes=0.75 \
     --set train.log_interval=50 --set train.save_model=false "${args[@]}" >"$work/gpt_run.out" 2>&1
   local rc=$?
@@ -305,6 +307,41 @@ step_gpt_peer() {
     [[ -n "$fused" ]] && note "PyTorch with fused AdamW: $fused tokens/s (ours/that $(awk -v a="$ours" -v b="$fused" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'))"
   fi
 }
+# gpt_fsdp / gpt_fsdp_peer: the GPT example under torch_fsdp (configs/gpt_fsdp.toml: FULL_SHARD, one
+# unit per block, bf16 gathered parameters with fp32 reduction, world size 1 on NCCL) against PyTorch
+# 2.11's fully_shard on the same blocks with MixedPrecisionPolicy(bf16, fp32) (gpu_peer_gpt.py
+# --fully_shard), one run each, measured as gpt / gpt_peer are.
+fsdp_win_tok="" fsdp_win_last=""
+step_gpt_fsdp() {
+  need bin/gpt || return
+  [[ -f "$here/configs/gpt_fsdp.toml" ]] || { step_key="configs/gpt_fsdp.toml is not in the bundle"; return; }
+  no_gpu smoke_ok && return
+  gpt_run hybrid_adam gpt_fsdp.toml
+  [[ -n "$gpt_tok" ]] || { step_status=FAIL; note "no 'training tokens/s' line (torch_fsdp)"; return; }
+  step_status=PASS
+  if [[ -n "$gpt_win" ]]; then read -r fsdp_win_last fsdp_win_tok <<<"$gpt_win"; else fsdp_win_tok=$gpt_tok; fi
+  lead "torch_fsdp tokens/s $fsdp_win_tok${fsdp_win_last:+ (steps $((fsdp_win_last - gpt_eval + 1))-$fsdp_win_last)} final val_bpb ${gpt_bpb:-?}"
+}
+step_gpt_fsdp_peer() {
+  [[ -f "$here/peer/gpu_peer_gpt.py" ]] || { step_key="peer/gpu_peer_gpt.py is not in the bundle"; return; }
+  no_gpu smoke_ok && return
+  [[ -n "$fsdp_win_tok" ]] || { step_key="gpt_fsdp gave no tokens/s to compare with"; return; }
+  local warm=0 n=$gpt_steps args=(--device cuda) tok
+  [[ -n "$fsdp_win_last" ]] && warm=$((fsdp_win_last - gpt_eval)) n=$gpt_eval
+  ((smoke)) && args=(--device cpu)
+  tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/gpt_fsdp.toml" --corpus "$here/data/gpt/kjv.txt" \
+    --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" --fully_shard "${args[@]}" \
+    >"$work/peer_fsdp.out" 2>&1
+  local rc=$?
+  cat "$work/peer_fsdp.out" >>"$log"
+  ((rc == 0)) || { check_rc $rc "gpu_peer_gpt.py --fully_shard"; return; }
+  grep -E '^peer: ' "$work/peer_fsdp.out" >>"$txt"
+  tok=$(sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' "$work/peer_fsdp.out" | tail -n 1)
+  [[ -n "$tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
+  step_status=PASS
+  lead "fully_shard tokens/s $tok (steps $((warm + 1))-$((warm + n)))"
+  note "ours/PyTorch $(awk -v a="$fsdp_win_tok" -v b="$tok" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}') (torch_fsdp $fsdp_win_tok tokens/s; target >= 1.0)"
+}
 peer_sps=""
 step_torch_peer() {
   [[ -f "$here/peer/gpu_peer_fashion_mnist.py" ]] || { step_key="peer/gpu_peer_fashion_mnist.py is not in the bundle"; return; }
@@ -386,6 +423,8 @@ run_step fashion_mnist 75 step_fashion_mnist
 run_step torch_peer 60 step_torch_peer
 run_step gpt 100 step_gpt
 run_step gpt_peer 90 step_gpt_peer
+run_step gpt_fsdp 60 step_gpt_fsdp
+run_step gpt_fsdp_peer 60 step_gpt_fsdp_peer
 run_step bench_cuda_kernels 90 step_bench
 run_step profile 90 step_profile
 

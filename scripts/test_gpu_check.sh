@@ -68,7 +68,7 @@ check "run.sh finishes in under 8 minutes" test $((SECONDS - start)) -lt 480
 check "run.sh prints the summary" grep -q "===== summary" "$work/run.stdout"
 check "run.sh writes exactly gpu_check.txt and gpu_check.log" \
   test "$(find "$work/out" -mindepth 1 -printf '%P ' | tr ' ' '\n' | sort | tr '\n' ' ')" = "gpu_check.log gpu_check.txt "
-for s in env cuda_kernel_tests bench_cuda_kernels gpu_tests fashion_mnist gpt gpt_peer torch_peer profile; do
+for s in env cuda_kernel_tests bench_cuda_kernels gpu_tests fashion_mnist gpt gpt_peer gpt_fsdp gpt_fsdp_peer torch_peer profile; do
   check "summary row for $s with PASS/FAIL/SKIP" bash -c "grep -qE '^$s +\\| (PASS|FAIL|SKIP) +\\| +[0-9]+ \\|' '$work/out/gpu_check.txt'"
 done
 for t in "${missing[@]}"; do  # the steps that run a program of the bundle
@@ -81,7 +81,7 @@ for t in "${missing[@]}"; do  # the steps that run a program of the bundle
 done
 if ((!have_gpu)); then
   check "no GPU: env FAILs saying so" bash -c "grep -qE '^env +\\| FAIL .*no CUDA GPU visible' '$work/out/gpu_check.txt'"
-  for s in fashion_mnist gpt gpt_peer torch_peer profile; do
+  for s in fashion_mnist gpt gpt_peer gpt_fsdp gpt_fsdp_peer torch_peer profile; do
     check "no GPU: $s is a SKIP with the reason" bash -c "grep -qE '^$s +\\| SKIP .*no CUDA GPU visible' '$work/out/gpu_check.txt'"
   done
   check "run.sh exits non-zero when a step failed" test "$rc" -ne 0
@@ -107,6 +107,11 @@ if [[ " ${known[*]} " == *" gpt "* ]]; then
   echo "gpt's measured window in the smoke run: steps $win"
   check "smoke: gpt_peer PASS with tokens/s over gpt's steps $win and the ours/PyTorch ratio" \
     bash -c "grep -qE '^gpt_peer +\\| PASS .*tokens/s [0-9]+ \\(steps $win[;)].*ours/PyTorch [0-9.]+' '$sm'"
+fi
+if [[ " ${known[*]} " == *" gpt "* ]]; then
+  check "smoke: gpt_fsdp PASS with torch_fsdp tokens/s" bash -c "grep -qE '^gpt_fsdp +\\| PASS .*torch_fsdp tokens/s [0-9]+' '$sm'"
+  check "smoke: gpt_fsdp_peer PASS with fully_shard tokens/s and the ours/PyTorch ratio" \
+    bash -c "grep -qE '^gpt_fsdp_peer +\\| PASS .*fully_shard tokens/s [0-9]+ .*ours/PyTorch [0-9.]+' '$sm'"
 fi
 check "smoke: gpt_peer's line in gpu_check.txt" bash -c "grep -qE '^peer: gpt steps [0-9]+-[0-9]+: [0-9]+ training tokens/s' '$sm'"
 check "smoke: torch_peer PASS with samples/s and the ours/PyTorch ratio" \
