@@ -264,6 +264,22 @@ step_gpt() {
 # warm-up steps; tokens/s = 16 x 128 tokens x steps / that time. When gpt logged no eval window the
 # peer runs gpt's step count and its all-steps rate (first step included, as gpt's "training
 # tokens/s") is compared with gpt's. ours/PyTorch > 1: ours is faster.
+# peer_gpt_run CONFIG WARM N ARG...: one run of peer/gpu_peer_gpt.py (ARG: --device, --adamw_impl,
+# --fully_shard) over steps WARM+1..WARM+N; sets peer_tok to its tokens/s over them ("" when it failed:
+# check_rc says why) and copies its 'peer:' lines into the results.
+peer_tok=""
+peer_gpt_run() {
+  local config=$1 warm=$2 n=$3 rc
+  shift 3
+  peer_tok=""
+  tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/$config" --corpus "$here/data/gpt/kjv.txt" \
+    --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" "$@" >"$work/peer_gpt.out" 2>&1
+  rc=$?
+  cat "$work/peer_gpt.out" >>"$log"
+  ((rc == 0)) || { check_rc $rc "gpu_peer_gpt.py $*"; return; }
+  grep -E '^peer: ' "$work/peer_gpt.out" >>"$txt"
+  peer_tok=$(sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' "$work/peer_gpt.out" | tail -n 1)
+}
 step_gpt_peer() {
   [[ -f "$here/peer/gpu_peer_gpt.py" ]] || { step_key="peer/gpu_peer_gpt.py is not in the bundle"; return; }
   no_gpu smoke_ok && return
@@ -276,24 +292,13 @@ step_gpt_peer() {
     [[ -n "$stopped" ]] && { read -r n ours <<<"$stopped"; warm=0; }
     ((n > 0)) || n=$gpt_eval
   fi
-  local args=(--device cuda) i toks=() tok line fused
+  local args=(--device cuda) i toks=() tok fused
   ((smoke)) && args=(--device cpu)
-  peer_gpt() {  # peer_gpt IMPL: one run of the peer; prints its tokens/s over the compared steps
-    tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/gpt_ddp.toml" --corpus "$here/data/gpt/kjv.txt" \
-      --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" --adamw_impl "$1" "${args[@]}" \
-      >"$work/peer_gpt.out" 2>&1
-    local rc=$?
-    cat "$work/peer_gpt.out" >>"$log"
-    ((rc == 0)) || { check_rc $rc "gpu_peer_gpt.py --adamw_impl $1"; return; }
-    grep -E '^peer: ' "$work/peer_gpt.out" >>"$txt"
-    line=$(grep -E '^peer: gpt steps [0-9]+-[0-9]+: [0-9.]+ training tokens/s' "$work/peer_gpt.out" | tail -n 1)
-    sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' <<<"$line"
-  }
   step_status=PASS
   for ((i = 0; i < runs; ++i)); do
-    tok=$(peer_gpt default)
-    [[ -n "$tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
-    toks+=("$tok")
+    peer_gpt_run gpt_ddp.toml "$warm" "$n" --adamw_impl default "${args[@]}"
+    [[ -n "$peer_tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
+    toks+=("$peer_tok")
   done
   tok=$(max_of "${toks[@]}")
   lead "tokens/s $tok (steps $((warm + 1))-$((warm + n)); best of ${toks[*]}; AdamW foreach, PyTorch's default on CUDA)"
@@ -303,7 +308,9 @@ step_gpt_peer() {
     note "no gpt tokens/s to compare with"
   fi
   if ((!smoke)); then
-    fused=$(peer_gpt fused)
+    local status=$step_status key=$step_key  # the fused run is for reference: it does not fail the step
+    peer_gpt_run gpt_ddp.toml "$warm" "$n" --adamw_impl fused "${args[@]}"
+    fused=$peer_tok step_status=$status step_key=$key
     [[ -n "$fused" ]] && note "PyTorch with fused AdamW: $fused tokens/s (ours/that $(awk -v a="$ours" -v b="$fused" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'))"
   fi
 }
@@ -329,14 +336,8 @@ step_gpt_fsdp_peer() {
   local warm=0 n=$gpt_steps args=(--device cuda) tok
   [[ -n "$fsdp_win_last" ]] && warm=$((fsdp_win_last - gpt_eval)) n=$gpt_eval
   ((smoke)) && args=(--device cpu)
-  tm "$PY" "$here/peer/gpu_peer_gpt.py" --config "$here/configs/gpt_fsdp.toml" --corpus "$here/data/gpt/kjv.txt" \
-    --val_books Ruth --warmup_steps "$warm" --steps "$n" --max_steps "$gpt_steps" --fully_shard "${args[@]}" \
-    >"$work/peer_fsdp.out" 2>&1
-  local rc=$?
-  cat "$work/peer_fsdp.out" >>"$log"
-  ((rc == 0)) || { check_rc $rc "gpu_peer_gpt.py --fully_shard"; return; }
-  grep -E '^peer: ' "$work/peer_fsdp.out" >>"$txt"
-  tok=$(sed -n 's/^peer: gpt steps [0-9]*-[0-9]*: \([0-9.]*\) training tokens\/s.*/\1/p' "$work/peer_fsdp.out" | tail -n 1)
+  peer_gpt_run gpt_fsdp.toml "$warm" "$n" --fully_shard "${args[@]}"
+  tok=$peer_tok
   [[ -n "$tok" ]] || { step_status=FAIL; note "no 'peer: gpt ... training tokens/s' line"; return; }
   step_status=PASS
   lead "fully_shard tokens/s $tok (steps $((warm + 1))-$((warm + n)))"

@@ -84,10 +84,12 @@ void MeshModelHooks::sync_gradients() {
         partial.push_back(p.grad());
     allreduce_coalesced(*topo_.tp_group, partial, bucket_bytes_, false);
   }
-  std::vector<at::Tensor> grads;
-  for (const auto& [name, p] : model_->named_parameters)
-    if (model_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
-  if (!dp_reduced_by_zero_ && !reducer_) allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
+  if (!dp_reduced_by_zero_ && !reducer_) {  // the dp average after the schedule (pp_size > 1)
+    std::vector<at::Tensor> grads;
+    for (const auto& [name, p] : model_->named_parameters)
+      if (model_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
+    allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
+  }
   if (model_->runner) model_->runner->sum_shared_gradients();
 }
 
