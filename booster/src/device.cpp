@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -131,5 +133,37 @@ at::Tensor pinned_host_copy(const at::Tensor& t) {
   host.copy_(t);
   return host;
 }
+
+at::Tensor pinned_host_copy_async(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t, /*non_blocking=*/true);
+  return host;
+}
+
+struct StreamEvent::Impl {
+  explicit Impl(c10::DeviceType type) : event(type) {}
+  c10::Event event;
+};
+
+StreamEvent::StreamEvent(c10::Device device) : device_(device) {
+  if (!device.is_cpu()) impl_ = std::make_unique<Impl>(device.type());
+}
+StreamEvent::~StreamEvent() = default;
+StreamEvent::StreamEvent(StreamEvent&&) noexcept = default;
+StreamEvent& StreamEvent::operator=(StreamEvent&&) noexcept = default;
+
+void StreamEvent::record() {
+  if (!impl_) return;
+  c10::Device device = device_;
+  if (!device.has_index()) device = c10::Device(device.type(), c10::impl::VirtualGuardImpl(device.type()).getDevice().index());
+  impl_->event.record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+}
+
+void StreamEvent::synchronize() const {
+  if (impl_) impl_->event.synchronize();
+}
+
+bool StreamEvent::query() const { return !impl_ || impl_->event.query(); }
 
 }  // namespace booster

@@ -40,6 +40,11 @@ TEST(TorchFSDP, FullShardTwoRanksSGDEqualsSingleProcess) {
   // BACKWARD_PRE prefetches the next unit of the backward: at most 2 units gathered at once.
   EXPECT_EQ(stats["max_gathered_units"], 2);
   EXPECT_EQ(stats["prefetches"], 4 * 3);
+  // limit_all_gathers (default): an event per reshard, the oldest synchronized before an all-gather
+  // once two are queued. Step 1: forward units 3 and 4 wait (2), backward's gather of unit 4 and
+  // prefetches of units 2 and 1 wait (3), and 3 events are left; from then on every forward gather
+  // and every backward gather or prefetch waits (4 + 4), 3 events left each time: 5 + 3 * 8.
+  EXPECT_EQ(stats["rate_limiter_waits"], 5 + 3 * 8);
 }
 
 TEST(TorchFSDP, FullShardFourRanksAdamWEqualsSingleProcess) { check_train({4, "adamw", fsdp_sets("FULL_SHARD"), 1}); }
@@ -72,6 +77,7 @@ TEST(TorchFSDP, PrefetchOptionsGiveTheSameResult) {
   auto unlimited = check_train({2, "sgd",
                                 fsdp_sets("FULL_SHARD", {"plugin.forward_prefetch=true", "plugin.limit_all_gathers=false"}), 1});
   EXPECT_EQ(unlimited["max_gathered_units"], 3);
+  EXPECT_EQ(unlimited["rate_limiter_waits"], 0);
 }
 
 // Gradients accumulate unsynchronised inside no_sync (full-size, as PyTorch FSDP keeps them) and

@@ -106,24 +106,36 @@ TEST(HybridParallel, Pipeline2GPipeMatchesSingleProcess) {
 TEST(HybridParallel, DataTensor2x2AdamWClippedMatchesSingleProcess) {
   check_hybrid({4, {"plugin.tp_size=2"}, "adamw", 0.05});
 }
-// The dp average of zero_stage 0 and 1 (pp_size = 1) runs in DDP's buckets during backward: with
-// buckets of 0.5 KiB several allreduces start before backward ends, and training still equals
-// single-process LibTorch.
+// The dp average of zero_stage 0 and 1 runs in DDP's buckets during backward: with buckets of
+// 0.5 KiB several allreduces start before backward ends, and training still equals single-process
+// LibTorch. With pp_size = 2 (1F1B; interleaved with 2 chunks: the last backward reaches one chunk,
+// the other chunk's accumulated gradients join at its end; ZB-V: the last W pass) only the last
+// backward of the schedule reduces, carrying every micro-batch's gradients.
 TEST(HybridParallel, DpAverageOverlapsBackwardInBuckets) {
-  for (const std::string zero : {"0", "1"}) {
-    const std::vector<std::string> sets{"plugin.tp_size=2", "plugin.ddp_bucket_cap_mb=0.0005", "plugin.zero_stage=" + zero};
-    check_hybrid({4, sets, "adamw", 0.05});
+  const std::vector<std::vector<std::string>> meshes{
+      {"plugin.tp_size=2", "plugin.zero_stage=0"},
+      {"plugin.tp_size=2", "plugin.zero_stage=1"},
+      {"plugin.pp_size=2", "plugin.num_microbatches=4", "plugin.zero_stage=0"},
+      {"plugin.pp_size=2", "plugin.pp_style=interleaved", "plugin.num_model_chunks=2", "plugin.num_microbatches=4",
+       "plugin.zero_stage=1"},
+      {"plugin.pp_size=2", "plugin.pp_style=zbv", "plugin.num_model_chunks=2", "plugin.num_microbatches=2"}};
+  for (const auto& mesh : meshes) {
+    std::vector<std::string> sets = mesh;
+    sets.push_back("plugin.ddp_bucket_cap_mb=0.0005");
+    std::string label;
+    for (const auto& s : mesh) label += s + " ";
+    check_hybrid({4, sets, mesh[0] == "plugin.tp_size=2" ? "adamw" : "sgd", mesh[0] == "plugin.tp_size=2" ? 0.05 : 0.0});
     TempDir dir;
     std::vector<std::string> args{"out=" + dir.path(), "steps=2", "batch=8", "optimizer=adamw", "set=plugin.precision=fp32"};
     for (const auto& s : sets) args.push_back("set=" + s);
     expect_all_ok(run_hybrid(4, args));
     for (int r = 0; r < 4; ++r) {
       auto log = read_log(dir.file("rank" + std::to_string(r) + ".txt"));
-      EXPECT_GT(log["buckets"][1], 2) << "zero_stage " << zero << " rank " << r;
+      EXPECT_GT(log["buckets"][1], 2) << label << "rank " << r;
       // Launched from gradient hooks, before backward ended (counted over the reducer's life: 2 passes).
-      EXPECT_GT(log["overlapped"][1], 0) << "zero_stage " << zero << " rank " << r;
+      EXPECT_GT(log["overlapped"][1], 0) << label << "rank " << r;
       if (r == 0)
-        std::cout << "[ overlap  ] zero_stage " << zero << ": " << log["buckets"][1] << " buckets, "
+        std::cout << "[ overlap  ] " << label << ": " << log["buckets"][1] << " buckets, "
                   << log["overlapped"][1] << " of " << 2 * log["buckets"][1]
                   << " launched during backward in 2 steps" << std::endl;
     }

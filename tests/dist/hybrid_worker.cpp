@@ -325,7 +325,7 @@ int run() {
     if (pipelined) log << "shm_messages " << s << " " << model.hooks().stats().at("pipeline_shm_messages") << "\n";
     if (pipelined) log << "w_fallbacks " << s << " " << model.hooks().stats().at("pipeline_w_fallbacks") << "\n";
     const auto hook_stats = model.hooks().stats();
-    if (hook_stats.count("buckets_launched_during_backward"))  // the dp reducer (pp_size = 1)
+    if (hook_stats.count("buckets_launched_during_backward"))  // the dp reducer (zero_stage 0 and 1)
       log << "overlapped " << s << " " << hook_stats.at("buckets_launched_during_backward") << "\n"
           << "buckets " << s << " " << hook_stats.at("buckets") << "\n";
     if (s + 1 == first + steps && !arg("estimate_row", "").empty()) note_report("actual");  // gradients still held

@@ -3,7 +3,7 @@
 //
 //   - torch_fsdp, every sharding strategy, on cuda:0: 1 rank on NCCL and 2 or 4 ranks sharing the GPU
 //     over Gloo (collectives staged through host memory), against single-process LibTorch trained
-//     on the same GPU (dist_test_util.h's check_train: 1e-5 absolute + 1e-4 relative per element
+//     on the same GPU, the rate limiter synchronizing CUDA events (dist_test_util.h's check_train: 1e-5 absolute + 1e-4 relative per element
 //     after 4 steps, fp32; the differences are the order of the gradient sums);
 //   - torch_fsdp with cpu_offload (shards in pinned host memory) against the same reference;
 //   - torch_fsdp with bf16 compute (param_dtype) against LibTorch under CUDA bf16 autocast: SGD, the
@@ -67,6 +67,9 @@ TEST(GpuFsdp, EveryShardingStrategyEqualsSingleProcessOnTheGpu) {
   EXPECT_EQ(stats["all_gathers"], 4 * 4 * 2);  // every unit gathered for forward and for backward
   EXPECT_EQ(stats["reduce_scatters"], 4 * 4);
   EXPECT_EQ(stats["max_gathered_units"], 2);  // BACKWARD_PRE: the unit and the one prefetched
+  // limit_all_gathers: the host synchronized CUDA events recorded after the frees (the count of
+  // fsdp_test.cpp's TorchFSDP.FullShardTwoRanksSGDEqualsSingleProcess, same schedule).
+  EXPECT_EQ(stats["rate_limiter_waits"], 5 + 3 * 8);
   auto grad_op = check_train(reference_on_gpu({2, "adamw", fsdp_on_gpu("SHARD_GRAD_OP", {kOverGloo}), 1}));
   EXPECT_EQ(grad_op["all_gathers"], 4 * 4);
   check_train(reference_on_gpu({2, "sgd", fsdp_on_gpu("NO_SHARD", {kOverGloo}), 1}));

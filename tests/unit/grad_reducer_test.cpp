@@ -1,6 +1,7 @@
 // grad_reducer_test.cpp — the bucketed gradient reducer (booster/core/grad_reducer.h) on 2 ranks as
 // threads: averaged gradients equal the mean of the per-rank gradients computed without it, bucket
-// layout and launch counters, no_sync accumulation, unused parameters, and argument errors.
+// layout and launch counters, no_sync accumulation (parameters used only inside no_sync are averaged
+// too), sync_now outside backward, unused parameters, and argument errors.
 // Whole-plugin equivalence with separate processes is tests/dist/ddp_test.cpp.
 #include "booster/core/grad_reducer.h"
 
@@ -216,6 +217,56 @@ TEST(GradientReducer, UnusedParametersContributeZerosOrFailNamingThem) {
   EXPECT_THAT(errors[1], HasSubstr("fc2."));
   EXPECT_THAT(errors[1], HasSubstr("find_unused_parameters"));
   EXPECT_NE(errors[0], "") << "rank 0 must not continue alone";
+}
+
+// fc2 gets gradients only in the no_sync pass, none in the synced one (on both ranks): it still
+// counts as used (PyTorch's local_used_map_ records no_sync passes), so its accumulated gradient is
+// averaged, not left as each rank's own.
+TEST(GradientReducer, ParametersUsedOnlyInsideNoSyncAreAveragedAtTheSyncedPass) {
+  auto two_passes = [](int rank) {
+    auto net = std::make_shared<Mlp>();
+    net->forward(batch_of(rank, 0), true).pow(2).sum().backward();
+    net->forward(batch_of(rank, 1), false).pow(2).sum().backward();
+    std::map<std::string, at::Tensor> out;
+    for (const auto& item : net->named_parameters()) out[item.key()] = item.value().grad().clone();
+    return out;
+  };
+  std::map<std::string, at::Tensor> want = two_passes(0);
+  for (auto& [name, g] : two_passes(1)) want[name] = (want[name] + g) / 2;
+  ReducerOptions o = tiny_buckets();
+  o.find_unused_parameters = true;
+  auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<booster::dist::ProcessGroup>& group) {
+    auto& g = *group;
+    auto net = std::make_shared<Mlp>();
+    GradientReducer reducer(booster::named_parameters_of(*net, true), group, o);
+    reducer.set_require_grad_sync(false);
+    net->forward(batch_of(g.rank(), 0), true).pow(2).sum().backward();
+    reducer.set_require_grad_sync(true);
+    net->forward(batch_of(g.rank(), 1), false).pow(2).sum().backward();
+    expect_gradients(*net, want);
+    EXPECT_EQ(reducer.synced_backwards(), 1);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+}
+
+// sync_now: a synced pass with no backward (a pipeline whose last backward reached none of this
+// rank's parameters) averages what was accumulated; refused inside no_sync.
+TEST(GradientReducer, SyncNowAveragesTheAccumulatedGradientsOutsideBackward) {
+  const auto want = mean_gradients(2, 2);
+  auto errors = booster::testing::run_thread_ranks(2, [&](const std::shared_ptr<booster::dist::ProcessGroup>& group) {
+    auto& g = *group;
+    auto net = std::make_shared<Mlp>();
+    GradientReducer reducer(booster::named_parameters_of(*net, true), group, tiny_buckets());
+    reducer.set_require_grad_sync(false);
+    for (int s = 0; s < 2; ++s) net->forward(batch_of(g.rank(), s)).pow(2).sum().backward();
+    EXPECT_THROW(reducer.sync_now(), std::logic_error);
+    reducer.set_require_grad_sync(true);
+    EXPECT_EQ(reducer.synced_backwards(), 0);
+    reducer.sync_now();
+    expect_gradients(*net, want);
+    EXPECT_EQ(reducer.synced_backwards(), 1);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
 }
 
 TEST(GradientReducer, RejectsBadArguments) {

@@ -232,7 +232,7 @@ TEST(PluginLoader, AbiMismatchNamesBothVersions) {
       AllOf(HasSubstr("plugin 'test_bad_abi'"), HasSubstr("plugin ABI version 999"),
             HasSubstr("this Booster has ABI version " + std::to_string(booster::BOOSTER_PLUGIN_ABI_VERSION)),
             HasSubstr("rebuild the plugin against this Booster")));
-  EXPECT_EQ(booster::BOOSTER_PLUGIN_ABI_VERSION, 17u);
+  EXPECT_EQ(booster::BOOSTER_PLUGIN_ABI_VERSION, 18u);
   EXPECT_THAT([&] { booster::load_plugin(context("test_bad_abi")); }, expected);
   EXPECT_THAT([&] { booster::load_plugin(context("test_bad_abi"), test_plugin("test_bad_abi")); }, expected);
 }

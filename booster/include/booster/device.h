@@ -12,6 +12,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "booster/export.h"
@@ -63,5 +64,40 @@ BOOSTER_API void reset_device_peak(const c10::Device& device);
 // undefined one) is returned as it is. Throws c10::Error when pinned memory cannot be allocated or
 // the copy fails.
 BOOSTER_API at::Tensor pinned_host_copy(const at::Tensor& t);
+
+// pinned_host_copy without waiting: the copy is queued on the current stream of t's device and the
+// returned host tensor must not be read (or its owner must not free it by hand) before a
+// StreamEvent recorded after this call has been synchronized. FSDP2 offloads its reduced gradients
+// this way (a non_blocking copy to pinned memory plus an event the optimizer step waits on). A CPU
+// (or undefined) tensor is returned as it is. Throws c10::Error as pinned_host_copy.
+BOOSTER_API at::Tensor pinned_host_copy_async(const at::Tensor& t);
+
+// A marker in the current stream of an accelerator (a CUDA event, c10::Event): it is reached once
+// every kernel and copy queued on that stream before record() has finished. PyTorch FSDP's rate
+// limiter (FullyShardedDataParallel(limit_all_gathers=True): an event recorded after each free,
+// the host synchronizing the oldest before issuing a third all-gather) and the completion of
+// asynchronous host copies are built on it. On the CPU, work is done when its call returns: an
+// event of a CPU device is complete at once and record/synchronize do nothing. Not thread-safe.
+class BOOSTER_API StreamEvent {
+ public:
+  // An event of `device` not yet recorded (complete). A CUDA device needs CUDA support loaded
+  // (load_cuda_support); throws c10::Error otherwise, or for a device type without events.
+  explicit StreamEvent(c10::Device device);
+  ~StreamEvent();
+  StreamEvent(StreamEvent&&) noexcept;
+  StreamEvent& operator=(StreamEvent&&) noexcept;
+  // Marks the work queued on the device's current stream so far (a new version of the event).
+  void record();
+  // Blocks the calling thread until the recorded work has finished; at once when never recorded.
+  void synchronize() const;
+  // Whether the recorded work has finished (never blocks).
+  bool query() const;
+  const c10::Device& device() const { return device_; }
+
+ private:
+  c10::Device device_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;  // null on the CPU
+};
 
 }  // namespace booster

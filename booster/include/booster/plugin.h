@@ -63,7 +63,7 @@ using Criterion = std::function<torch::Tensor(const torch::Tensor&, const torch:
 // 16: ZeroOptimizer has a protected virtual on_gradients_prepared (its vtable grew).
 // 17: FullyShardOptions::cpu_offload and FlatParameterOptions::keep_shard_apart (FSDP's cpu_offload on
 // CUDA); FullyShardState and MeshModelHooks have more members.
-constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 17;
+constexpr uint32_t BOOSTER_PLUGIN_ABI_VERSION = 18;
 
 // Thrown for every "this plugin cannot do that" and every plugin-loading failure.
 class BOOSTER_API PluginError : public std::runtime_error {

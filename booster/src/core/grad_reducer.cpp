@@ -57,6 +57,8 @@ struct GradientReducer::State {
   std::vector<at::Tensor> views;             // each param's slice of its bucket, shaped like the param
   std::vector<size_t> bucket_of;             // param -> bucket
   std::vector<char> ready;                   // param got its gradient in this backward
+  std::vector<char> used_since_sync;         // param got a gradient while sync was off (no_sync)
+  int64_t synced_backwards = 0;              // finalized synced passes
   std::vector<Bucket> buckets;
   std::vector<size_t> pending;               // per bucket: params not yet ready in this backward
   std::shared_ptr<BucketReduction> reduction;
@@ -144,7 +146,10 @@ struct GradientReducer::State {
 
   void on_grad_ready(size_t i) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!require_sync) return;
+    if (!require_sync) {
+      used_since_sync[i] = 1;  // PyTorch's local_used_map_ records no_sync passes too
+      return;
+    }
     if (!in_backward) {
       in_backward = true;
       std::weak_ptr<State> weak = self;
@@ -191,7 +196,7 @@ struct GradientReducer::State {
       if (!transient) {
         used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
         auto acc = used.accessor<int32_t, 1>();
-        for (size_t i = 0; i < params.size(); ++i) acc[i] = ready[i] ? 1 : 0;
+        for (size_t i = 0; i < params.size(); ++i) acc[i] = ready[i] || used_since_sync[i] ? 1 : 0;
       }
       for (size_t i = 0; i < params.size(); ++i)
         if (!ready[i]) mark_ready(i);  // contributes zeros
@@ -207,6 +212,7 @@ struct GradientReducer::State {
       reset();
       throw;
     }
+    ++synced_backwards;
     if (!reduction->writes_back()) {
       reset();
       return;
@@ -326,6 +332,7 @@ struct GradientReducer::State {
 
   void reset() {
     std::fill(ready.begin(), ready.end(), 0);
+    std::fill(used_since_sync.begin(), used_since_sync.end(), 0);
     for (size_t b = 0; b < buckets.size(); ++b) {
       pending[b] = buckets[b].params.size();
       if (transient) release_bucket(b);
@@ -371,6 +378,7 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.views.resize(n);
   s.bucket_of.resize(n);
   s.ready.assign(n, 0);
+  s.used_since_sync.assign(n, 0);
 
   // Reverse registration order (gradients of the last layers are ready first).
   std::vector<size_t> order(n);
@@ -406,6 +414,26 @@ void GradientReducer::set_require_grad_sync(bool required) {
 }
 
 bool GradientReducer::require_grad_sync() const { return state_->require_sync; }
+
+void GradientReducer::sync_now() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->in_backward)
+      throw std::logic_error("booster: GradientReducer::sync_now was called while a synced backward is under way; "
+                             "its end-of-backward callback averages the gradients");
+    if (!state_->require_sync)
+      throw std::logic_error("booster: GradientReducer::sync_now was called with gradient sync off (inside no_sync); "
+                             "call set_require_grad_sync(true) first");
+    for (size_t i = 0; i < state_->params.size(); ++i)
+      if (!state_->ready[i] && state_->params[i].grad().defined()) {
+        state_->used_since_sync[i] = 1;
+        state_->mark_ready(i);
+      }
+  }
+  state_->finalize();
+}
+
+int64_t GradientReducer::synced_backwards() const { return state_->synced_backwards; }
 
 std::vector<std::vector<size_t>> GradientReducer::bucket_indices() const {
   std::vector<std::vector<size_t>> out;

@@ -50,6 +50,7 @@ FullyShardState::FullyShardState(torch::nn::Module& model, torch::optim::Optimiz
     at::NoGradGuard no_grad;
     for (auto& s : flats) s.flat->local_shard() = pinned_host_copy(s.flat->local_shard());
   }
+  if (!flats.empty()) device_ = flats.front().flat->params().front().second.device();
   set_flats(std::move(flats));
   backward_done_.assign(units_.size(), 0);
 }
@@ -83,18 +84,51 @@ void FullyShardState::note_gathered() {
   note_gathered_bytes();
 }
 
+bool FullyShardState::needs_gather(size_t u) const {
+  for (size_t f : unit_flats_[u]) {
+    const FlatParameter& flat = *flats_[f].flat;
+    if (flat.state() == FlatParameter::State::kSharded && !flat.unshard_in_flight()) return true;
+  }
+  return false;
+}
+
+// FSDP's _FreeEventQueue.dequeue_if_needed with _max_num_inflight_all_gathers = 2: the host runs at
+// most two frees ahead of the device before it issues another all-gather.
+void FullyShardState::wait_for_oldest_free() {
+  constexpr size_t kMaxAllGathersInFlight = 2;
+  if (!config_.limit_all_gathers || free_events_.size() < kMaxAllGathersInFlight) return;
+  free_events_.front().synchronize();
+  free_events_.pop_front();
+  ++rate_limiter_waits_;
+}
+
+void FullyShardState::record_free() {
+  if (!config_.limit_all_gathers) return;
+  StreamEvent done(device_);
+  done.record();
+  free_events_.push_back(std::move(done));
+}
+
 void FullyShardState::unshard_unit(size_t u) {
+  if (needs_gather(u)) wait_for_oldest_free();
   for (size_t f : unit_flats_[u]) gather(f);
   note_gathered();
 }
 
 void FullyShardState::prefetch_unit(size_t u) {
+  if (needs_gather(u)) wait_for_oldest_free();
   for (size_t f : unit_flats_[u]) prefetch(f);
   note_gathered();
 }
 
 void FullyShardState::reshard_unit(size_t u) {
-  for (size_t f : unit_flats_[u]) flats_[f].flat->reshard();
+  bool freed = false;
+  for (size_t f : unit_flats_[u]) {
+    FlatParameter& flat = *flats_[f].flat;
+    freed = freed || (flat.state() == FlatParameter::State::kUnsharded && !flat.is_aliased());
+    flat.reshard();
+  }
+  if (freed) record_free();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,6 +198,7 @@ std::map<std::string, int64_t> FullyShardState::stats() const {
   std::map<std::string, int64_t> out = ShardedRuntime::stats();
   out["flat_parameters"] = static_cast<int64_t>(flats_.size());
   out["max_gathered_units"] = max_gathered_units_;
+  out["rate_limiter_waits"] = rate_limiter_waits_;
   return out;
 }
 

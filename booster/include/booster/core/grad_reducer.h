@@ -119,6 +119,18 @@ class BOOSTER_API GradientReducer {
   void set_require_grad_sync(bool required);
   bool require_grad_sync() const;
 
+  // Averages now, outside backward, what a synced backward would have: every parameter with an
+  // accumulated .grad() contributes it, the others count as at the end of backward (zeros with
+  // find_unused_parameters), and the averages are written back. For a synced pass in which no gradient hook ran, so no end-of-backward callback was queued
+  // (a pipeline whose last backward on this rank reached no trainable parameter). A parameter whose
+  // gradient arrived since the last synced pass, inside no_sync or not, counts as used (PyTorch's
+  // local_used_map_). Collective over the group. Throws std::logic_error during a synced backward or
+  // with require_grad_sync() false; std::runtime_error as the end of backward does (a parameter
+  // without gradient when find_unused_parameters is false).
+  void sync_now();
+  // Synced passes finished (end-of-backward callbacks and sync_now calls) over the reducer's life.
+  int64_t synced_backwards() const;
+
   // Parameter indices (into named_params) of each bucket (ascending within a bucket), bucket 0
   // first (launched first; it holds the last-registered parameters, or after a rebuild the first
   // ready ones).

@@ -36,12 +36,14 @@
 
 #include <torch/torch.h>
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "booster/device.h"
 #include "booster/dist/process_group.h"
 #include "booster/parallel/sharded_runtime.h"
 
@@ -54,7 +56,12 @@ struct FullyShardOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
-  bool limit_all_gathers = true;  // at most one prefetched unit ahead (else two)
+  // FSDP's rate limiter: at most one prefetched unit ahead (else two), and before issuing an
+  // all-gather the host waits for the oldest of the frees still in flight once two are (a
+  // StreamEvent recorded on the compute stream after each unit's reshard; FSDP's
+  // _FreeEventQueue with _max_num_inflight_all_gathers = 2). On the CPU the events are complete at
+  // once and only the count (stat rate_limiter_waits) changes.
+  bool limit_all_gathers = true;
   at::ScalarType param_dtype = at::ScalarType::Undefined;   // Undefined: the parameters' dtype
   at::ScalarType reduce_dtype = at::ScalarType::Undefined;  // Undefined: param_dtype
   std::shared_ptr<dist::ProcessGroup> shard_group;          // FlatParameters shard over it
@@ -90,8 +97,9 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   const FullyShardOptions& config() const { return config_; }
   // config().cpu_offload: the shards and gradient shards live in host memory.
   bool offloads() const { return offload_; }
-  // The runtime's counters plus flat_parameters and max_gathered_units (the most units with a
-  // gathered FlatParameter at one moment).
+  // The runtime's counters plus flat_parameters, max_gathered_units (the most units with a
+  // gathered FlatParameter at one moment) and rate_limiter_waits (limit_all_gathers: all-gathers
+  // issued after synchronizing the oldest free event).
   std::map<std::string, int64_t> stats() const override;
 
  private:
@@ -109,6 +117,11 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   void reshard_unit(size_t u);
   void maybe_post_backward(size_t u);
   void note_gathered();
+  // limit_all_gathers: the rate limiter's two halves (see FullyShardOptions::limit_all_gathers).
+  // needs_gather: an all-gather of unit u would be issued now.
+  bool needs_gather(size_t u) const;
+  void wait_for_oldest_free();
+  void record_free();
   bool reshards_after_forward() const;
   // cpu_offload: the reduced gradient shard of FlatParameter f moved to pinned host memory.
   void offload_gradient(size_t f);
@@ -117,6 +130,9 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   bool offload_ = false;
   std::vector<char> backward_done_;  // per unit: post_backward ran in this pass
   int64_t max_gathered_units_ = 0;
+  c10::Device device_{c10::kCPU};      // the flat buffers' device (where the frees are recorded)
+  std::deque<StreamEvent> free_events_;  // one per reshard since, oldest first
+  int64_t rate_limiter_waits_ = 0;
 };
 
 // Shards `model` (its parameters become views of sharded FlatParameters) and wraps `optimizer`

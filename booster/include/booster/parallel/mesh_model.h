@@ -87,15 +87,21 @@ BOOSTER_API void drop_other_stages(const MeshModel& model, torch::optim::Optimiz
 //  - pre_forward / backward refuse a pipelined model (pp > 1: std::logic_error naming
 //    booster.execute_pipeline);
 //  - backward(loss) runs loss.backward() and sync_gradients();
-//  - the dp average overlapped with backward: with pp_size = 1 (and not dp_reduced_by_zero) the held
-//    trainable parameters are averaged over dp by a GradientReducer (core/grad_reducer.h: DDP's
-//    buckets of bucket_bytes, the first at most 1 MiB, each allreduced as soon as its gradients are ready; unused parameters
-//    count as zeros), which ends within loss.backward();
+//  - the dp average overlapped with backward: unless dp_reduced_by_zero, the held trainable
+//    parameters are averaged over dp by a GradientReducer (core/grad_reducer.h: DDP's buckets of
+//    bucket_bytes, the first at most 1 MiB, each allreduced as soon as its gradients are ready;
+//    unused parameters count as zeros), which ends within loss.backward(); with pp_size > 1 it is
+//    off (set_grad_sync(false)) but in the last backward of this rank in the schedule, whose
+//    buckets carry every gradient accumulated over the micro-batches (Megatron overlaps the
+//    reduction with the last micro-batch's backward the same way); the buckets are rebuilt once in
+//    the order the first such backward readied the parameters (with several model chunks per rank it
+//    reaches one chunk: the other chunks' buckets go last and launch at its end);
 //  - sync_gradients(): under split_gather (unless dp_reduced_by_zero) the tp-replicated parameters'
 //    gradients (no TensorParallelSpec: partial sums over the rank's sequence shard) are summed over
-//    tp (the sum over tp and the average over dp commute); with pp > 1 every held gradient is averaged
-//    over dp here, after the schedule (skipped when dp_reduced_by_zero: ZeRO-2's reducer or the ZeRO-3
-//    runtime reduce over dp themselves); the parameters shared by several pipeline stages get their
+//    tp (the sum over tp and the average over dp commute); with pp > 1, when the schedule's last
+//    backward reached no trainable parameter of this rank (no reducer callback ran), the reducer
+//    averages the accumulated gradients here (GradientReducer::sync_now); ZeRO-2's reducer and the
+//    ZeRO-3 runtime reduce over dp themselves (dp_reduced_by_zero); the parameters shared by several pipeline stages get their
 //    stages' sum (PipelineStage::sum_shared_gradients). Collective over tp, dp and pp in that order;
 //    coalesced in buffers of bucket_bytes (bytes).
 //  - stats(): dp_size, pp_size, tp_size, sp_size, pp_rank, tensors_on_stage, model_chunks, with the
@@ -109,6 +115,10 @@ class BOOSTER_API MeshModelHooks : public ModelHooks {
   void pre_forward() override;
   void backward(const torch::Tensor& loss) override;
   void sync_gradients();
+  // run_mesh_pipeline's part (pp_size > 1): begin_pipeline_backward before the schedule;
+  // set_grad_sync is PipelineRunOptions::set_grad_sync (the reducer on for the last backward only).
+  void begin_pipeline_backward();
+  void set_grad_sync(bool sync);
   std::map<std::string, int64_t> stats() const override;
   const std::shared_ptr<MeshModel>& model() const { return model_; }
 
@@ -117,7 +127,8 @@ class BOOSTER_API MeshModelHooks : public ModelHooks {
   MeshTopology topo_;
   int64_t bucket_bytes_;
   bool dp_reduced_by_zero_;
-  std::unique_ptr<GradientReducer> reducer_;  // the overlapped dp average (pp_size = 1)
+  std::unique_ptr<GradientReducer> reducer_;  // the overlapped dp average
+  int64_t synced_before_ = 0;                 // reducer's synced passes before the pipeline run
 };
 
 // Runs one pipeline iteration of a pipelined MeshModel (model.runner set) over `inputs` / `targets`

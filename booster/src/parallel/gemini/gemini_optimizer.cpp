@@ -41,6 +41,7 @@ void GeminiOptimizer::bind() {
 
 void GeminiOptimizer::prepare_state_access(bool need_tensors) {
   bind();
+  state_->wait_host_copies();  // a checkpoint load writes the masters
   if (!need_tensors) return;
   for (auto& s : shards_) {
     std::vector<at::Tensor> states = state_tensors(s.stepped);
@@ -81,6 +82,7 @@ bool GeminiOptimizer::step() {
 }
 
 void GeminiOptimizer::update_chunks(double inv_scale) {
+  state_->wait_host_copies();  // the previous step's master copies have been read
   if (options_.max_norm > 0) {
     clip_grad_by_norm(options_.max_norm, options_.norm_type);  // divides by the loss scale too
     inv_scale = 1.0;
@@ -94,8 +96,18 @@ void GeminiOptimizer::update_chunks(double inv_scale) {
     const double states = masters > 0 ? static_cast<double>(optimizer_state_bytes(*optimizer_)) / masters : 0.0;
     state_->place_optim_in_margin(4.0 + states + static_cast<double>(c10::elementSize(state_->config().compute_dtype)));
   }
-  for (auto& s : shards_) {
-    Chunk& c = chunk_of(s);
+  // Compute-tier optimizer sides first: on an accelerator their steps are queued on the device and
+  // run while the host steps the offloaded ones (HybridAdam's split: the device kernel and the CPU
+  // Adam kernel at once). An offloaded master's copy to a parameter shard on the device is queued
+  // too (from pinned memory), so it overlaps the next chunk's CPU step; the next step and every
+  // checkpoint wait for it (wait_host_copies) before a master is written again.
+  std::vector<Shard*> order;
+  for (auto& s : shards_)
+    if (chunk_of(s).optim_tier == Tier::kCompute) order.push_back(&s);
+  for (auto& s : shards_)
+    if (chunk_of(s).optim_tier != Tier::kCompute) order.push_back(&s);
+  for (Shard* sp : order) {
+    Chunk& c = chunk_of(*sp);
     const at::Tensor grad = c.flat->local_grad();
     if (!grad.defined()) continue;
     std::vector<at::Tensor> states = state_tensors(c.master);
@@ -121,7 +133,9 @@ void GeminiOptimizer::update_chunks(double inv_scale) {
       // device kernel).
       if (!optim::step_with_cpu_adam_kernel(*optimizer_)) optimizer_->step();
       c.master.mutable_grad() = at::Tensor();
-      shard.copy_(c.master);
+      // Pinned master to a device shard: queued (an offload file frees its masters after the step:
+      // then blocking, as every other direction).
+      shard.copy_(c.master, /*non_blocking=*/!shard.device().is_cpu() && state_->offload_file() == nullptr);
     }
     state_->end_param_write(c);
     states = state_tensors(c.master);
@@ -130,12 +144,14 @@ void GeminiOptimizer::update_chunks(double inv_scale) {
   // The optimizer's temporaries and the state tensors it created before they were offloaded are heap
   // memory glibc keeps after they are freed: hand it back, so offloading lowers the RSS for real.
   if (state_->offload_file() != nullptr) ::malloc_trim(0);
+  state_->note_host_copies();
   state_->freeze_layout();
   state_->note_gradients_consumed();
   unscaled_ = false;
 }
 
 void GeminiOptimizer::zero_grad() {
+  state_->wait_host_copies();
   for (auto& c : state_->chunks()) {
     c.flat->local_grad() = at::Tensor();
     for (const auto& [name, p] : c.flat->params()) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();

@@ -49,8 +49,23 @@ at::Tensor GeminiState::to_host(const at::Tensor& t) const { return device_.is_c
 
 int64_t GeminiState::device_allocated_bytes() const { return device_.is_cpu() ? 0 : device_memory(device_).allocated; }
 
+void GeminiState::note_host_copies() {
+  if (device_.is_cpu()) return;
+  if (!host_copies_) host_copies_.emplace(device_);
+  host_copies_->record();
+}
+
+void GeminiState::wait_host_copies() {
+  if (host_copies_) host_copies_->synchronize();
+}
+
+// Queued without blocking the host (FSDP2 offloads its reduced gradients the same way): backward
+// goes on while the copy runs; on_finish_backward waits for it before anything reads the shard.
 void GeminiState::gradient_to_optim_tier(Chunk& c) {
-  if (c.optim_tier == Tier::kOffload && c.flat->local_grad().defined()) c.flat->local_grad() = to_host(c.flat->local_grad());
+  at::Tensor& grad = c.flat->local_grad();
+  if (c.optim_tier != Tier::kOffload || !grad.defined() || grad.device().is_cpu()) return;
+  grad = pinned_host_copy_async(grad);
+  note_host_copies();
 }
 
 int64_t GeminiState::compute_model_bytes() const {

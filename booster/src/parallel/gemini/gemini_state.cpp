@@ -318,6 +318,7 @@ void GeminiState::on_gradients_ready(size_t ci) {
 void GeminiState::on_finish_backward() {
   active_units_.clear();
   for (auto& c : chunks_) gradient_to_optim_tier(c);  // the chunks reduced at the end of backward
+  wait_host_copies();
   release_all_but_kept();
   if (require_sync_) backward_since_step_ = true;
   finish_iteration_order();
@@ -420,6 +421,7 @@ std::map<std::string, int64_t> GeminiState::stats() const {
 }
 
 std::vector<checkpoint::FlatSource> GeminiState::checkpoint_sources() {
+  wait_host_copies();
   release_all();
   std::vector<checkpoint::FlatSource> sources;
   for (auto& c : chunks_) {

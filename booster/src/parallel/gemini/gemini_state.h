@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/device.h"
 #include "booster/dist/process_group.h"
 #include "booster/parallel/gemini.h"
 #include "booster/parallel/sharded_runtime.h"
@@ -66,6 +67,13 @@ class GeminiState : public parallel::ShardedRuntime {
   // to and from the device need it); t itself when the compute device is the CPU (then the offload
   // tier's host memory is the compute memory: only offload_dir moves bytes).
   at::Tensor to_host(const at::Tensor& t) const;
+  // Host copies in flight (an accelerator: gradient shards going to an offloaded optimizer side,
+  // updated masters going to device parameter shards, both queued without blocking the host):
+  // note_host_copies marks what is queued so far; wait_host_copies blocks until it is done. Every
+  // reader of an offloaded gradient shard and every writer of a master waits first (the end of
+  // backward, the step, checkpoints). No-op on a CPU compute device.
+  void note_host_copies();
+  void wait_host_copies();
   OffloadFile* offload_file() const { return file_.get(); }
   // Incremented whenever the chunks are (re)built: pointers into chunks() are valid within one.
   int64_t generation() const { return generation_; }
@@ -154,6 +162,7 @@ class GeminiState : public parallel::ShardedRuntime {
   GeminiShardOptions config_;
   c10::Device device_{c10::kCPU};
   std::unique_ptr<OffloadFile> file_;
+  std::optional<StreamEvent> host_copies_;  // recorded after the last queued host copy
   std::vector<Chunk> chunks_;
   int64_t chunk_size_ = 0;
   bool keep_all_gathered_ = false;  // the model is under min_chunk_size: one chunk, kept gathered

@@ -43,7 +43,7 @@ void drop_other_stages(const MeshModel& model, torch::optim::Optimizer& optimize
 MeshModelHooks::MeshModelHooks(std::shared_ptr<MeshModel> model, MeshTopology topo, int64_t bucket_bytes,
                                bool dp_reduced_by_zero)
     : model_(std::move(model)), topo_(std::move(topo)), bucket_bytes_(bucket_bytes), dp_reduced_by_zero_(dp_reduced_by_zero) {
-  if (topo_.pp > 1 || dp_reduced_by_zero_ || !topo_.dp_group || topo_.dp_group->size() <= 1) return;
+  if (dp_reduced_by_zero_ || !topo_.dp_group || topo_.dp_group->size() <= 1) return;
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (const auto& [name, p] : model_->named_parameters)
     if (model_->held.at(name) && p.requires_grad()) params.emplace_back(name, p);
@@ -52,10 +52,23 @@ MeshModelHooks::MeshModelHooks(std::shared_ptr<MeshModel> model, MeshTopology to
   ro.bucket_cap_bytes = bucket_bytes_;
   ro.first_bucket_bytes = std::min(ro.first_bucket_bytes, bucket_bytes_);  // PyTorch's 1 MiB, never above the cap
   ro.find_unused_parameters = true;  // as the allreduce after backward: a missing gradient is no hang
+  // A pipeline's synced backward is the schedule's last one, which with several model chunks per rank
+  // reaches one chunk only: the others' accumulated gradients join at its end. Buckets in the order
+  // the first synced backward readied them (PyTorch's rebuild_buckets; the schedule is the same every
+  // step) put the reached chunk's parameters first, so their buckets launch during that backward.
+  if (topo_.pp > 1) ro.rebuild_buckets = ro.static_graph = true;
   reducer_ = std::make_unique<GradientReducer>(std::move(params), topo_.dp_group, ro);
 }
 
 MeshModelHooks::~MeshModelHooks() = default;
+
+void MeshModelHooks::begin_pipeline_backward() {
+  if (reducer_) synced_before_ = reducer_->synced_backwards();
+}
+
+void MeshModelHooks::set_grad_sync(bool sync) {
+  if (reducer_) reducer_->set_require_grad_sync(sync);
+}
 
 void MeshModelHooks::pre_forward() {
   if (topo_.pp > 1)
@@ -84,12 +97,9 @@ void MeshModelHooks::sync_gradients() {
         partial.push_back(p.grad());
     allreduce_coalesced(*topo_.tp_group, partial, bucket_bytes_, false);
   }
-  if (!dp_reduced_by_zero_ && !reducer_) {  // the dp average after the schedule (pp_size > 1)
-    std::vector<at::Tensor> grads;
-    for (const auto& [name, p] : model_->named_parameters)
-      if (model_->held.at(name) && p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
-    allreduce_coalesced(*topo_.dp_group, grads, bucket_bytes_, true);
-  }
+  // pp_size > 1: the reducer averaged in the last backward of the schedule, unless that backward
+  // reached no trainable parameter of this rank (then nothing queued its end-of-backward callback).
+  if (reducer_ && topo_.pp > 1 && reducer_->synced_backwards() == synced_before_) reducer_->sync_now();
   if (model_->runner) model_->runner->sum_shared_gradients();
 }
 
@@ -118,7 +128,17 @@ PipelineResult run_mesh_pipeline(MeshModel& model, MeshModelHooks& hooks, const 
     throw std::logic_error("hybrid_parallel: execute_pipeline needs pp_size > 1 (this model is not pipelined: "
                            "pp_size = 1); train it with model.forward + booster.backward");
   if (!model.sharded) {
-    PipelineResult out = model.runner->run(inputs, targets, criterion, options);
+    // The dp reducer stays off but in the last backward of the schedule (Megatron's overlap of the
+    // gradient reduction with the last micro-batch's backward).
+    PipelineRunOptions o = options;
+    if (options.train) {
+      hooks.begin_pipeline_backward();
+      o.set_grad_sync = [&hooks, outer = options.set_grad_sync](bool sync) {
+        hooks.set_grad_sync(sync);
+        if (outer) outer(sync);
+      };
+    }
+    PipelineResult out = model.runner->run(inputs, targets, criterion, o);
     if (options.train) hooks.sync_gradients();
     return out;
   }
