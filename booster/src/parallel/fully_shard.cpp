@@ -55,10 +55,15 @@ FullyShardState::FullyShardState(torch::nn::Module& model, torch::optim::Optimiz
   backward_done_.assign(units_.size(), 0);
 }
 
+// Queued without blocking the host (FSDP2's cpu_offload: a non_blocking copy to pinned memory and an
+// event the step waits on): backward goes on while the shard comes down; on_finish_backward waits.
 void FullyShardState::offload_gradient(size_t f) {
   if (!offload_) return;
   at::Tensor& g = flats_[f].flat->local_grad();
-  if (g.defined() && !g.device().is_cpu()) g = pinned_host_copy(g);
+  if (!g.defined() || g.device().is_cpu()) return;
+  g = pinned_host_copy_async(g);
+  if (!gradient_copies_) gradient_copies_.emplace(device_);
+  gradient_copies_->record();
 }
 
 bool FullyShardState::reshards_after_forward() const {
@@ -190,6 +195,7 @@ void FullyShardState::on_post_backward(size_t u) {
 
 void FullyShardState::on_finish_backward() {
   for (size_t f = 0; f < flats_.size(); ++f) offload_gradient(f);  // the ones reduced at the end
+  if (gradient_copies_) gradient_copies_->synchronize();  // the step reads them on the host
   std::fill(backward_done_.begin(), backward_done_.end(), 0);
   release_all();
 }

@@ -40,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,8 @@ struct FullyShardOptions {
   std::shared_ptr<dist::ProcessGroup> world;
   // FSDP's CPUOffload(offload_params=True) on an accelerator: every FlatParameter's local shard and
   // reduced gradient shard live in pinned host memory (the shard is copied to the device for each
-  // all-gather; the gradient shard is copied to the host after each reduction), and the optimizer
+  // all-gather; the gradient shard is copied to the host after each reduction, queued without
+  // blocking backward, whose end waits for the copies), and the optimizer
   // steps the shards there (the Adam family through the CPU Adam kernel, optim/cpu_adam.h). No
   // FlatParameter aliases its buffer (FlatParameterOptions::keep_shard_apart). On a CPU model the
   // shards are in host memory already: nothing moves, the rest is the same.
@@ -133,6 +135,7 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   c10::Device device_{c10::kCPU};      // the flat buffers' device (where the frees are recorded)
   std::deque<StreamEvent> free_events_;  // one per reshard since, oldest first
   int64_t rate_limiter_waits_ = 0;
+  std::optional<StreamEvent> gradient_copies_;  // cpu_offload: after the last queued gradient copy
 };
 
 // Shards `model` (its parameters become views of sharded FlatParameters) and wraps `optimizer`
