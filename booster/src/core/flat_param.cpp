@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "booster/device.h"
 #include "booster/dist/fp8.h"
 
 namespace booster {
@@ -91,12 +92,22 @@ void FlatParameter::unshard_async() {
   at::NoGradGuard no_grad;
   Pending p;
   // A shard kept on another device (an offloaded shard in host memory) travels to the buffer's device
-  // first; the collective reads and writes one device.
-  p.input = local_shard_.to(full_.device(), options_.compute_dtype);
+  // first, queued on the current stream (the collective reads and writes one device, after it);
+  // shard_read_ marks when the device has read the host shard (wait_shard_reads).
+  const bool host_to_device = local_shard_.device().is_cpu() && !full_.device().is_cpu();
+  p.input = local_shard_.to(full_.device(), options_.compute_dtype, /*non_blocking=*/host_to_device);
+  if (host_to_device) {
+    if (!shard_read_) shard_read_ = std::make_unique<StreamEvent>(full_.device());
+    shard_read_->record();
+  }
   at::Tensor out = full_;  // the collective's output argument
   p.work = options_.fp8_communication && group_->size() > 1 ? dist::fp8_all_gather_into_tensor(*group_, out, p.input)
                                       : group_->all_gather_into_tensor(out, p.input);
   pending_ = std::move(p);
+}
+
+void FlatParameter::wait_shard_reads() {
+  if (shard_read_) shard_read_->synchronize();
 }
 
 void FlatParameter::finish_pending() {
@@ -172,6 +183,7 @@ void FlatParameter::load_full(const at::Tensor& flat) {
   if (padded.numel() != layout_.padded_numel)
     padded = at::cat({padded, at::zeros({layout_.padded_numel - padded.numel()}, padded.options())});
   finish_pending();
+  wait_shard_reads();
   if (aliased_) {
     local_shard_.copy_(padded);
     return;

@@ -57,6 +57,9 @@ void FullyShardOptimizer::clip_grad_by_value(double clip_value) {
 bool FullyShardOptimizer::step() {
   at::NoGradGuard no_grad;
   attach_grads();
+  // cpu_offload: the host shards are written below; the device has read them for the all-gathers.
+  if (state_->offloads())
+    for (auto& s : shards_) s.flat->wait_shard_reads();
   // Overflow skip, clip, the optimizer on the shards; in host memory (cpu_offload) the Adam family
   // through the CPU Adam kernel.
   const bool stepped = state_->offloads() ? step_with([](torch::optim::Optimizer& optimizer) {

@@ -318,7 +318,10 @@ std::vector<checkpoint::FlatSource> ShardedRuntime::checkpoint_sources() {
   for (auto& s : flats_) {
     FlatParameter* flat = s.flat.get();
     sources.push_back({flat, flat->shard_dtype(), [flat] { return flat->gather_full(); },
-                       [flat] { return flat->local_shard(); }});
+                       [flat] {
+                         flat->wait_shard_reads();  // the loader writes it (a host shard read by a queued copy)
+                         return flat->local_shard();
+                       }});
   }
   return sources;
 }

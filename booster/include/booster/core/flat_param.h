@@ -13,9 +13,11 @@
 //    the parameters' own dtype), so the parameters have that dtype from construction on.
 //  - local_shard() ([shard_numel], the parameters' ORIGINAL dtype: full precision, owned) holds this
 //    rank's values at every moment; the optimizer updates it. Its owner may move it to another device
-//    (Gemini keeps an offloaded shard in host memory beside a CUDA buffer): unshard() and gather_full()
-//    copy it to the flat buffer's device first (a blocking copy); local_grad() stays on the flat
-//    buffer's device.
+//    (Gemini keeps an offloaded shard in host memory beside a CUDA buffer): unshard_async() queues its
+//    copy to the flat buffer's device (non_blocking: from pinned memory the host does not wait, as
+//    FSDP2's offloaded all-gather inputs), so the shard must not be written on the host before
+//    wait_shard_reads(); gather_full() copies it blocking; local_grad() stays on the flat buffer's
+//    device unless its owner moves it.
 //  - SHARDED (the resting state): the flat buffer's storage has no memory (0 bytes, no data pointer:
 //    the C++ counterpart of FSDP's `_free_storage`, storage.resize_(0)); a parameter must not be
 //    read then (the owner unshards before every use).
@@ -49,6 +51,8 @@
 #include "booster/export.h"
 
 namespace booster {
+
+class StreamEvent;  // booster/device.h
 
 struct FlatParameterOptions {
   // dtype of the gathered parameters the forward and backward see (FSDP MixedPrecision.param_dtype);
@@ -102,8 +106,13 @@ class BOOSTER_API FlatParameter {
 
   // This rank's shard of the flat parameter: [shard_numel], the parameters' original dtype; the
   // optimizer steps this tensor. Elements past the unpadded numel are padding (they get zero
-  // gradients, so elementwise optimizers keep them at zero).
+  // gradients, so elementwise optimizers keep them at zero). A shard kept in host memory beside an
+  // accelerator buffer: call wait_shard_reads() before writing it.
   at::Tensor& local_shard() { return local_shard_; }
+  // Blocks until the device has read every queued copy of a host local shard (a StreamEvent
+  // recorded after the last unshard_async() that copied it); returns at once when none is queued
+  // (the shard and the buffer on one device, or a CPU buffer). load_full() calls it.
+  void wait_shard_reads();
   // The shard's gradient: [shard_numel], local_shard()'s dtype; undefined until the first
   // reduce_gradients() (and after the owner resets it).
   at::Tensor& local_grad() { return local_grad_; }
@@ -159,6 +168,7 @@ class BOOSTER_API FlatParameter {
   at::Tensor local_shard_;  // [shard_numel], original dtype, owned (or full_ when aliased)
   at::Tensor local_grad_;   // [shard_numel]
   std::optional<Pending> pending_;
+  std::unique_ptr<StreamEvent> shard_read_;  // after the last queued host-to-device shard copy
   bool aliased_ = false;
   State state_ = State::kUnsharded;
 };

@@ -232,6 +232,7 @@ void GeminiState::store_optim(Chunk& c, std::vector<at::Tensor>& states) {
 }
 
 at::Tensor GeminiState::begin_param_write(Chunk& c) {
+  c.flat->wait_shard_reads();  // an offloaded shard: the all-gathers' copies to the device have read it
   if (file_ && c.param_slot >= 0) file_->swap_in(c.flat->local_shard(), c.param_slot);
   c.flat->reshard();
   return c.flat->local_shard();
