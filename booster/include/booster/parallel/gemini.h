@@ -65,10 +65,11 @@
 // offloaded parameter shard is copied to the device for each all-gather (FlatParameter::unshard); a
 // reduced gradient shard goes to the host at once when its optimizer side is there; non-model memory
 // is the caching allocator's allocated bytes minus the compute model data; memory_budget_bytes is
-// the device's budget. The copies between the tiers run on the current stream; two are queued
-// without blocking the host: a gradient shard going to host memory (the end of backward waits for
-// them) and an updated host master going to its device parameter shard (the next step and every
-// checkpoint wait for them). The step queues the compute-tier chunks' updates first, so the device
+// the device's budget. The copies between the tiers run on the current stream; three are queued
+// without blocking the host: an offloaded parameter shard going to the device for its all-gather
+// (FlatParameter::unshard_async; writes of the shard wait for it), a gradient shard going to host
+// memory (the end of backward waits for them) and an updated host master going to its device
+// parameter shard (the next step and every checkpoint wait for them). The step queues the compute-tier chunks' updates first, so the device
 // runs them while the host steps the offloaded chunks (ColossalAI's HybridAdam split).
 //
 // Every rank runs the same units in the same order (the collectives are matched by order).
