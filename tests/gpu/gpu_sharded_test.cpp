@@ -12,10 +12,10 @@
 //     the CPU continues on the GPU under torch_fsdp: equal to the uninterrupted CPU run within the
 //     fp32 tolerance above (GPU and CPU float32 kernels differ in the last bits);
 //   - the peak device memory of torch_fsdp FULL_SHARD, low_level_zero stage 2 and gemini (static;
-//     optimizer side in pinned host memory) per rank
+//     optimizer side in pinned host memory; auto with the default budget) per rank
 //     (the caching allocator's peak over boost() and 3 AdamW steps) against the estimate's device
 //     bytes for the same model and configuration: within 10%;
-//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B), pp2 x tp2 and dp2 x tp2 with zero_stage 2 and 3,
+//   - hybrid_parallel on cuda:0, tp2, pp2 (1F1B), pp2 x tp2, dp2 x pp2 and dp2 x tp2 with zero_stage 2 and 3,
 //     and fp16 with zero_stage 1 and 3, over Gloo, against the dense TinyLM
 //     trained on the CPU (hybrid_test_util.h, the tolerances of hybrid_test.cpp).
 #include <gmock/gmock.h>
@@ -140,6 +140,11 @@ TEST(GpuMemory, ShardedPluginsPeakDeviceMemoryIsWithinTenPercentOfTheEstimate) {
       {"gemini static, 2 ranks", 2, {kOnGpu, kOverGloo, "booster.plugin=\"gemini\"", "plugin.precision=\"fp32\""}, 0},
       {"gemini static, optimizer side in pinned host memory, 2 ranks", 2,
        {kOnGpu, kOverGloo, "booster.plugin=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.offload_optim_frac=1.0"}, 1},
+      // auto with the default budget (the GPU's memory): the optimizer side starts in pinned host
+      // memory (ColossalAI's auto, no gpu_margin_mem_ratio) and no parameter shard needs evicting,
+      // so its peak is row 1's.
+      {"gemini auto, default budget, 2 ranks", 2,
+       {kOnGpu, kOverGloo, "booster.plugin=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.placement_policy=\"auto\""}, 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -168,6 +173,8 @@ TEST(GpuHybrid, TensorAndPipelineParallelEqualSingleProcess) {
   check_hybrid({2, {kOnGpu, kOverGloo, "plugin.tp_size=2"}, "adamw"});
   check_hybrid({2, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.num_microbatches=4"}, "sgd"});
   check_hybrid({4, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.tp_size=2", "plugin.num_microbatches=4"}, "sgd", 0.05});
+  // dp2·pp2: the dp average in the reducer's buckets during the schedule's last backward.
+  check_hybrid({4, {kOnGpu, kOverGloo, "plugin.pp_size=2", "plugin.num_microbatches=4"}, "sgd"});
   // zero_stage 2 and 3 composed with tp on the GPU (dp2·tp2).
   check_hybrid({4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=2"}, "adamw", 0.05});
   check_hybrid({4, {kOnGpu, kOverGloo, "plugin.tp_size=2", "plugin.zero_stage=3"}, "adamw", 0.05});
