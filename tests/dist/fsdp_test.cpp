@@ -37,6 +37,9 @@ TEST(TorchFSDP, FullShardTwoRanksSGDEqualsSingleProcess) {
   // 4 steps: every unit gathered for forward and again for backward.
   EXPECT_EQ(stats["all_gathers"], 4 * 4 * 2);
   EXPECT_EQ(stats["reduce_scatters"], 4 * 4);
+  // Each unit's reduce-scatter stays in flight through the next unit's backward (FSDP2's); the
+  // last one of a pass is finished by the end of backward: 3 of 4 per step.
+  EXPECT_EQ(stats["reduce_scatters_overlapped"], 4 * 3);
   // BACKWARD_PRE prefetches the next unit of the backward: at most 2 units gathered at once.
   EXPECT_EQ(stats["max_gathered_units"], 2);
   EXPECT_EQ(stats["prefetches"], 4 * 3);

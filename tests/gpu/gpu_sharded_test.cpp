@@ -66,6 +66,7 @@ TEST(GpuFsdp, EveryShardingStrategyEqualsSingleProcessOnTheGpu) {
   EXPECT_EQ(stats["flat_parameters"], 4);
   EXPECT_EQ(stats["all_gathers"], 4 * 4 * 2);  // every unit gathered for forward and for backward
   EXPECT_EQ(stats["reduce_scatters"], 4 * 4);
+  EXPECT_EQ(stats["reduce_scatters_overlapped"], 4 * 3);  // in flight through the next unit's backward
   EXPECT_EQ(stats["max_gathered_units"], 2);  // BACKWARD_PRE: the unit and the one prefetched
   // limit_all_gathers: the host synchronized CUDA events recorded after the frees (the count of
   // fsdp_test.cpp's TorchFSDP.FullShardTwoRanksSGDEqualsSingleProcess, same schedule).

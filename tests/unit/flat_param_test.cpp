@@ -1,7 +1,8 @@
 // flat_param_test.cpp — FlatParameter (booster/core/flat_param.h) on 2 and 4 ranks as threads:
 // the shard layout with padding, the storage really freed when sharded and restored by the
 // all-gather, gradients unchanged when storage is freed after forward and refilled before backward,
-// and reduce_gradients giving each rank its shard of the averaged gradient.
+// and reduce_gradients giving each rank its shard of the averaged gradient (also split in two
+// halves with the reduce-scatter in flight).
 #include "booster/core/flat_param.h"
 
 #include <gmock/gmock.h>
@@ -109,6 +110,41 @@ TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
       EXPECT_TRUE(at::allclose(fp.local_grad(), want, 1e-6, 1e-6))
           << "step " << step << " max |diff| " << (fp.local_grad() - want).abs().max().item<double>();
     }
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(4, ""));
+}
+
+// The split reduction (FSDP2's reduce-scatter in flight): reduce_gradients_async releases the
+// parameters' gradients and leaves local_grad() untouched until finish_reduce(); a second
+// reduce_gradients_async finishes the first. The result is reduce_gradients'.
+TEST(FlatParameter, AsyncReductionFinishesIntoTheShardOfTheMean) {
+  std::vector<at::Tensor> per_rank;
+  for (int r = 0; r < 4; ++r) {
+    Block b;
+    b.loss(r).backward();
+    per_rank.push_back(flat_of({b.w1.grad(), b.b1.grad(), b.w2.grad()}, 32));
+  }
+  const at::Tensor mean = at::stack(per_rank).mean(0);
+  const auto errors = booster::testing::run_thread_ranks(4, [&](const Group& g) {
+    Block b;
+    FlatParameter fp(b.named(), g);
+    fp.unshard();
+    b.loss(g->rank()).backward();
+    fp.reduce_gradients_async();
+    EXPECT_TRUE(fp.reduce_in_flight());
+    EXPECT_FALSE(b.w1.grad().defined()) << "parameter gradients are released when packed";
+    EXPECT_FALSE(fp.local_grad().defined()) << "nothing is added before finish_reduce";
+    b.loss(g->rank()).backward();
+    fp.reduce_gradients_async();  // finishes the first, starts the second
+    EXPECT_TRUE(fp.local_grad().defined());
+    const at::Tensor shard = mean.narrow(0, 8 * g->rank(), 8);
+    EXPECT_TRUE(at::allclose(fp.local_grad(), shard, 1e-6, 1e-6));
+    fp.finish_reduce();
+    EXPECT_FALSE(fp.reduce_in_flight());
+    fp.finish_reduce();  // none in flight: no-op
+    EXPECT_TRUE(at::allclose(fp.local_grad(), shard * 2, 1e-6, 1e-6))
+        << "max |diff| " << (fp.local_grad() - shard * 2).abs().max().item<double>();
+    fp.reshard();
   });
   EXPECT_EQ(errors, std::vector<std::string>(4, ""));
 }

@@ -61,9 +61,9 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, at::Tensor>> par
 }
 
 FlatParameter::~FlatParameter() {
-  if (!pending_) return;
   try {
-    pending_->work.wait();  // the collective writes into full_: never leave it running
+    if (pending_) pending_->work.wait();  // the collective writes into full_: never leave it running
+    if (reducing_) reducing_->work.wait();
   } catch (...) {
   }
 }
@@ -133,6 +133,12 @@ void FlatParameter::reshard() {
 }
 
 void FlatParameter::reduce_gradients() {
+  reduce_gradients_async();
+  finish_reduce();
+}
+
+void FlatParameter::reduce_gradients_async() {
+  finish_reduce();
   at::NoGradGuard no_grad;
   const at::TensorOptions reduce_options = full_.options().dtype(options_.reduce_dtype);
   at::Tensor flat_grad = at::zeros({layout_.padded_numel}, reduce_options);
@@ -142,21 +148,30 @@ void FlatParameter::reduce_gradients() {
     flat_grad.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(p.grad().reshape({-1}));
     p.mutable_grad() = at::Tensor();
   }
-  at::Tensor shard_grad;
+  Reducing r;
   if (group_->size() == 1) {
-    shard_grad = flat_grad;
+    r.shard_grad = flat_grad;
+  } else if (options_.fp8_communication) {
+    flat_grad.div_(group_->size());
+    const std::vector<int64_t> counts(static_cast<size_t>(group_->size()), layout_.shard_numel);
+    dist::fp8_reduce_scatter_in_place(*group_, flat_grad, counts).wait();
+    r.shard_grad = flat_grad.narrow(0, group_->rank() * layout_.shard_numel, layout_.shard_numel).clone();
   } else {
-    if (options_.fp8_communication) {
-      flat_grad.div_(group_->size());
-      const std::vector<int64_t> counts(static_cast<size_t>(group_->size()), layout_.shard_numel);
-      dist::fp8_reduce_scatter_in_place(*group_, flat_grad, counts).wait();
-      shard_grad = flat_grad.narrow(0, group_->rank() * layout_.shard_numel, layout_.shard_numel).clone();
-    } else {
-      shard_grad = at::empty({layout_.shard_numel}, reduce_options);
-      group_->reduce_scatter_tensor_consuming(shard_grad, flat_grad, dist::ReduceOp::AVG).wait();
-    }
+    r.shard_grad = at::empty({layout_.shard_numel}, reduce_options);
+    r.work = group_->reduce_scatter_tensor_consuming(r.shard_grad, flat_grad, dist::ReduceOp::AVG);
+    r.flat_grad = std::move(flat_grad);
   }
-  flat_grad = at::Tensor();
+  reducing_ = std::move(r);
+}
+
+void FlatParameter::finish_reduce() {
+  if (!reducing_) return;
+  Reducing r = std::move(*reducing_);
+  reducing_.reset();
+  at::NoGradGuard no_grad;
+  r.work.wait();
+  r.flat_grad = at::Tensor();
+  at::Tensor shard_grad = std::move(r.shard_grad);
   if (options_.replicate_group && options_.replicate_group->size() > 1)
     options_.replicate_group->allreduce(shard_grad, dist::ReduceOp::AVG).wait();
   if (shard_grad.scalar_type() != local_shard_.scalar_type()) shard_grad = shard_grad.to(local_shard_.scalar_type());

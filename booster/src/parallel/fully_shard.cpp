@@ -167,7 +167,6 @@ void FullyShardState::on_pre_backward(size_t u) {
 
 void FullyShardState::on_gradients_ready(size_t f) {
   reduce(f);
-  offload_gradient(f);
   maybe_post_backward(flats_[f].units.front());
 }
 
@@ -194,7 +193,6 @@ void FullyShardState::on_post_backward(size_t u) {
 }
 
 void FullyShardState::on_finish_backward() {
-  for (size_t f = 0; f < flats_.size(); ++f) offload_gradient(f);  // the ones reduced at the end
   if (gradient_copies_) gradient_copies_->synchronize();  // the step reads them on the host
   std::fill(backward_done_.begin(), backward_done_.end(), 0);
   release_all();

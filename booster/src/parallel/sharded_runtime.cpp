@@ -88,6 +88,7 @@ int ShardedRuntime::group_of(const at::Tensor& p) const {
 }
 
 void ShardedRuntime::set_flats(std::vector<ShardedFlat> flats) {
+  finish_reductions();  // indices change
   flats_ = std::move(flats);
   where_.clear();
   for (size_t f = 0; f < flats_.size(); ++f) {
@@ -173,10 +174,21 @@ void ShardedRuntime::release_all() {
   for (auto& s : flats_) s.flat->reshard();
 }
 
+void ShardedRuntime::finish_reductions() {
+  if (!reducing_) return;
+  const size_t f = *reducing_;
+  reducing_.reset();
+  flats_[f].flat->finish_reduce();
+  on_reduced(f);
+}
+
 void ShardedRuntime::reduce(size_t f) {
   ShardedFlat& s = flats_[f];
   if (require_sync_) {
-    s.flat->reduce_gradients();
+    if (reducing_) ++reduce_scatters_overlapped_;  // it ran while this one's backward computed
+    finish_reductions();  // one reduce-scatter in flight at a time
+    s.flat->reduce_gradients_async();
+    reducing_ = f;
     ++reduce_scatters_;
   }
   s.reduced = true;
@@ -275,6 +287,7 @@ void ShardedRuntime::finish_backward() {
     s.arrived_count = 0;
     s.reduced = false;
   }
+  finish_reductions();
   std::fill(forward_calls_.begin(), forward_calls_.end(), 0);
   if (hold_) {
     finish_deferred_ = true;
@@ -301,6 +314,7 @@ void ShardedRuntime::reduce_accumulated() {
     if (any) reduce(f);
     s.reduced = false;
   }
+  finish_reductions();
   require_sync_ = required;
 }
 
@@ -308,6 +322,7 @@ std::map<std::string, int64_t> ShardedRuntime::stats() const {
   return {{"all_gathers", all_gathers_},
           {"prefetches", prefetches_},
           {"reduce_scatters", reduce_scatters_},
+          {"reduce_scatters_overlapped", reduce_scatters_overlapped_},
           {"units", static_cast<int64_t>(units_.size())},
           {"max_gathered_bytes", max_gathered_bytes_}};
 }

@@ -138,8 +138,20 @@ class BOOSTER_API FlatParameter {
   // Collective over the shard group, then the replicate group. Averages the parameters' gradients
   // over both and adds this rank's shard of the average into local_grad() (created as zeros on first
   // use); parameters without a gradient contribute zeros. Releases every parameter's .grad(). Works
-  // in either state (it reads only the .grad() tensors).
+  // in either state (it reads only the .grad() tensors). reduce_gradients_async() then
+  // finish_reduce().
   void reduce_gradients();
+  // The first half: packs the gradients into a flat buffer of the reduce dtype ([padded_numel]; the
+  // .grad() are released) and starts its reduce-scatter without waiting for it, so it runs while the
+  // caller goes on (FSDP2 keeps one reduce-scatter in flight until the next is issued). The packed
+  // buffer stays alive until finish_reduce(). fp8_communication reduces at once. Finishes a
+  // reduction in flight first.
+  void reduce_gradients_async();
+  // The second half: waits for the reduce-scatter (dist::Work::wait: on an accelerator the current
+  // stream waits, not the host), averages the shard over the replicate group and adds it into
+  // local_grad(). No-op when none is in flight. Rethrows the collective's dist::DistError.
+  void finish_reduce();
+  bool reduce_in_flight() const { return reducing_.has_value(); }
 
   // Collective over the shard group: the whole flat parameter in full precision, [padded_numel],
   // shard_dtype(), a new tensor on the flat buffer's device (the unit's values for a checkpoint).
@@ -168,6 +180,12 @@ class BOOSTER_API FlatParameter {
   at::Tensor local_shard_;  // [shard_numel], original dtype, owned (or full_ when aliased)
   at::Tensor local_grad_;   // [shard_numel]
   std::optional<Pending> pending_;
+  struct Reducing {
+    dist::Work work;       // the reduce-scatter (empty: done already)
+    at::Tensor flat_grad;  // its input, alive until it is done
+    at::Tensor shard_grad;  // [shard_numel], reduce dtype: its output
+  };
+  std::optional<Reducing> reducing_;
   std::unique_ptr<StreamEvent> shard_read_;  // after the last queued host-to-device shard copy
   bool aliased_ = false;
   State state_ = State::kUnsharded;

@@ -112,6 +112,7 @@ class BOOSTER_API FullyShardState : public ShardedRuntime {
   void on_pre_backward(size_t u) override;
   void on_post_backward(size_t u) override;
   void on_gradients_ready(size_t f) override;
+  void on_reduced(size_t f) override { offload_gradient(f); }
   void on_finish_backward() override;
 
   void unshard_unit(size_t u);

@@ -19,7 +19,9 @@
 //                  pre_forward(u) counts the unit's calls and records the order of first calls
 //   backward       every trainable parameter's AccumulateGrad post hook marks its gradient arrived;
 //                  when all of a FlatParameter's have, on_gradients_ready(f) (the policy reduces and
-//                  frees); a second gradient in the same pass is left to the end of backward
+//                  frees); a second gradient in the same pass is left to the end of backward. A
+//                  reduce-scatter stays in flight until the next one is issued or backward ends
+//                  (FSDP2's: it overlaps the next unit's backward); then on_reduced(f)
 //   end            an autograd-engine final callback reduces what is left (FlatParameters some of
 //                  whose parameters got no gradient — they count as zeros — or got more after
 //                  their reduction), clears the bookkeeping, then on_finish_backward()
@@ -37,6 +39,7 @@
 #include <map>
 #include <unordered_map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -117,8 +120,9 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   torch::nn::Module& module() { return *model_; }
   std::vector<ShardedFlat>& flats() { return flats_; }
   const std::vector<ShardedFlat>& flats() const { return flats_; }
-  // all_gathers (prefetches included), prefetches, reduce_scatters, max_gathered_bytes (as noted by
-  // note_gathered_bytes), units; policies add theirs.
+  // all_gathers (prefetches included), prefetches, reduce_scatters, reduce_scatters_overlapped (those
+  // still in flight when the next was issued: they ran during a later unit's backward),
+  // max_gathered_bytes (as noted by note_gathered_bytes), units; policies add theirs.
   virtual std::map<std::string, int64_t> stats() const;
 
   // What a model checkpoint reads and writes (ShardedCheckpointIO), in flats() order, after
@@ -152,9 +156,13 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   // Starts the all-gather of f when it is sharded and none is in flight (before_prefetch(f) first);
   // counted as an all-gather and a prefetch. True when it started one.
   bool prefetch(size_t f);
-  // Under grad sync: FlatParameter::reduce_gradients (counted as a reduce-scatter). Always: marks f
-  // reduced in this pass and clears its arrivals.
+  // Under grad sync: finishes the reduction in flight (on_reduced), then starts f's
+  // (FlatParameter::reduce_gradients_async, counted as a reduce-scatter); f's local_grad() is
+  // complete at its on_reduced(f), at the latest when backward ends. Always: marks f reduced in this
+  // pass and clears its arrivals.
   void reduce(size_t f);
+  // Completes the reduction in flight, if any (FlatParameter::finish_reduce, then on_reduced).
+  void finish_reductions();
   // Bytes of gathered FlatParameter storage now (a prefetch in flight holds its storage already).
   int64_t gathered_bytes() const;
   void note_gathered_bytes();
@@ -172,6 +180,7 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   virtual void on_pre_backward(size_t u) = 0;
   virtual void on_post_backward(size_t u) { (void)u; }
   virtual void on_gradients_ready(size_t f) = 0;  // every trainable parameter of f got its gradient
+  virtual void on_reduced(size_t f) { (void)f; }  // f's local_grad() holds this pass's reduction
   virtual void on_finish_backward() = 0;     // after the final callback's reductions
   // Before gather() / prefetch() start an all-gather of f (make room, bring the shard in).
   virtual void before_gather(size_t f) { (void)f; }
@@ -188,7 +197,9 @@ class BOOSTER_API ShardedRuntime : public nn::UnitHooks, public std::enable_shar
   std::vector<size_t> forward_order_, previous_forward_order_;  // units by first forward call
   bool require_sync_ = true, in_backward_ = false, pending_backward_ = false;
   bool hold_ = false, finish_deferred_ = false;
+  std::optional<size_t> reducing_;  // the FlatParameter whose reduce-scatter is in flight
   int64_t all_gathers_ = 0, prefetches_ = 0, reduce_scatters_ = 0, max_gathered_bytes_ = 0;
+  int64_t reduce_scatters_overlapped_ = 0;  // finished by the next reduce(), not by the end of backward
 
  private:
   struct Location {

@@ -307,7 +307,10 @@ void GeminiState::on_gradients_ready(size_t ci) {
   for (size_t u : units) multi = multi || forward_calls_[u] > 1;
   if (multi) return;  // its units run again in this backward: reduced and released at the end
   reduce(ci);
-  gradient_to_optim_tier(chunks_[ci]);
+  // Finished at once (ColossalAI reduces a chunk before backward goes on): a reduce-scatter kept in
+  // flight would hold the chunk's packed gradient through the next chunk's backward, memory the
+  // budget counts as non-model data.
+  finish_reductions();
   active_units_.erase(std::remove_if(active_units_.begin(), active_units_.end(),
                                      [&](size_t u) { return std::find(units.begin(), units.end(), u) != units.end(); }),
                       active_units_.end());
@@ -317,8 +320,7 @@ void GeminiState::on_gradients_ready(size_t ci) {
 
 void GeminiState::on_finish_backward() {
   active_units_.clear();
-  for (auto& c : chunks_) gradient_to_optim_tier(c);  // the chunks reduced at the end of backward
-  wait_host_copies();
+  wait_host_copies();  // the gradient shards on_reduced queued to host memory
   release_all_but_kept();
   if (require_sync_) backward_since_step_ = true;
   finish_iteration_order();

@@ -134,6 +134,7 @@ class GeminiState : public parallel::ShardedRuntime {
   void on_backward_start() override;
   void on_pre_backward(size_t u) override;
   void on_gradients_ready(size_t c) override;
+  void on_reduced(size_t c) override { gradient_to_optim_tier(chunks_[c]); }
   void on_finish_backward() override;
   void before_gather(size_t c) override;
   void before_prefetch(size_t c) override { ensure_param_resident(chunks_[c]); }
