@@ -88,15 +88,19 @@ TEST(FlatParameter, FreeingAfterForwardAndRefillingBeforeBackwardKeepsGradients)
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
 }
 
-TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
-  // The mean over ranks of the flattened gradients, computed without any group.
+// The mean over 4 ranks of the block's flattened gradients ([32], padded), computed without any group.
+at::Tensor mean_flat_gradient() {
   std::vector<at::Tensor> per_rank;
   for (int r = 0; r < 4; ++r) {
     Block b;
     b.loss(r).backward();
     per_rank.push_back(flat_of({b.w1.grad(), b.b1.grad(), b.w2.grad()}, 32));
   }
-  const at::Tensor mean = at::stack(per_rank).mean(0);
+  return at::stack(per_rank).mean(0);
+}
+
+TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
+  const at::Tensor mean = mean_flat_gradient();
   const auto errors = booster::testing::run_thread_ranks(4, [&](const Group& g) {
     Block b;
     FlatParameter fp(b.named(), g);
@@ -118,13 +122,7 @@ TEST(FlatParameter, ReduceGradientsGivesEachRankItsShardOfTheMean) {
 // parameters' gradients and leaves local_grad() untouched until finish_reduce(); a second
 // reduce_gradients_async finishes the first. The result is reduce_gradients'.
 TEST(FlatParameter, AsyncReductionFinishesIntoTheShardOfTheMean) {
-  std::vector<at::Tensor> per_rank;
-  for (int r = 0; r < 4; ++r) {
-    Block b;
-    b.loss(r).backward();
-    per_rank.push_back(flat_of({b.w1.grad(), b.b1.grad(), b.w2.grad()}, 32));
-  }
-  const at::Tensor mean = at::stack(per_rank).mean(0);
+  const at::Tensor mean = mean_flat_gradient();
   const auto errors = booster::testing::run_thread_ranks(4, [&](const Group& g) {
     Block b;
     FlatParameter fp(b.named(), g);
